@@ -1,0 +1,31 @@
+//! Access-layer core of ibal: the pieces every object of the InfiniBand
+//! access layer stands on.
+//!
+//! * [`sync`]: the one synchronisation shim (std/parking_lot/arc-swap, or
+//!   loom under `--cfg ibal_loom`).
+//! * [`handle`] and [`table`]: typed generational handles and the slab-backed
+//!   table that owns every object and resolves handles without a global lock.
+//! * [`object`]: the lifecycle all objects share (parent/child links,
+//!   two-phase non-blocking destroy, destroy callbacks exactly once).
+//! * [`instance`]: the AL instance (open, close, live-object counters).
+//! * [`executor`]: the per-instance callback executor.
+//! * [`error`]: the error type, with IBAL's status meanings.
+//!
+//! The ownership rules and lock order are in `docs/ownership.md`.
+
+pub mod error;
+pub mod executor;
+pub mod handle;
+pub mod instance;
+pub mod object;
+pub mod sync;
+pub mod table;
+
+pub use error::{Error, Result};
+pub use executor::{in_callback, ExecutorMode};
+pub use handle::{Handle, Kind, RawHandle};
+pub use instance::{Al, AlConfig, AlInstance, Stats};
+pub use object::{
+    create, destroy, destroy_sync, post_callback, resolve, Core, DestroyCallback, Obj, Object,
+};
+pub use table::{HandleTable, Ref, Reservation, TableLimits};

@@ -1,0 +1,389 @@
+//! The lifecycle every access-layer object shares.
+//!
+//! An object of type `T` lives as `Arc<Obj<T>>`: the type's own state
+//! (`body`) plus a [`Core`] with what the access layer needs: handle, owning
+//! AL instance, parent link, destroy state, children and destroy callback.
+//!
+//! Ownership (see `docs/ownership.md`):
+//! * The kind's [`HandleTable`] holds the one owning `Arc<Obj<T>>`.
+//! * A child's core holds an `Arc` to its parent's core (and a type's body
+//!   may hold a typed `Arc` to its parent object); a parent knows its
+//!   children by handle only. No `Weak`, no cycles.
+//! * [`destroy`] is two-phase and never blocks: mark Destroying, remove from
+//!   the table, type teardown, cascade to children, drop the owning `Arc`.
+//! * When the last `Arc<Obj<T>>` drops, the body drops first (releasing the
+//!   provider resource), then the core; when the last `Arc<Core>` drops, the
+//!   destroy callback is posted to the AL executor. A child's core keeps its
+//!   parent's core alive, so a parent's destroy callback always comes after
+//!   its children's.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Deref;
+
+use crate::error::{Error, Result};
+use crate::handle::{Handle, Kind, RawHandle};
+use crate::instance::AlInstance;
+use crate::sync::atomic::{AtomicU8, Ordering};
+use crate::sync::{Arc, Mutex};
+use crate::table::{HandleTable, Ref};
+
+/// Called once, on the AL executor, after the object is fully gone.
+pub type DestroyCallback = Box<dyn FnOnce(RawHandle) + Send + 'static>;
+
+/// How a parent destroys a child it knows only by handle.
+type DestroyFn = fn(RawHandle);
+
+const LIVE: u8 = 0;
+const DESTROYING: u8 = 1;
+
+/// A type whose values are access-layer objects.
+pub trait Object: Send + Sync + Sized + 'static {
+    /// The kind carried in this type's handles.
+    const KIND: Kind;
+
+    /// The process-wide table of this type's objects; implement with
+    /// [`object_table!`](crate::object_table)`(Type)`.
+    fn table() -> &'static HandleTable<Obj<Self>>;
+
+    /// Type-specific teardown, run by [`destroy`] after the object left its
+    /// table and before its children are destroyed. Must not block: it runs
+    /// inside the destroy call, possibly on the callback executor.
+    fn teardown(_obj: &Arc<Obj<Self>>) {}
+}
+
+/// Implement [`Object::table`] with a process-wide table (per loom execution
+/// under the model checker).
+#[macro_export]
+macro_rules! object_table {
+    ($ty:ty) => {
+        fn table() -> &'static $crate::HandleTable<$crate::Obj<$ty>> {
+            $crate::global! {
+                static TABLE: $crate::HandleTable<$crate::Obj<$ty>> =
+                    $crate::HandleTable::new(<$ty as $crate::Object>::KIND);
+            }
+            &TABLE
+        }
+    };
+}
+
+/// The children of an object (or of an AL instance), by handle.
+pub(crate) struct ChildSet {
+    inner: Mutex<ChildList>,
+}
+
+struct ChildList {
+    /// Set when the owner starts being destroyed: no child may join after.
+    sealed: bool,
+    members: HashMap<RawHandle, DestroyFn>,
+}
+
+impl ChildSet {
+    pub(crate) fn new() -> Self {
+        ChildSet {
+            inner: Mutex::new(ChildList {
+                sealed: false,
+                members: HashMap::new(),
+            }),
+        }
+    }
+
+    /// Seal the set and take its members, for the owner's cascade.
+    pub(crate) fn seal_and_take(&self) -> Vec<(RawHandle, DestroyFn)> {
+        let mut list = self.inner.lock();
+        list.sealed = true;
+        list.members.drain().collect()
+    }
+
+    fn remove(&self, h: RawHandle) {
+        self.inner.lock().members.remove(&h);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.inner.lock().members.len()
+    }
+}
+
+/// The part of every object the access layer manages.
+pub struct Core {
+    handle: RawHandle,
+    /// `Some` for the core's whole life; taken only by `Drop`.
+    al: Option<Arc<AlInstance>>,
+    parent: Option<Arc<Core>>,
+    state: AtomicU8,
+    children: ChildSet,
+    destroy_cb: Mutex<Option<DestroyCallback>>,
+}
+
+impl Core {
+    fn new(handle: RawHandle, al: Arc<AlInstance>, parent: Option<Arc<Core>>) -> Core {
+        if let Some(kind) = Kind::from_id(handle.kind_id()) {
+            al.count_created(kind);
+        }
+        Core {
+            handle,
+            al: Some(al),
+            parent,
+            state: AtomicU8::new(LIVE),
+            children: ChildSet::new(),
+            destroy_cb: Mutex::new(None),
+        }
+    }
+
+    /// This object's handle.
+    pub fn handle(&self) -> RawHandle {
+        self.handle
+    }
+
+    /// The AL instance that owns this object.
+    pub fn al(&self) -> &Arc<AlInstance> {
+        self.al
+            .as_ref()
+            .expect("invariant: a core's AL is taken only by Drop")
+    }
+
+    /// The parent's core, `None` for top-level objects (children of the AL).
+    pub fn parent(&self) -> Option<&Arc<Core>> {
+        self.parent.as_ref()
+    }
+
+    /// Whether destroy has started.
+    pub fn is_destroying(&self) -> bool {
+        self.state.load(Ordering::Acquire) != LIVE
+    }
+
+    /// Fail with [`Error::Destroying`] once destroy has started.
+    pub fn check_live(&self) -> Result<()> {
+        if self.is_destroying() {
+            Err(self.destroying_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn destroying_error(&self) -> Error {
+        Error::Destroying {
+            kind: Kind::from_id(self.handle.kind_id()).unwrap_or(Kind::AL),
+            raw: self.handle.as_u64(),
+        }
+    }
+
+    /// Number of registered children.
+    pub fn child_count(&self) -> usize {
+        self.children.len()
+    }
+
+    fn parent_set(&self) -> &ChildSet {
+        match &self.parent {
+            Some(p) => &p.children,
+            None => self.al().children(),
+        }
+    }
+
+    /// Live → Destroying; exactly one caller wins.
+    fn begin_destroy(&self) -> Result<()> {
+        self.state
+            .compare_exchange(LIVE, DESTROYING, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+            .map_err(|_| self.destroying_error())
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        let Some(al) = self.al.take() else { return };
+        let callback = self.destroy_cb.lock().take();
+        let handle = self.handle;
+        let executor_al = al.clone();
+        // The live count drops on the executor, after the callback: "no live
+        // objects" then means every destroy callback has run too.
+        al.executor().post(Box::new(move || {
+            if let Some(callback) = callback {
+                callback(handle);
+            }
+            if let Some(kind) = Kind::from_id(handle.kind_id()) {
+                executor_al.count_gone(kind);
+            }
+        }));
+        // `self.parent` drops after this body: the parent's destroy job, if
+        // this was its last child, is posted after ours.
+    }
+}
+
+impl fmt::Debug for Core {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Core")
+            .field("handle", &self.handle)
+            .field("destroying", &self.is_destroying())
+            .field("children", &self.child_count())
+            .finish()
+    }
+}
+
+/// An access-layer object: the type's body plus its [`Core`].
+///
+/// Field order matters: the body (and the provider resource it owns) drops
+/// before the core, whose drop posts the destroy callback.
+pub struct Obj<T> {
+    body: T,
+    core: Arc<Core>,
+}
+
+impl<T> Obj<T> {
+    /// The access-layer part.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    /// The typed handle.
+    pub fn handle(&self) -> Handle<T> {
+        Handle::from_raw(self.core.handle)
+    }
+
+    /// The owning AL instance.
+    pub fn al(&self) -> &Arc<AlInstance> {
+        self.core.al()
+    }
+
+    /// The type's own state.
+    pub fn body(&self) -> &T {
+        &self.body
+    }
+}
+
+impl<T> Deref for Obj<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.body
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Obj<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Obj")
+            .field("core", &self.core)
+            .field("body", &self.body)
+            .finish()
+    }
+}
+
+/// Create an object of type `T` owned by `al`, as a child of `parent` (or of
+/// the AL itself when `None`). `build` receives the new object's core (its
+/// handle is already known) and returns the body.
+///
+/// The object becomes visible only when it is also registered with its
+/// parent, under the parent's child-set lock; if the parent is being
+/// destroyed (or the AL closed) creation fails with [`Error::Destroying`] and
+/// nothing is left behind, so no child can escape its parent's cascade.
+pub fn create<T: Object>(
+    al: &Arc<AlInstance>,
+    parent: Option<&Arc<Core>>,
+    build: impl FnOnce(&Arc<Core>) -> Result<T>,
+) -> Result<Arc<Obj<T>>> {
+    al.check_open()?;
+    if let Some(p) = parent {
+        if !Arc::ptr_eq(p.al(), al) {
+            return Err(Error::invalid_parameter(
+                "the parent object belongs to another AL instance",
+            ));
+        }
+        p.check_live()?;
+    }
+    let reservation = T::table().reserve()?;
+    let core = Arc::new(Core::new(reservation.handle(), al.clone(), parent.cloned()));
+    let body = build(&core)?;
+    let obj = Arc::new(Obj {
+        body,
+        core: core.clone(),
+    });
+    let set = core.parent_set();
+    let mut list = set.inner.lock();
+    if list.sealed {
+        drop(list);
+        return Err(match parent {
+            Some(p) => p.destroying_error(),
+            None => al.closing_error(),
+        });
+    }
+    let handle = reservation.publish(obj.clone());
+    list.members.insert(handle, destroy_by_handle::<T>);
+    drop(list);
+    Ok(obj)
+}
+
+/// Resolve a handle of `al`'s to a short-lived reference.
+pub fn resolve<T: Object>(al: &AlInstance, h: Handle<T>) -> Result<Ref<'static, Obj<T>>> {
+    let r = T::table().get(h.raw())?;
+    if r.core.al.as_ref().map(|a| a.id()) != Some(al.id()) {
+        return Err(Error::InvalidHandle {
+            expected: T::KIND,
+            raw: h.as_u64(),
+        });
+    }
+    Ok(r)
+}
+
+/// Destroy the object `h` of `al`'s, without blocking.
+///
+/// A second destroy of the same object fails with [`Error::Destroying`] (its
+/// callback is not taken); a stale handle fails with
+/// [`Error::InvalidHandle`]. `callback` runs on the AL executor once the
+/// object and everything it owned are gone.
+pub fn destroy<T: Object>(
+    al: &AlInstance,
+    h: Handle<T>,
+    callback: Option<DestroyCallback>,
+) -> Result<()> {
+    destroy_ref(resolve(al, h)?, callback)
+}
+
+fn destroy_ref<T: Object>(
+    r: Ref<'static, Obj<T>>,
+    callback: Option<DestroyCallback>,
+) -> Result<()> {
+    r.core.begin_destroy()?;
+    if let Some(callback) = callback {
+        *r.core.destroy_cb.lock() = Some(callback);
+    }
+    let handle = r.core.handle;
+    // Only the destroyer that won `begin_destroy` removes, so this succeeds.
+    let owned = T::table().remove(handle)?;
+    drop(r);
+    T::teardown(&owned);
+    for (child, destroy_child) in owned.core.children.seal_and_take() {
+        destroy_child(child);
+    }
+    owned.core.parent_set().remove(handle);
+    drop(owned);
+    Ok(())
+}
+
+/// Cascade entry: destroy a child known only by handle. Losing to a
+/// concurrent destroy of the same child is fine: that destroy finishes it.
+fn destroy_by_handle<T: Object>(h: RawHandle) {
+    if let Ok(r) = T::table().get(h) {
+        let _ = destroy_ref(r, None);
+    }
+}
+
+/// Destroy and wait until the destroy callback would have run. Refuses with
+/// [`Error::WouldDeadlock`] on the callback executor.
+pub fn destroy_sync<T: Object>(al: &AlInstance, h: Handle<T>) -> Result<()> {
+    crate::executor::refuse_in_callback("destroy_sync")?;
+    let done = Arc::new(crate::sync::atomic::AtomicBool::new(false));
+    let signal = done.clone();
+    destroy(
+        al,
+        h,
+        Some(Box::new(move |_| signal.store(true, Ordering::Release))),
+    )?;
+    al.executor()
+        .wait_until("destroy_sync", || done.load(Ordering::Acquire))
+}
+
+/// Post `f` to the object's AL executor, with a reference held across it so
+/// the object outlives the callback and its destroy callback comes after.
+pub fn post_callback<T: Object>(obj: &Arc<Obj<T>>, f: impl FnOnce(&Arc<Obj<T>>) + Send + 'static) {
+    let held = obj.clone();
+    obj.al().executor().post(Box::new(move || f(&held)));
+}

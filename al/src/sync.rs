@@ -1,0 +1,348 @@
+//! The one synchronisation shim of the project.
+//!
+//! Every crate takes `Arc`, atomics, locks, the arc-swap cell, `UnsafeCell`,
+//! thread-locals and process-wide lazily built values from here and from
+//! nowhere else. A normal build maps them to `std`, `parking_lot` and
+//! `arc-swap`; a build with `RUSTFLAGS="--cfg ibal_loom"` maps them to
+//! [loom](https://docs.rs/loom) types, so the loom models in `loom-tests/`
+//! check the production code itself rather than a copy of it.
+//!
+//! The cfg name is the project's own (`ibal_loom`, not `loom`) so that
+//! dependencies which also understand `cfg(loom)` are not switched with us.
+//!
+//! The API is the common subset of both worlds: locks do not poison
+//! (`lock()` returns the guard directly, as parking_lot does), `UnsafeCell`
+//! hands out tracked pointer guards (as loom does), and [`ArcCell`] has a
+//! `load` that returns a guard dereferencing to the current `Arc`.
+
+#[cfg(not(ibal_loom))]
+mod imp {
+    pub use std::sync::Arc;
+
+    /// Atomic integer and pointer types.
+    pub mod atomic {
+        pub use std::sync::atomic::{
+            fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        };
+    }
+
+    /// A mutual-exclusion lock that does not poison.
+    #[derive(Debug, Default)]
+    pub struct Mutex<T>(parking_lot::Mutex<T>);
+    /// Guard of [`Mutex`].
+    pub type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub fn new(value: T) -> Self {
+            Mutex(parking_lot::Mutex::new(value))
+        }
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+        pub fn into_inner(self) -> T {
+            self.0.into_inner()
+        }
+    }
+
+    /// A reader-writer lock that does not poison.
+    #[derive(Debug, Default)]
+    pub struct RwLock<T>(parking_lot::RwLock<T>);
+    pub type RwLockReadGuard<'a, T> = parking_lot::RwLockReadGuard<'a, T>;
+    pub type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        pub fn new(value: T) -> Self {
+            RwLock(parking_lot::RwLock::new(value))
+        }
+        pub fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read()
+        }
+        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write()
+        }
+    }
+
+    /// A condition variable paired with [`Mutex`].
+    #[derive(Debug, Default)]
+    pub struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub fn new() -> Self {
+            Condvar(parking_lot::Condvar::new())
+        }
+        pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
+            self.0.wait(guard);
+        }
+        pub fn notify_all(&self) {
+            self.0.notify_all();
+        }
+        pub fn notify_one(&self) {
+            self.0.notify_one();
+        }
+    }
+
+    /// A cell holding an `Arc` that readers load without taking a lock.
+    pub struct ArcCell<T>(arc_swap::ArcSwap<T>);
+    /// What [`ArcCell::load`] returns: dereferences to the `Arc` current at load time.
+    pub type ArcCellGuard<T> = arc_swap::Guard<Arc<T>>;
+
+    impl<T> ArcCell<T> {
+        pub fn new(value: Arc<T>) -> Self {
+            ArcCell(arc_swap::ArcSwap::new(value))
+        }
+        pub fn load(&self) -> ArcCellGuard<T> {
+            self.0.load()
+        }
+        pub fn load_full(&self) -> Arc<T> {
+            self.0.load_full()
+        }
+        pub fn store(&self, value: Arc<T>) {
+            self.0.store(value)
+        }
+        pub fn swap(&self, value: Arc<T>) -> Arc<T> {
+            self.0.swap(value)
+        }
+    }
+
+    /// Interior mutability whose accesses loom can track.
+    #[derive(Debug, Default)]
+    pub struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        pub const fn new(value: T) -> Self {
+            UnsafeCell(std::cell::UnsafeCell::new(value))
+        }
+        /// A shared-access pointer; under loom the read counts as in progress
+        /// for as long as the returned guard lives.
+        #[inline(always)]
+        pub fn get(&self) -> ConstPtr<T> {
+            ConstPtr(self.0.get())
+        }
+        /// An exclusive-access pointer; under loom the write counts as in
+        /// progress for as long as the returned guard lives.
+        #[inline(always)]
+        pub fn get_mut(&self) -> MutPtr<T> {
+            MutPtr(self.0.get())
+        }
+    }
+
+    /// See [`UnsafeCell::get`].
+    #[derive(Debug)]
+    pub struct ConstPtr<T>(*const T);
+    impl<T> ConstPtr<T> {
+        /// # Safety
+        /// As dereferencing `*const T`: no exclusive access may overlap the
+        /// returned reference's life, and the cell must outlive it.
+        #[inline(always)]
+        pub unsafe fn deref(&self) -> &T {
+            // SAFETY: forwarded to the caller (see the function's contract).
+            unsafe { &*self.0 }
+        }
+    }
+
+    /// See [`UnsafeCell::get_mut`].
+    #[derive(Debug)]
+    pub struct MutPtr<T>(*mut T);
+    impl<T> MutPtr<T> {
+        /// # Safety
+        /// As dereferencing `*mut T`: no other access may overlap the
+        /// returned reference's life, and the cell must outlive it.
+        #[inline(always)]
+        #[allow(clippy::mut_from_ref)]
+        pub unsafe fn deref(&self) -> &mut T {
+            // SAFETY: forwarded to the caller (see the function's contract).
+            unsafe { &mut *self.0 }
+        }
+    }
+
+    /// Threads (real ones in a normal build).
+    pub mod thread {
+        pub use std::thread::{current, spawn, yield_now, JoinHandle};
+    }
+
+    /// A hint to use inside a spin loop; under loom it yields to the model
+    /// scheduler so a spinning thread cannot starve the one it waits for.
+    #[inline(always)]
+    pub fn spin_hint() {
+        std::hint::spin_loop();
+    }
+
+    /// A process-wide value built on first use (`std::sync::LazyLock`, or
+    /// loom's per-execution lazy static under the model checker).
+    #[macro_export]
+    macro_rules! global {
+        ($(#[$attr:meta])* static $name:ident : $ty:ty = $init:expr;) => {
+            $(#[$attr])* static $name: ::std::sync::LazyLock<$ty> =
+                ::std::sync::LazyLock::new(|| $init);
+        };
+    }
+
+    /// A thread-local value (std's, or loom's per-model-thread one).
+    #[macro_export]
+    macro_rules! thread_local_value {
+        ($(#[$attr:meta])* $vis:vis static $name:ident : $ty:ty = $init:expr;) => {
+            ::std::thread_local! { $(#[$attr])* $vis static $name: $ty = $init; }
+        };
+    }
+}
+
+#[cfg(ibal_loom)]
+mod imp {
+    pub use loom::sync::Arc;
+
+    /// Atomic integer and pointer types.
+    pub mod atomic {
+        pub use loom::sync::atomic::{
+            fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        };
+    }
+
+    /// A mutual-exclusion lock that does not poison.
+    #[derive(Debug, Default)]
+    pub struct Mutex<T>(loom::sync::Mutex<T>);
+    pub type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub fn new(value: T) -> Self {
+            Mutex(loom::sync::Mutex::new(value))
+        }
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            // A poisoned lock means a model thread panicked: the model fails anyway.
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+        pub fn into_inner(self) -> T {
+            self.0.into_inner().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    /// A reader-writer lock that does not poison.
+    #[derive(Debug, Default)]
+    pub struct RwLock<T>(loom::sync::RwLock<T>);
+    pub type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
+    pub type RwLockWriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        pub fn new(value: T) -> Self {
+            RwLock(loom::sync::RwLock::new(value))
+        }
+        pub fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read().unwrap_or_else(|e| e.into_inner())
+        }
+        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    /// A condition variable paired with [`Mutex`].
+    #[derive(Debug, Default)]
+    pub struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub fn new() -> Self {
+            Condvar(loom::sync::Condvar::new())
+        }
+        pub fn wait<'a, T>(&self, guard: &mut MutexGuard<'a, T>) {
+            // loom's condvar consumes and returns the guard; swap it through a
+            // temporary so callers keep parking_lot's `&mut guard` signature.
+            replace_with_guard(guard, |g| self.0.wait(g).unwrap_or_else(|e| e.into_inner()));
+        }
+        pub fn notify_all(&self) {
+            self.0.notify_all();
+        }
+        pub fn notify_one(&self) {
+            self.0.notify_one();
+        }
+    }
+
+    fn replace_with_guard<'a, T>(
+        slot: &mut MutexGuard<'a, T>,
+        f: impl FnOnce(MutexGuard<'a, T>) -> MutexGuard<'a, T>,
+    ) {
+        // SAFETY: the guard is read out and a guard is written back before
+        // anything else can observe `slot`; `f` does not unwind in a model
+        // that passes (a loom failure aborts the whole execution anyway).
+        unsafe {
+            let g = std::ptr::read(slot);
+            std::ptr::write(slot, f(g));
+        }
+    }
+
+    /// Under loom the lock-free cell becomes a lock around an `Arc`.
+    pub struct ArcCell<T>(loom::sync::Mutex<Arc<T>>);
+    pub type ArcCellGuard<T> = Arc<T>;
+
+    impl<T> ArcCell<T> {
+        pub fn new(value: Arc<T>) -> Self {
+            ArcCell(loom::sync::Mutex::new(value))
+        }
+        pub fn load(&self) -> ArcCellGuard<T> {
+            self.0.lock().unwrap().clone()
+        }
+        pub fn load_full(&self) -> Arc<T> {
+            self.0.lock().unwrap().clone()
+        }
+        pub fn store(&self, value: Arc<T>) {
+            *self.0.lock().unwrap() = value;
+        }
+        pub fn swap(&self, value: Arc<T>) -> Arc<T> {
+            std::mem::replace(&mut *self.0.lock().unwrap(), value)
+        }
+    }
+
+    /// Interior mutability whose accesses loom tracks.
+    #[derive(Debug)]
+    pub struct UnsafeCell<T>(loom::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        pub fn new(value: T) -> Self {
+            UnsafeCell(loom::cell::UnsafeCell::new(value))
+        }
+        #[track_caller]
+        pub fn get(&self) -> ConstPtr<T> {
+            self.0.get()
+        }
+        #[track_caller]
+        pub fn get_mut(&self) -> MutPtr<T> {
+            self.0.get_mut()
+        }
+    }
+
+    pub use loom::cell::{ConstPtr, MutPtr};
+
+    /// Threads (loom's model threads).
+    pub mod thread {
+        pub use loom::thread::{current, spawn, yield_now, JoinHandle};
+    }
+
+    /// Yield to the model scheduler inside a spin loop.
+    #[inline(always)]
+    pub fn spin_hint() {
+        loom::thread::yield_now();
+    }
+
+    /// A process-wide value built on first use; per execution under loom.
+    #[macro_export]
+    macro_rules! global {
+        ($(#[$attr:meta])* static $name:ident : $ty:ty = $init:expr;) => {
+            $crate::sync::__loom::lazy_static! { $(#[$attr])* static ref $name: $ty = $init; }
+        };
+    }
+
+    /// A thread-local value, one per loom model thread.
+    #[macro_export]
+    macro_rules! thread_local_value {
+        ($(#[$attr:meta])* $vis:vis static $name:ident : $ty:ty = $init:expr;) => {
+            $crate::sync::__loom::thread_local! { $(#[$attr])* $vis static $name: $ty = $init; }
+        };
+    }
+
+    #[doc(hidden)]
+    pub use loom as __loom;
+}
+
+pub use imp::*;
+
+/// `UnsafeCell` and its pointer guards.
+pub mod cell {
+    pub use super::imp::{ConstPtr, MutPtr, UnsafeCell};
+}
