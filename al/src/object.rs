@@ -17,7 +17,7 @@
 //!   parent's core alive, so a parent's destroy callback always comes after
 //!   its children's.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Deref;
 
@@ -75,7 +75,9 @@ pub(crate) struct ChildSet {
 struct ChildList {
     /// Set when the owner starts being destroyed: no child may join after.
     sealed: bool,
-    members: HashMap<RawHandle, DestroyFn>,
+    /// Ordered, so a cascade visits children in the same order every run
+    /// (the loom models replay executions and need determinism).
+    members: BTreeMap<RawHandle, DestroyFn>,
 }
 
 impl ChildSet {
@@ -83,7 +85,7 @@ impl ChildSet {
         ChildSet {
             inner: Mutex::new(ChildList {
                 sealed: false,
-                members: HashMap::new(),
+                members: BTreeMap::new(),
             }),
         }
     }
@@ -92,7 +94,7 @@ impl ChildSet {
     pub(crate) fn seal_and_take(&self) -> Vec<(RawHandle, DestroyFn)> {
         let mut list = self.inner.lock();
         list.sealed = true;
-        list.members.drain().collect()
+        std::mem::take(&mut list.members).into_iter().collect()
     }
 
     fn remove(&self, h: RawHandle) {
