@@ -1,0 +1,243 @@
+//! Bounds-checked big-endian bit-field access on a 256-byte MAD.
+//!
+//! Every CM field is described once, as data (a [`Field`] or a [`Blob`]), and the
+//! same description drives decoding, encoding and the defined-bits mask. That keeps
+//! the three from drifting apart: the randomized tests compare the mask against
+//! what encode and decode actually touch.
+//!
+//! Field positions follow the IBTA `Byte[Bit]` notation: `bit` counts from the most
+//! significant bit of the byte at `off` (bit 0), and a field may run across byte
+//! boundaries (24-bit QPNs, the 20-bit flow label).
+
+use super::{WireError, HEADER_LEN, MAD_LEN};
+
+/// An unsigned integer field of up to 64 bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Field {
+    /// Byte offset in the MAD (header included).
+    pub off: usize,
+    /// First bit, counted from the most significant bit of byte `off`.
+    pub bit: u32,
+    /// Width in bits, `1..=64`.
+    pub width: u32,
+    /// Human-readable name used in error messages.
+    pub name: &'static str,
+}
+
+impl Field {
+    /// A field given by its offset in the CM data area (after the 24-byte header),
+    /// which is how the IBTA tables and `cm-wire.md` number them.
+    pub const fn data(off: usize, bit: u32, width: u32, name: &'static str) -> Self {
+        Self {
+            off: HEADER_LEN + off,
+            bit,
+            width,
+            name,
+        }
+    }
+
+    /// A field given by its offset in the MAD header.
+    pub const fn header(off: usize, width: u32, name: &'static str) -> Self {
+        Self {
+            off,
+            bit: 0,
+            width,
+            name,
+        }
+    }
+
+    /// Largest value the field can hold.
+    pub const fn max(self) -> u64 {
+        if self.width >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.width) - 1
+        }
+    }
+
+    /// Number of bytes the field touches.
+    const fn span(self) -> usize {
+        (self.bit + self.width).div_ceil(8) as usize
+    }
+
+    /// Right shift that moves the field's least significant bit to bit 0 of the
+    /// big-endian window of `span()` bytes.
+    const fn shift(self) -> u32 {
+        (self.span() as u32) * 8 - self.bit - self.width
+    }
+
+    /// True when the field lies inside a MAD and fits the 64-bit window used to
+    /// access it. Checked for every table entry by the tests.
+    pub const fn is_well_formed(self) -> bool {
+        self.width >= 1
+            && self.width <= 64
+            && self.bit < 8
+            && self.bit + self.width <= 64
+            && self.off + self.span() <= MAD_LEN
+    }
+}
+
+/// A byte-aligned run of opaque bytes (GIDs, ARI, additional information,
+/// private data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Blob {
+    /// Byte offset in the MAD (header included).
+    pub off: usize,
+    pub len: usize,
+}
+
+impl Blob {
+    /// A blob given by its offset in the CM data area.
+    pub const fn data(off: usize, len: usize) -> Self {
+        Self {
+            off: HEADER_LEN + off,
+            len,
+        }
+    }
+
+    pub const fn is_well_formed(self) -> bool {
+        self.off + self.len <= MAD_LEN
+    }
+}
+
+/// Read access to a received MAD.
+///
+/// The buffer is a fixed-size array and every offset comes from the constant
+/// layout tables, so out-of-range access is a programming error, not an input
+/// error. It is still handled without panicking in release builds (reads yield
+/// zero) and trips a `debug_assert` so the tests catch a bad table entry.
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8; MAD_LEN],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8; MAD_LEN]) -> Self {
+        Self { buf }
+    }
+
+    pub fn uint(&self, f: Field) -> u64 {
+        debug_assert!(f.is_well_formed(), "bad layout entry {f:?}");
+        let Some(window) = self.buf.get(f.off..f.off.saturating_add(f.span())) else {
+            return 0;
+        };
+        let raw = window
+            .iter()
+            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+        (raw >> f.shift()) & f.max()
+    }
+
+    // The narrowing helpers below are lossless because `uint` masks to the
+    // field width and the tables only use them on fields no wider than the
+    // target type (checked by `debug_assert`).
+
+    pub fn u8(&self, f: Field) -> u8 {
+        debug_assert!(f.width <= 8);
+        self.uint(f) as u8
+    }
+
+    pub fn u16(&self, f: Field) -> u16 {
+        debug_assert!(f.width <= 16);
+        self.uint(f) as u16
+    }
+
+    pub fn u32(&self, f: Field) -> u32 {
+        debug_assert!(f.width <= 32);
+        self.uint(f) as u32
+    }
+
+    pub fn u64(&self, f: Field) -> u64 {
+        self.uint(f)
+    }
+
+    pub fn flag(&self, f: Field) -> bool {
+        self.uint(f) != 0
+    }
+
+    pub fn bytes<const N: usize>(&self, b: Blob) -> [u8; N] {
+        debug_assert!(b.is_well_formed() && b.len == N, "bad layout entry {b:?}");
+        let mut out = [0u8; N];
+        if let Some(src) = self.buf.get(b.off..b.off.saturating_add(N)) {
+            out.copy_from_slice(src);
+        }
+        out
+    }
+}
+
+/// Builds an outgoing MAD. Starts all-zero, so every bit no field claims
+/// (reserved bits, header Status/ClassSpecific/Reserved) goes out as zero.
+pub(crate) struct Writer {
+    buf: [u8; MAD_LEN],
+}
+
+impl Writer {
+    pub fn new() -> Self {
+        Self {
+            buf: [0u8; MAD_LEN],
+        }
+    }
+
+    pub fn finish(self) -> [u8; MAD_LEN] {
+        self.buf
+    }
+
+    /// Stores `value` after checking it fits the field: a wider value would
+    /// silently corrupt its neighbours, so it is an encode error instead.
+    pub fn uint(&mut self, f: Field, value: u64) -> Result<(), WireError> {
+        if value > f.max() {
+            return Err(WireError::FieldOutOfRange {
+                field: f.name,
+                value,
+            });
+        }
+        self.raw(f, value);
+        Ok(())
+    }
+
+    pub fn flag(&mut self, f: Field, value: bool) {
+        self.raw(f, u64::from(value));
+    }
+
+    /// Copies `src` into the blob, zero-filling the rest of it. Callers pass
+    /// sources no longer than the blob (the types guarantee it); anything longer
+    /// is cut rather than spilled into the next field.
+    pub fn bytes(&mut self, b: Blob, src: &[u8]) {
+        debug_assert!(b.is_well_formed() && src.len() <= b.len, "bad blob {b:?}");
+        let Some(dst) = self.buf.get_mut(b.off..b.off.saturating_add(b.len)) else {
+            return;
+        };
+        dst.fill(0);
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = *s;
+        }
+    }
+
+    /// Read-modify-write of the field's bits; `value` must already fit.
+    fn raw(&mut self, f: Field, value: u64) {
+        debug_assert!(f.is_well_formed(), "bad layout entry {f:?}");
+        let span = f.span();
+        let mask = f.max() << f.shift();
+        let bits = (value & f.max()) << f.shift();
+        let Some(window) = self.buf.get_mut(f.off..f.off.saturating_add(span)) else {
+            return;
+        };
+        for (i, byte) in window.iter_mut().enumerate() {
+            // Byte i of a big-endian window of `span` bytes.
+            let shift = (span - 1 - i) * 8;
+            let m = (mask >> shift) as u8;
+            let v = (bits >> shift) as u8;
+            *byte = (*byte & !m) | v;
+        }
+    }
+
+    /// Sets every bit of the field; used to build defined-bits masks.
+    pub fn fill_field(&mut self, f: Field) {
+        self.raw(f, f.max());
+    }
+
+    /// Sets every byte of the blob; used to build defined-bits masks.
+    pub fn fill_blob(&mut self, b: Blob) {
+        if let Some(dst) = self.buf.get_mut(b.off..b.off.saturating_add(b.len)) {
+            dst.fill(0xFF);
+        }
+    }
+}

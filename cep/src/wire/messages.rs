@@ -1,0 +1,1244 @@
+//! The eleven CM messages (IBTA Vol 1, 12.6): typed bodies and their layouts.
+//!
+//! Each message has a `mod <name>_layout` table that names every defined field
+//! with its data-area offset, first bit (from the MSB) and width. Anything not
+//! in a table is reserved: ignored on decode and sent as zero.
+
+use super::bits::{Blob, Field, Reader, Writer};
+use super::codes::{
+    ApStatus, FailoverAccepted, MessageMraed, MessageRejected, RejectReason, SidrStatus,
+    TransportType,
+};
+use super::{attr, WireError};
+
+/// Private data of one message: always exactly the size of that message's
+/// private data area.
+///
+/// A receiver cannot tell how many bytes the sender meant (the wire carries no
+/// length), so the type does not pretend to know either: shorter input is
+/// zero-padded when the value is built, and a decoded value holds the whole
+/// area. The length limit is enforced here, once, which is why encoding a
+/// message cannot fail on private data.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PrivateData<const N: usize>([u8; N]);
+
+impl<const N: usize> PrivateData<N> {
+    /// Size of the private data area.
+    pub const MAX_LEN: usize = N;
+
+    /// Zero-padded copy of `data`; fails if `data` does not fit.
+    pub fn new(data: &[u8]) -> Result<Self, WireError> {
+        if data.len() > N {
+            return Err(WireError::PrivateDataTooLong {
+                max: N,
+                got: data.len(),
+            });
+        }
+        let mut area = [0u8; N];
+        for (d, s) in area.iter_mut().zip(data) {
+            *d = *s;
+        }
+        Ok(Self(area))
+    }
+
+    /// An all-zero area.
+    pub const fn zeroed() -> Self {
+        Self([0u8; N])
+    }
+
+    /// The whole area, padding included.
+    pub const fn as_bytes(&self) -> &[u8; N] {
+        &self.0
+    }
+
+    pub const fn into_bytes(self) -> [u8; N] {
+        self.0
+    }
+}
+
+impl<const N: usize> Default for PrivateData<N> {
+    fn default() -> Self {
+        Self::zeroed()
+    }
+}
+
+impl<const N: usize> From<[u8; N]> for PrivateData<N> {
+    fn from(area: [u8; N]) -> Self {
+        Self(area)
+    }
+}
+
+impl<const N: usize> TryFrom<&[u8]> for PrivateData<N> {
+    type Error = WireError;
+
+    fn try_from(data: &[u8]) -> Result<Self, WireError> {
+        Self::new(data)
+    }
+}
+
+impl<const N: usize> AsRef<[u8]> for PrivateData<N> {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl<const N: usize> core::ops::Deref for PrivateData<N> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl<const N: usize> core::fmt::Debug for PrivateData<N> {
+    /// Prints only up to the last non-zero byte: the areas are mostly padding.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let used = self.0.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        write!(
+            f,
+            "PrivateData<{N}>({:02x?}",
+            self.0.get(..used).unwrap_or(&[])
+        )?;
+        if used < N {
+            write!(f, " + {} zero bytes", N - used)?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// Size of REJ ARI, APR and SIDR_REP additional-information areas.
+pub const INFO_LEN: usize = 72;
+
+/// Returns the first `len` bytes of an information area, clamped to the area:
+/// a length field larger than the area is a sender bug, not a reason to fail.
+fn info_prefix(info: &[u8; INFO_LEN], len: u8) -> &[u8] {
+    let n = usize::from(len).min(INFO_LEN);
+    info.get(..n).unwrap_or(&[])
+}
+
+/// Common interface of the message bodies, used by the dispatch in `mod.rs`.
+pub(crate) trait Body: Sized {
+    /// AttributeID of the message.
+    const ATTR: u16;
+    /// Integer fields of the body.
+    const FIELDS: &'static [Field];
+    /// Byte-aligned areas of the body.
+    const BLOBS: &'static [Blob];
+    /// Path records embedded in the body.
+    const PATHS: &'static [PathLayout] = &[];
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError>;
+    fn write(&self, w: &mut Writer) -> Result<(), WireError>;
+
+    /// Sets every defined bit of the body.
+    fn fill_mask(w: &mut Writer) {
+        for f in Self::FIELDS {
+            w.fill_field(*f);
+        }
+        for b in Self::BLOBS {
+            w.fill_blob(*b);
+        }
+        for p in Self::PATHS {
+            for f in p.fields() {
+                w.fill_field(f);
+            }
+            for b in p.blobs() {
+                w.fill_blob(b);
+            }
+        }
+    }
+}
+
+fn closed<T>(
+    value: u8,
+    field: Field,
+    from_code: impl FnOnce(u8) -> Option<T>,
+) -> Result<T, WireError> {
+    from_code(value).ok_or(WireError::Reserved {
+        field: field.name,
+        value: value.into(),
+    })
+}
+
+fn non_canonical(field: Field, value: u64) -> WireError {
+    WireError::NonCanonical {
+        field: field.name,
+        value,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Path information (REQ primary/alternate, LAP alternate)
+// ---------------------------------------------------------------------------
+
+/// One path as carried in a REQ or LAP.
+///
+/// The all-zero path is what a REQ carries when there is no alternate path;
+/// see [`PathInfo::is_present`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PathInfo {
+    pub local_lid: u16,
+    pub remote_lid: u16,
+    pub local_gid: [u8; 16],
+    pub remote_gid: [u8; 16],
+    /// 20 bits.
+    pub flow_label: u32,
+    /// 6 bits, IBTA rate encoding.
+    pub packet_rate: u8,
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+    /// Service level, 4 bits.
+    pub sl: u8,
+    /// Set when the remote port is in the local subnet (no GRH needed).
+    pub subnet_local: bool,
+    /// Local ACK timeout, 5 bits, CM timeout encoding.
+    pub local_ack_timeout: u8,
+}
+
+impl PathInfo {
+    /// Whether the record describes a path. A REQ without an alternate path
+    /// zeroes the alternate fields; on RoCE the LIDs are zero even for real
+    /// paths, hence the GID check.
+    pub fn is_present(&self) -> bool {
+        self.local_lid != 0 || self.local_gid != [0u8; 16]
+    }
+}
+
+/// Where the fields of one [`PathInfo`] live. REQ and LAP order the
+/// traffic class, hop limit and packet rate differently, hence a table rather
+/// than a base offset.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PathLayout {
+    pub local_lid: Field,
+    pub remote_lid: Field,
+    pub local_gid: Blob,
+    pub remote_gid: Blob,
+    pub flow_label: Field,
+    pub packet_rate: Field,
+    pub traffic_class: Field,
+    pub hop_limit: Field,
+    pub sl: Field,
+    pub subnet_local: Field,
+    pub local_ack_timeout: Field,
+}
+
+impl PathLayout {
+    pub fn fields(&self) -> [Field; 9] {
+        [
+            self.local_lid,
+            self.remote_lid,
+            self.flow_label,
+            self.packet_rate,
+            self.traffic_class,
+            self.hop_limit,
+            self.sl,
+            self.subnet_local,
+            self.local_ack_timeout,
+        ]
+    }
+
+    pub fn blobs(&self) -> [Blob; 2] {
+        [self.local_gid, self.remote_gid]
+    }
+
+    fn read(&self, r: &Reader<'_>) -> PathInfo {
+        PathInfo {
+            local_lid: r.u16(self.local_lid),
+            remote_lid: r.u16(self.remote_lid),
+            local_gid: r.bytes(self.local_gid),
+            remote_gid: r.bytes(self.remote_gid),
+            flow_label: r.u32(self.flow_label),
+            packet_rate: r.u8(self.packet_rate),
+            traffic_class: r.u8(self.traffic_class),
+            hop_limit: r.u8(self.hop_limit),
+            sl: r.u8(self.sl),
+            subnet_local: r.flag(self.subnet_local),
+            local_ack_timeout: r.u8(self.local_ack_timeout),
+        }
+    }
+
+    fn write(&self, p: &PathInfo, w: &mut Writer) -> Result<(), WireError> {
+        w.uint(self.local_lid, p.local_lid.into())?;
+        w.uint(self.remote_lid, p.remote_lid.into())?;
+        w.bytes(self.local_gid, &p.local_gid);
+        w.bytes(self.remote_gid, &p.remote_gid);
+        w.uint(self.flow_label, p.flow_label.into())?;
+        w.uint(self.packet_rate, p.packet_rate.into())?;
+        w.uint(self.traffic_class, p.traffic_class.into())?;
+        w.uint(self.hop_limit, p.hop_limit.into())?;
+        w.uint(self.sl, p.sl.into())?;
+        w.flag(self.subnet_local, p.subnet_local);
+        w.uint(self.local_ack_timeout, p.local_ack_timeout.into())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// REQ (Table 106)
+// ---------------------------------------------------------------------------
+
+pub(crate) mod req_layout {
+    use super::{Blob, Field, PathLayout};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "REQ LocalCommID");
+    pub const SERVICE_ID: Field = Field::data(8, 0, 64, "REQ ServiceID");
+    pub const LOCAL_CA_GUID: Field = Field::data(16, 0, 64, "REQ LocalCAGUID");
+    pub const LOCAL_QKEY: Field = Field::data(28, 0, 32, "REQ LocalQKey");
+    pub const LOCAL_QPN: Field = Field::data(32, 0, 24, "REQ LocalQPN");
+    pub const RESPONDER_RESOURCES: Field = Field::data(35, 0, 8, "REQ ResponderResources");
+    pub const LOCAL_EECN: Field = Field::data(36, 0, 24, "REQ LocalEECN");
+    pub const INITIATOR_DEPTH: Field = Field::data(39, 0, 8, "REQ InitiatorDepth");
+    pub const REMOTE_EECN: Field = Field::data(40, 0, 24, "REQ RemoteEECN");
+    pub const REMOTE_CM_RESPONSE_TIMEOUT: Field =
+        Field::data(43, 0, 5, "REQ RemoteCMResponseTimeout");
+    pub const TRANSPORT_SERVICE_TYPE: Field = Field::data(43, 5, 2, "REQ TransportServiceType");
+    pub const END_TO_END_FLOW_CONTROL: Field = Field::data(43, 7, 1, "REQ EndToEndFlowControl");
+    pub const STARTING_PSN: Field = Field::data(44, 0, 24, "REQ StartingPSN");
+    pub const LOCAL_CM_RESPONSE_TIMEOUT: Field =
+        Field::data(47, 0, 5, "REQ LocalCMResponseTimeout");
+    pub const RETRY_COUNT: Field = Field::data(47, 5, 3, "REQ RetryCount");
+    pub const PKEY: Field = Field::data(48, 0, 16, "REQ P_Key");
+    pub const PATH_MTU: Field = Field::data(50, 0, 4, "REQ PathPacketPayloadMTU");
+    pub const RDC_EXISTS: Field = Field::data(50, 4, 1, "REQ RDCExists");
+    pub const RNR_RETRY_COUNT: Field = Field::data(50, 5, 3, "REQ RNRRetryCount");
+    pub const MAX_CM_RETRIES: Field = Field::data(51, 0, 4, "REQ MaxCMRetries");
+    pub const SRQ: Field = Field::data(51, 4, 1, "REQ SRQ");
+    pub const EXTENDED_TRANSPORT_TYPE: Field = Field::data(51, 5, 3, "REQ ExtendedTransportType");
+
+    pub const PRIMARY: PathLayout = PathLayout {
+        local_lid: Field::data(52, 0, 16, "REQ PrimaryLocalPortLID"),
+        remote_lid: Field::data(54, 0, 16, "REQ PrimaryRemotePortLID"),
+        local_gid: Blob::data(56, 16),
+        remote_gid: Blob::data(72, 16),
+        flow_label: Field::data(88, 0, 20, "REQ PrimaryFlowLabel"),
+        packet_rate: Field::data(91, 2, 6, "REQ PrimaryPacketRate"),
+        traffic_class: Field::data(92, 0, 8, "REQ PrimaryTrafficClass"),
+        hop_limit: Field::data(93, 0, 8, "REQ PrimaryHopLimit"),
+        sl: Field::data(94, 0, 4, "REQ PrimarySL"),
+        subnet_local: Field::data(94, 4, 1, "REQ PrimarySubnetLocal"),
+        local_ack_timeout: Field::data(95, 0, 5, "REQ PrimaryLocalACKTimeout"),
+    };
+
+    pub const ALTERNATE: PathLayout = PathLayout {
+        local_lid: Field::data(96, 0, 16, "REQ AlternateLocalPortLID"),
+        remote_lid: Field::data(98, 0, 16, "REQ AlternateRemotePortLID"),
+        local_gid: Blob::data(100, 16),
+        remote_gid: Blob::data(116, 16),
+        flow_label: Field::data(132, 0, 20, "REQ AlternateFlowLabel"),
+        packet_rate: Field::data(135, 2, 6, "REQ AlternatePacketRate"),
+        traffic_class: Field::data(136, 0, 8, "REQ AlternateTrafficClass"),
+        hop_limit: Field::data(137, 0, 8, "REQ AlternateHopLimit"),
+        sl: Field::data(138, 0, 4, "REQ AlternateSL"),
+        subnet_local: Field::data(138, 4, 1, "REQ AlternateSubnetLocal"),
+        local_ack_timeout: Field::data(139, 0, 5, "REQ AlternateLocalACKTimeout"),
+    };
+
+    pub const SAP_SUPPORTED: Field = Field::data(139, 5, 1, "REQ SAPSupported");
+    pub const PRIVATE_DATA: Blob = Blob::data(140, 92);
+
+    pub const FIELDS: &[Field] = &[
+        LOCAL_COMM_ID,
+        SERVICE_ID,
+        LOCAL_CA_GUID,
+        LOCAL_QKEY,
+        LOCAL_QPN,
+        RESPONDER_RESOURCES,
+        LOCAL_EECN,
+        INITIATOR_DEPTH,
+        REMOTE_EECN,
+        REMOTE_CM_RESPONSE_TIMEOUT,
+        TRANSPORT_SERVICE_TYPE,
+        END_TO_END_FLOW_CONTROL,
+        STARTING_PSN,
+        LOCAL_CM_RESPONSE_TIMEOUT,
+        RETRY_COUNT,
+        PKEY,
+        PATH_MTU,
+        RDC_EXISTS,
+        RNR_RETRY_COUNT,
+        MAX_CM_RETRIES,
+        SRQ,
+        EXTENDED_TRANSPORT_TYPE,
+        SAP_SUPPORTED,
+    ];
+    pub const BLOBS: &[Blob] = &[PRIVATE_DATA];
+    pub const PATHS: &[PathLayout] = &[PRIMARY, ALTERNATE];
+}
+
+/// Connection request (REQ).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Req {
+    pub local_comm_id: u32,
+    pub service_id: u64,
+    pub local_ca_guid: u64,
+    pub local_qkey: u32,
+    /// 24 bits.
+    pub local_qpn: u32,
+    pub responder_resources: u8,
+    /// 24 bits.
+    pub local_eecn: u32,
+    pub initiator_depth: u8,
+    /// 24 bits.
+    pub remote_eecn: u32,
+    /// 5 bits, CM timeout encoding.
+    pub remote_cm_response_timeout: u8,
+    pub transport_service_type: TransportType,
+    pub end_to_end_flow_control: bool,
+    /// 24 bits.
+    pub starting_psn: u32,
+    /// 5 bits, CM timeout encoding.
+    pub local_cm_response_timeout: u8,
+    /// 3 bits.
+    pub retry_count: u8,
+    pub pkey: u16,
+    /// 4 bits, IBTA MTU encoding (1 = 256 ... 5 = 4096).
+    pub path_mtu: u8,
+    pub rdc_exists: bool,
+    /// 3 bits.
+    pub rnr_retry_count: u8,
+    /// 4 bits.
+    pub max_cm_retries: u8,
+    pub srq: bool,
+    /// 3 bits; meaningful when `transport_service_type` is `Extended`
+    /// (1 = XRC).
+    pub extended_transport_type: u8,
+    pub primary_path: PathInfo,
+    /// All zero when there is no alternate path.
+    pub alternate_path: PathInfo,
+    pub sap_supported: bool,
+    pub private_data: PrivateData<92>,
+}
+
+impl Req {
+    /// `ExtendedTransportType` value for XRC.
+    pub const EXTENDED_TRANSPORT_XRC: u8 = 1;
+
+    pub fn is_xrc(&self) -> bool {
+        self.transport_service_type == TransportType::Extended
+            && self.extended_transport_type == Self::EXTENDED_TRANSPORT_XRC
+    }
+}
+
+impl Body for Req {
+    const ATTR: u16 = attr::REQ;
+    const FIELDS: &'static [Field] = req_layout::FIELDS;
+    const BLOBS: &'static [Blob] = req_layout::BLOBS;
+    const PATHS: &'static [PathLayout] = req_layout::PATHS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use req_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            service_id: r.u64(l::SERVICE_ID),
+            local_ca_guid: r.u64(l::LOCAL_CA_GUID),
+            local_qkey: r.u32(l::LOCAL_QKEY),
+            local_qpn: r.u32(l::LOCAL_QPN),
+            responder_resources: r.u8(l::RESPONDER_RESOURCES),
+            local_eecn: r.u32(l::LOCAL_EECN),
+            initiator_depth: r.u8(l::INITIATOR_DEPTH),
+            remote_eecn: r.u32(l::REMOTE_EECN),
+            remote_cm_response_timeout: r.u8(l::REMOTE_CM_RESPONSE_TIMEOUT),
+            transport_service_type: closed(
+                r.u8(l::TRANSPORT_SERVICE_TYPE),
+                l::TRANSPORT_SERVICE_TYPE,
+                TransportType::from_code,
+            )?,
+            end_to_end_flow_control: r.flag(l::END_TO_END_FLOW_CONTROL),
+            starting_psn: r.u32(l::STARTING_PSN),
+            local_cm_response_timeout: r.u8(l::LOCAL_CM_RESPONSE_TIMEOUT),
+            retry_count: r.u8(l::RETRY_COUNT),
+            pkey: r.u16(l::PKEY),
+            path_mtu: r.u8(l::PATH_MTU),
+            rdc_exists: r.flag(l::RDC_EXISTS),
+            rnr_retry_count: r.u8(l::RNR_RETRY_COUNT),
+            max_cm_retries: r.u8(l::MAX_CM_RETRIES),
+            srq: r.flag(l::SRQ),
+            extended_transport_type: r.u8(l::EXTENDED_TRANSPORT_TYPE),
+            primary_path: l::PRIMARY.read(r),
+            alternate_path: l::ALTERNATE.read(r),
+            sap_supported: r.flag(l::SAP_SUPPORTED),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use req_layout as l;
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::SERVICE_ID, self.service_id)?;
+        w.uint(l::LOCAL_CA_GUID, self.local_ca_guid)?;
+        w.uint(l::LOCAL_QKEY, self.local_qkey.into())?;
+        w.uint(l::LOCAL_QPN, self.local_qpn.into())?;
+        w.uint(l::RESPONDER_RESOURCES, self.responder_resources.into())?;
+        w.uint(l::LOCAL_EECN, self.local_eecn.into())?;
+        w.uint(l::INITIATOR_DEPTH, self.initiator_depth.into())?;
+        w.uint(l::REMOTE_EECN, self.remote_eecn.into())?;
+        w.uint(
+            l::REMOTE_CM_RESPONSE_TIMEOUT,
+            self.remote_cm_response_timeout.into(),
+        )?;
+        w.uint(
+            l::TRANSPORT_SERVICE_TYPE,
+            self.transport_service_type.code().into(),
+        )?;
+        w.flag(l::END_TO_END_FLOW_CONTROL, self.end_to_end_flow_control);
+        w.uint(l::STARTING_PSN, self.starting_psn.into())?;
+        w.uint(
+            l::LOCAL_CM_RESPONSE_TIMEOUT,
+            self.local_cm_response_timeout.into(),
+        )?;
+        w.uint(l::RETRY_COUNT, self.retry_count.into())?;
+        w.uint(l::PKEY, self.pkey.into())?;
+        w.uint(l::PATH_MTU, self.path_mtu.into())?;
+        w.flag(l::RDC_EXISTS, self.rdc_exists);
+        w.uint(l::RNR_RETRY_COUNT, self.rnr_retry_count.into())?;
+        w.uint(l::MAX_CM_RETRIES, self.max_cm_retries.into())?;
+        w.flag(l::SRQ, self.srq);
+        w.uint(
+            l::EXTENDED_TRANSPORT_TYPE,
+            self.extended_transport_type.into(),
+        )?;
+        l::PRIMARY.write(&self.primary_path, w)?;
+        l::ALTERNATE.write(&self.alternate_path, w)?;
+        w.flag(l::SAP_SUPPORTED, self.sap_supported);
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// MRA (Table 107)
+// ---------------------------------------------------------------------------
+
+pub(crate) mod mra_layout {
+    use super::{Blob, Field};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "MRA LocalCommID");
+    pub const REMOTE_COMM_ID: Field = Field::data(4, 0, 32, "MRA RemoteCommID");
+    pub const MESSAGE_MRAED: Field = Field::data(8, 0, 2, "MRA MessageMRAed");
+    pub const SERVICE_TIMEOUT: Field = Field::data(9, 0, 5, "MRA ServiceTimeout");
+    pub const PRIVATE_DATA: Blob = Blob::data(10, 222);
+
+    pub const FIELDS: &[Field] = &[
+        LOCAL_COMM_ID,
+        REMOTE_COMM_ID,
+        MESSAGE_MRAED,
+        SERVICE_TIMEOUT,
+    ];
+    pub const BLOBS: &[Blob] = &[PRIVATE_DATA];
+}
+
+/// Message receipt acknowledgement (MRA): "I got it, the answer will take a
+/// while".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Mra {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    pub message_mraed: MessageMraed,
+    /// 5 bits, CM timeout encoding.
+    pub service_timeout: u8,
+    pub private_data: PrivateData<222>,
+}
+
+impl Body for Mra {
+    const ATTR: u16 = attr::MRA;
+    const FIELDS: &'static [Field] = mra_layout::FIELDS;
+    const BLOBS: &'static [Blob] = mra_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use mra_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            remote_comm_id: r.u32(l::REMOTE_COMM_ID),
+            message_mraed: closed(
+                r.u8(l::MESSAGE_MRAED),
+                l::MESSAGE_MRAED,
+                MessageMraed::from_code,
+            )?,
+            service_timeout: r.u8(l::SERVICE_TIMEOUT),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use mra_layout as l;
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::REMOTE_COMM_ID, self.remote_comm_id.into())?;
+        w.uint(l::MESSAGE_MRAED, self.message_mraed.code().into())?;
+        w.uint(l::SERVICE_TIMEOUT, self.service_timeout.into())?;
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// REJ (Table 108)
+// ---------------------------------------------------------------------------
+
+pub(crate) mod rej_layout {
+    use super::{Blob, Field};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "REJ LocalCommID");
+    pub const REMOTE_COMM_ID: Field = Field::data(4, 0, 32, "REJ RemoteCommID");
+    pub const MESSAGE_REJECTED: Field = Field::data(8, 0, 2, "REJ MessageRejected");
+    pub const REJECTED_INFO_LENGTH: Field = Field::data(9, 0, 7, "REJ RejectedInfoLength");
+    pub const REASON: Field = Field::data(10, 0, 16, "REJ Reason");
+    pub const ARI: Blob = Blob::data(12, 72);
+    pub const PRIVATE_DATA: Blob = Blob::data(84, 148);
+
+    pub const FIELDS: &[Field] = &[
+        LOCAL_COMM_ID,
+        REMOTE_COMM_ID,
+        MESSAGE_REJECTED,
+        REJECTED_INFO_LENGTH,
+        REASON,
+    ];
+    pub const BLOBS: &[Blob] = &[ARI, PRIVATE_DATA];
+}
+
+/// Reject (REJ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rej {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    pub message_rejected: MessageRejected,
+    /// 7 bits: how many bytes of `ari` are meaningful. Not checked against
+    /// the 72-byte area on decode; see [`Rej::ari_bytes`].
+    pub rejected_info_length: u8,
+    pub reason: RejectReason,
+    /// Additional rejection information, whole area.
+    pub ari: [u8; INFO_LEN],
+    pub private_data: PrivateData<148>,
+}
+
+impl Rej {
+    /// The meaningful part of the ARI (clamped to the area).
+    pub fn ari_bytes(&self) -> &[u8] {
+        info_prefix(&self.ari, self.rejected_info_length)
+    }
+}
+
+impl Default for Rej {
+    fn default() -> Self {
+        Self {
+            local_comm_id: 0,
+            remote_comm_id: 0,
+            message_rejected: MessageRejected::default(),
+            rejected_info_length: 0,
+            reason: RejectReason::default(),
+            ari: [0; INFO_LEN],
+            private_data: PrivateData::default(),
+        }
+    }
+}
+
+impl Body for Rej {
+    const ATTR: u16 = attr::REJ;
+    const FIELDS: &'static [Field] = rej_layout::FIELDS;
+    const BLOBS: &'static [Blob] = rej_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use rej_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            remote_comm_id: r.u32(l::REMOTE_COMM_ID),
+            message_rejected: closed(
+                r.u8(l::MESSAGE_REJECTED),
+                l::MESSAGE_REJECTED,
+                MessageRejected::from_code,
+            )?,
+            rejected_info_length: r.u8(l::REJECTED_INFO_LENGTH),
+            reason: RejectReason::from_code(r.u16(l::REASON)),
+            ari: r.bytes(l::ARI),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use rej_layout as l;
+        if !self.reason.is_canonical() {
+            return Err(non_canonical(l::REASON, self.reason.code().into()));
+        }
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::REMOTE_COMM_ID, self.remote_comm_id.into())?;
+        w.uint(l::MESSAGE_REJECTED, self.message_rejected.code().into())?;
+        w.uint(l::REJECTED_INFO_LENGTH, self.rejected_info_length.into())?;
+        w.uint(l::REASON, self.reason.code().into())?;
+        w.bytes(l::ARI, &self.ari);
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// REP (Table 110)
+// ---------------------------------------------------------------------------
+
+pub(crate) mod rep_layout {
+    use super::{Blob, Field};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "REP LocalCommID");
+    pub const REMOTE_COMM_ID: Field = Field::data(4, 0, 32, "REP RemoteCommID");
+    pub const LOCAL_QKEY: Field = Field::data(8, 0, 32, "REP LocalQKey");
+    pub const LOCAL_QPN: Field = Field::data(12, 0, 24, "REP LocalQPN");
+    pub const LOCAL_EECN: Field = Field::data(16, 0, 24, "REP LocalEECN");
+    pub const STARTING_PSN: Field = Field::data(20, 0, 24, "REP StartingPSN");
+    pub const RESPONDER_RESOURCES: Field = Field::data(24, 0, 8, "REP ResponderResources");
+    pub const INITIATOR_DEPTH: Field = Field::data(25, 0, 8, "REP InitiatorDepth");
+    pub const TARGET_ACK_DELAY: Field = Field::data(26, 0, 5, "REP TargetACKDelay");
+    pub const FAILOVER_ACCEPTED: Field = Field::data(26, 5, 2, "REP FailoverAccepted");
+    pub const END_TO_END_FLOW_CONTROL: Field = Field::data(26, 7, 1, "REP EndToEndFlowControl");
+    pub const RNR_RETRY_COUNT: Field = Field::data(27, 0, 3, "REP RNRRetryCount");
+    pub const SRQ: Field = Field::data(27, 3, 1, "REP SRQ");
+    pub const LOCAL_CA_GUID: Field = Field::data(28, 0, 64, "REP LocalCAGUID");
+    pub const PRIVATE_DATA: Blob = Blob::data(36, 196);
+
+    pub const FIELDS: &[Field] = &[
+        LOCAL_COMM_ID,
+        REMOTE_COMM_ID,
+        LOCAL_QKEY,
+        LOCAL_QPN,
+        LOCAL_EECN,
+        STARTING_PSN,
+        RESPONDER_RESOURCES,
+        INITIATOR_DEPTH,
+        TARGET_ACK_DELAY,
+        FAILOVER_ACCEPTED,
+        END_TO_END_FLOW_CONTROL,
+        RNR_RETRY_COUNT,
+        SRQ,
+        LOCAL_CA_GUID,
+    ];
+    pub const BLOBS: &[Blob] = &[PRIVATE_DATA];
+}
+
+/// Connection reply (REP).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Rep {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    pub local_qkey: u32,
+    /// 24 bits.
+    pub local_qpn: u32,
+    /// 24 bits.
+    pub local_eecn: u32,
+    /// 24 bits.
+    pub starting_psn: u32,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    /// 5 bits, CM timeout encoding.
+    pub target_ack_delay: u8,
+    pub failover_accepted: FailoverAccepted,
+    pub end_to_end_flow_control: bool,
+    /// 3 bits.
+    pub rnr_retry_count: u8,
+    pub srq: bool,
+    pub local_ca_guid: u64,
+    pub private_data: PrivateData<196>,
+}
+
+impl Body for Rep {
+    const ATTR: u16 = attr::REP;
+    const FIELDS: &'static [Field] = rep_layout::FIELDS;
+    const BLOBS: &'static [Blob] = rep_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use rep_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            remote_comm_id: r.u32(l::REMOTE_COMM_ID),
+            local_qkey: r.u32(l::LOCAL_QKEY),
+            local_qpn: r.u32(l::LOCAL_QPN),
+            local_eecn: r.u32(l::LOCAL_EECN),
+            starting_psn: r.u32(l::STARTING_PSN),
+            responder_resources: r.u8(l::RESPONDER_RESOURCES),
+            initiator_depth: r.u8(l::INITIATOR_DEPTH),
+            target_ack_delay: r.u8(l::TARGET_ACK_DELAY),
+            failover_accepted: closed(
+                r.u8(l::FAILOVER_ACCEPTED),
+                l::FAILOVER_ACCEPTED,
+                FailoverAccepted::from_code,
+            )?,
+            end_to_end_flow_control: r.flag(l::END_TO_END_FLOW_CONTROL),
+            rnr_retry_count: r.u8(l::RNR_RETRY_COUNT),
+            srq: r.flag(l::SRQ),
+            local_ca_guid: r.u64(l::LOCAL_CA_GUID),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use rep_layout as l;
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::REMOTE_COMM_ID, self.remote_comm_id.into())?;
+        w.uint(l::LOCAL_QKEY, self.local_qkey.into())?;
+        w.uint(l::LOCAL_QPN, self.local_qpn.into())?;
+        w.uint(l::LOCAL_EECN, self.local_eecn.into())?;
+        w.uint(l::STARTING_PSN, self.starting_psn.into())?;
+        w.uint(l::RESPONDER_RESOURCES, self.responder_resources.into())?;
+        w.uint(l::INITIATOR_DEPTH, self.initiator_depth.into())?;
+        w.uint(l::TARGET_ACK_DELAY, self.target_ack_delay.into())?;
+        w.uint(l::FAILOVER_ACCEPTED, self.failover_accepted.code().into())?;
+        w.flag(l::END_TO_END_FLOW_CONTROL, self.end_to_end_flow_control);
+        w.uint(l::RNR_RETRY_COUNT, self.rnr_retry_count.into())?;
+        w.flag(l::SRQ, self.srq);
+        w.uint(l::LOCAL_CA_GUID, self.local_ca_guid)?;
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RTU (Table 111), DREQ (Table 112), DREP (Table 113)
+// ---------------------------------------------------------------------------
+
+pub(crate) mod rtu_layout {
+    use super::{Blob, Field};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "RTU LocalCommID");
+    pub const REMOTE_COMM_ID: Field = Field::data(4, 0, 32, "RTU RemoteCommID");
+    pub const PRIVATE_DATA: Blob = Blob::data(8, 224);
+
+    pub const FIELDS: &[Field] = &[LOCAL_COMM_ID, REMOTE_COMM_ID];
+    pub const BLOBS: &[Blob] = &[PRIVATE_DATA];
+}
+
+/// Ready to use (RTU).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Rtu {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    pub private_data: PrivateData<224>,
+}
+
+impl Body for Rtu {
+    const ATTR: u16 = attr::RTU;
+    const FIELDS: &'static [Field] = rtu_layout::FIELDS;
+    const BLOBS: &'static [Blob] = rtu_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use rtu_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            remote_comm_id: r.u32(l::REMOTE_COMM_ID),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use rtu_layout as l;
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::REMOTE_COMM_ID, self.remote_comm_id.into())?;
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+pub(crate) mod dreq_layout {
+    use super::{Blob, Field};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "DREQ LocalCommID");
+    pub const REMOTE_COMM_ID: Field = Field::data(4, 0, 32, "DREQ RemoteCommID");
+    pub const REMOTE_QPN_EECN: Field = Field::data(8, 0, 24, "DREQ RemoteQPN/EECN");
+    pub const PRIVATE_DATA: Blob = Blob::data(12, 220);
+
+    pub const FIELDS: &[Field] = &[LOCAL_COMM_ID, REMOTE_COMM_ID, REMOTE_QPN_EECN];
+    pub const BLOBS: &[Blob] = &[PRIVATE_DATA];
+}
+
+/// Disconnect request (DREQ).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Dreq {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    /// 24 bits: the receiver's QPN (or EECN for RD).
+    pub remote_qpn_eecn: u32,
+    pub private_data: PrivateData<220>,
+}
+
+impl Body for Dreq {
+    const ATTR: u16 = attr::DREQ;
+    const FIELDS: &'static [Field] = dreq_layout::FIELDS;
+    const BLOBS: &'static [Blob] = dreq_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use dreq_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            remote_comm_id: r.u32(l::REMOTE_COMM_ID),
+            remote_qpn_eecn: r.u32(l::REMOTE_QPN_EECN),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use dreq_layout as l;
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::REMOTE_COMM_ID, self.remote_comm_id.into())?;
+        w.uint(l::REMOTE_QPN_EECN, self.remote_qpn_eecn.into())?;
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+pub(crate) mod drep_layout {
+    use super::{Blob, Field};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "DREP LocalCommID");
+    pub const REMOTE_COMM_ID: Field = Field::data(4, 0, 32, "DREP RemoteCommID");
+    pub const PRIVATE_DATA: Blob = Blob::data(8, 224);
+
+    pub const FIELDS: &[Field] = &[LOCAL_COMM_ID, REMOTE_COMM_ID];
+    pub const BLOBS: &[Blob] = &[PRIVATE_DATA];
+}
+
+/// Disconnect reply (DREP).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Drep {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    pub private_data: PrivateData<224>,
+}
+
+impl Body for Drep {
+    const ATTR: u16 = attr::DREP;
+    const FIELDS: &'static [Field] = drep_layout::FIELDS;
+    const BLOBS: &'static [Blob] = drep_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use drep_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            remote_comm_id: r.u32(l::REMOTE_COMM_ID),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use drep_layout as l;
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::REMOTE_COMM_ID, self.remote_comm_id.into())?;
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// SIDR_REQ (Table 119), SIDR_REP (Table 120)
+// ---------------------------------------------------------------------------
+
+pub(crate) mod sidr_req_layout {
+    use super::{Blob, Field};
+
+    pub const REQUEST_ID: Field = Field::data(0, 0, 32, "SIDR_REQ RequestID");
+    pub const PKEY: Field = Field::data(4, 0, 16, "SIDR_REQ P_Key");
+    pub const SERVICE_ID: Field = Field::data(8, 0, 64, "SIDR_REQ ServiceID");
+    pub const PRIVATE_DATA: Blob = Blob::data(16, 216);
+
+    pub const FIELDS: &[Field] = &[REQUEST_ID, PKEY, SERVICE_ID];
+    pub const BLOBS: &[Blob] = &[PRIVATE_DATA];
+}
+
+/// Service ID resolution request (SIDR_REQ), for UD services.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SidrReq {
+    pub request_id: u32,
+    pub pkey: u16,
+    pub service_id: u64,
+    pub private_data: PrivateData<216>,
+}
+
+impl Body for SidrReq {
+    const ATTR: u16 = attr::SIDR_REQ;
+    const FIELDS: &'static [Field] = sidr_req_layout::FIELDS;
+    const BLOBS: &'static [Blob] = sidr_req_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use sidr_req_layout as l;
+        Ok(Self {
+            request_id: r.u32(l::REQUEST_ID),
+            pkey: r.u16(l::PKEY),
+            service_id: r.u64(l::SERVICE_ID),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use sidr_req_layout as l;
+        w.uint(l::REQUEST_ID, self.request_id.into())?;
+        w.uint(l::PKEY, self.pkey.into())?;
+        w.uint(l::SERVICE_ID, self.service_id)?;
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+pub(crate) mod sidr_rep_layout {
+    use super::{Blob, Field};
+
+    pub const REQUEST_ID: Field = Field::data(0, 0, 32, "SIDR_REP RequestID");
+    pub const STATUS: Field = Field::data(4, 0, 8, "SIDR_REP Status");
+    pub const ADDITIONAL_INFO_LENGTH: Field =
+        Field::data(5, 0, 8, "SIDR_REP AdditionalInformationLength");
+    pub const QPN: Field = Field::data(8, 0, 24, "SIDR_REP QPN");
+    pub const SERVICE_ID: Field = Field::data(12, 0, 64, "SIDR_REP ServiceID");
+    pub const QKEY: Field = Field::data(20, 0, 32, "SIDR_REP Q_Key");
+    pub const ADDITIONAL_INFO: Blob = Blob::data(24, 72);
+    pub const PRIVATE_DATA: Blob = Blob::data(96, 136);
+
+    pub const FIELDS: &[Field] = &[
+        REQUEST_ID,
+        STATUS,
+        ADDITIONAL_INFO_LENGTH,
+        QPN,
+        SERVICE_ID,
+        QKEY,
+    ];
+    pub const BLOBS: &[Blob] = &[ADDITIONAL_INFO, PRIVATE_DATA];
+}
+
+/// Service ID resolution reply (SIDR_REP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SidrRep {
+    pub request_id: u32,
+    pub status: SidrStatus,
+    pub additional_info_length: u8,
+    /// 24 bits.
+    pub qpn: u32,
+    pub service_id: u64,
+    pub qkey: u32,
+    /// Whole area (redirection information for status `Redirect`).
+    pub additional_info: [u8; INFO_LEN],
+    pub private_data: PrivateData<136>,
+}
+
+impl SidrRep {
+    /// The meaningful part of the additional information (clamped).
+    pub fn additional_info_bytes(&self) -> &[u8] {
+        info_prefix(&self.additional_info, self.additional_info_length)
+    }
+}
+
+impl Default for SidrRep {
+    fn default() -> Self {
+        Self {
+            request_id: 0,
+            status: SidrStatus::default(),
+            additional_info_length: 0,
+            qpn: 0,
+            service_id: 0,
+            qkey: 0,
+            additional_info: [0; INFO_LEN],
+            private_data: PrivateData::default(),
+        }
+    }
+}
+
+impl Body for SidrRep {
+    const ATTR: u16 = attr::SIDR_REP;
+    const FIELDS: &'static [Field] = sidr_rep_layout::FIELDS;
+    const BLOBS: &'static [Blob] = sidr_rep_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use sidr_rep_layout as l;
+        Ok(Self {
+            request_id: r.u32(l::REQUEST_ID),
+            status: SidrStatus::from_code(r.u8(l::STATUS)),
+            additional_info_length: r.u8(l::ADDITIONAL_INFO_LENGTH),
+            qpn: r.u32(l::QPN),
+            service_id: r.u64(l::SERVICE_ID),
+            qkey: r.u32(l::QKEY),
+            additional_info: r.bytes(l::ADDITIONAL_INFO),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use sidr_rep_layout as l;
+        if !self.status.is_canonical() {
+            return Err(non_canonical(l::STATUS, self.status.code().into()));
+        }
+        w.uint(l::REQUEST_ID, self.request_id.into())?;
+        w.uint(l::STATUS, self.status.code().into())?;
+        w.uint(
+            l::ADDITIONAL_INFO_LENGTH,
+            self.additional_info_length.into(),
+        )?;
+        w.uint(l::QPN, self.qpn.into())?;
+        w.uint(l::SERVICE_ID, self.service_id)?;
+        w.uint(l::QKEY, self.qkey.into())?;
+        w.bytes(l::ADDITIONAL_INFO, &self.additional_info);
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// LAP (Table 115), APR (Table 116)
+// ---------------------------------------------------------------------------
+
+pub(crate) mod lap_layout {
+    use super::{Blob, Field, PathLayout};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "LAP LocalCommID");
+    pub const REMOTE_COMM_ID: Field = Field::data(4, 0, 32, "LAP RemoteCommID");
+    pub const REMOTE_QPN_EECN: Field = Field::data(12, 0, 24, "LAP RemoteQPN/EECN");
+    pub const REMOTE_CM_RESPONSE_TIMEOUT: Field =
+        Field::data(15, 0, 5, "LAP RemoteCMResponseTimeout");
+
+    pub const ALTERNATE: PathLayout = PathLayout {
+        local_lid: Field::data(20, 0, 16, "LAP AlternateLocalPortLID"),
+        remote_lid: Field::data(22, 0, 16, "LAP AlternateRemotePortLID"),
+        local_gid: Blob::data(24, 16),
+        remote_gid: Blob::data(40, 16),
+        flow_label: Field::data(56, 0, 20, "LAP AlternateFlowLabel"),
+        traffic_class: Field::data(59, 0, 8, "LAP AlternateTrafficClass"),
+        hop_limit: Field::data(60, 0, 8, "LAP AlternateHopLimit"),
+        packet_rate: Field::data(61, 2, 6, "LAP AlternatePacketRate"),
+        sl: Field::data(62, 0, 4, "LAP AlternateSL"),
+        subnet_local: Field::data(62, 4, 1, "LAP AlternateSubnetLocal"),
+        local_ack_timeout: Field::data(63, 0, 5, "LAP AlternateLocalACKTimeout"),
+    };
+
+    pub const PRIVATE_DATA: Blob = Blob::data(64, 168);
+
+    pub const FIELDS: &[Field] = &[
+        LOCAL_COMM_ID,
+        REMOTE_COMM_ID,
+        REMOTE_QPN_EECN,
+        REMOTE_CM_RESPONSE_TIMEOUT,
+    ];
+    pub const BLOBS: &[Blob] = &[PRIVATE_DATA];
+    pub const PATHS: &[PathLayout] = &[ALTERNATE];
+}
+
+/// Load alternate path (LAP).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Lap {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    /// 24 bits.
+    pub remote_qpn_eecn: u32,
+    /// 5 bits, CM timeout encoding.
+    pub remote_cm_response_timeout: u8,
+    pub alternate_path: PathInfo,
+    pub private_data: PrivateData<168>,
+}
+
+impl Body for Lap {
+    const ATTR: u16 = attr::LAP;
+    const FIELDS: &'static [Field] = lap_layout::FIELDS;
+    const BLOBS: &'static [Blob] = lap_layout::BLOBS;
+    const PATHS: &'static [PathLayout] = lap_layout::PATHS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use lap_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            remote_comm_id: r.u32(l::REMOTE_COMM_ID),
+            remote_qpn_eecn: r.u32(l::REMOTE_QPN_EECN),
+            remote_cm_response_timeout: r.u8(l::REMOTE_CM_RESPONSE_TIMEOUT),
+            alternate_path: l::ALTERNATE.read(r),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use lap_layout as l;
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::REMOTE_COMM_ID, self.remote_comm_id.into())?;
+        w.uint(l::REMOTE_QPN_EECN, self.remote_qpn_eecn.into())?;
+        w.uint(
+            l::REMOTE_CM_RESPONSE_TIMEOUT,
+            self.remote_cm_response_timeout.into(),
+        )?;
+        l::ALTERNATE.write(&self.alternate_path, w)?;
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}
+
+pub(crate) mod apr_layout {
+    use super::{Blob, Field};
+
+    pub const LOCAL_COMM_ID: Field = Field::data(0, 0, 32, "APR LocalCommID");
+    pub const REMOTE_COMM_ID: Field = Field::data(4, 0, 32, "APR RemoteCommID");
+    pub const ADDITIONAL_INFO_LENGTH: Field =
+        Field::data(8, 0, 8, "APR AdditionalInformationLength");
+    pub const AP_STATUS: Field = Field::data(9, 0, 8, "APR APStatus");
+    pub const ADDITIONAL_INFO: Blob = Blob::data(12, 72);
+    pub const PRIVATE_DATA: Blob = Blob::data(84, 148);
+
+    pub const FIELDS: &[Field] = &[
+        LOCAL_COMM_ID,
+        REMOTE_COMM_ID,
+        ADDITIONAL_INFO_LENGTH,
+        AP_STATUS,
+    ];
+    pub const BLOBS: &[Blob] = &[ADDITIONAL_INFO, PRIVATE_DATA];
+}
+
+/// Alternate path response (APR).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Apr {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    pub additional_info_length: u8,
+    pub ap_status: ApStatus,
+    /// Whole area.
+    pub additional_info: [u8; INFO_LEN],
+    pub private_data: PrivateData<148>,
+}
+
+impl Apr {
+    /// The meaningful part of the additional information (clamped).
+    pub fn additional_info_bytes(&self) -> &[u8] {
+        info_prefix(&self.additional_info, self.additional_info_length)
+    }
+}
+
+impl Default for Apr {
+    fn default() -> Self {
+        Self {
+            local_comm_id: 0,
+            remote_comm_id: 0,
+            additional_info_length: 0,
+            ap_status: ApStatus::default(),
+            additional_info: [0; INFO_LEN],
+            private_data: PrivateData::default(),
+        }
+    }
+}
+
+impl Body for Apr {
+    const ATTR: u16 = attr::APR;
+    const FIELDS: &'static [Field] = apr_layout::FIELDS;
+    const BLOBS: &'static [Blob] = apr_layout::BLOBS;
+
+    fn read(r: &Reader<'_>) -> Result<Self, WireError> {
+        use apr_layout as l;
+        Ok(Self {
+            local_comm_id: r.u32(l::LOCAL_COMM_ID),
+            remote_comm_id: r.u32(l::REMOTE_COMM_ID),
+            additional_info_length: r.u8(l::ADDITIONAL_INFO_LENGTH),
+            ap_status: ApStatus::from_code(r.u8(l::AP_STATUS)),
+            additional_info: r.bytes(l::ADDITIONAL_INFO),
+            private_data: PrivateData(r.bytes(l::PRIVATE_DATA)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        use apr_layout as l;
+        if !self.ap_status.is_canonical() {
+            return Err(non_canonical(l::AP_STATUS, self.ap_status.code().into()));
+        }
+        w.uint(l::LOCAL_COMM_ID, self.local_comm_id.into())?;
+        w.uint(l::REMOTE_COMM_ID, self.remote_comm_id.into())?;
+        w.uint(
+            l::ADDITIONAL_INFO_LENGTH,
+            self.additional_info_length.into(),
+        )?;
+        w.uint(l::AP_STATUS, self.ap_status.code().into())?;
+        w.bytes(l::ADDITIONAL_INFO, &self.additional_info);
+        w.bytes(l::PRIVATE_DATA, self.private_data.as_bytes());
+        Ok(())
+    }
+}

@@ -1,0 +1,414 @@
+//! InfiniBand Communication Management (CM) MAD codec.
+//!
+//! Converts between the 256-byte CM MADs of IBTA Vol 1 chapter 12 and plain
+//! Rust values. The codec is pure: no I/O, no state, no dependency on the rest
+//! of the stack, so it can be fuzzed and tested in isolation and reused by
+//! anything that needs to look at CM traffic.
+//!
+//! * [`decode`] accepts exactly one MAD (exactly [`MAD_LEN`] bytes; a MAD is
+//!   a fixed-size datagram payload, so a longer buffer means the caller framed
+//!   it wrongly rather than "a MAD plus trailing bytes"). It validates the
+//!   header (BaseVersion 1, class 0x07, ClassVersion 2, Method Send), the
+//!   AttributeID and the enumerations whose reserved values would leave the
+//!   message meaningless. It never panics, whatever the input.
+//! * [`encode`] checks that every field fits its wire width (for example a
+//!   QPN of 2^24 is an error rather than silently truncated) and writes every
+//!   reserved bit as zero.
+//! * For every message `decode(&encode(m)?) == Ok(m)`, and for every buffer
+//!   `b` that decodes, `encode(decode(b)?)` equals `b` on every bit of
+//!   [`defined_bits_mask`].
+//!
+//! The layout of every message, what is reserved and what is validated is
+//! written up in `docs/cm-wire-codec.md`.
+//!
+//! ```
+//! use cep::wire::{self, CmMad, CmMessage, Dreq, PrivateData, WireError};
+//!
+//! let dreq = Dreq {
+//!     local_comm_id: 7,
+//!     remote_comm_id: 9,
+//!     remote_qpn_eecn: 0x00_1234,
+//!     private_data: PrivateData::new(b"bye")?,
+//! };
+//! let bytes = wire::encode(&CmMad::new(0x42, dreq))?;
+//! assert_eq!(&bytes[32..35], &[0x00, 0x12, 0x34]); // data offset 8
+//!
+//! let mad = wire::decode(&bytes)?;
+//! assert_eq!(mad.message, CmMessage::Dreq(dreq));
+//!
+//! let too_wide = Dreq { remote_qpn_eecn: 1 << 24, ..dreq };
+//! assert!(matches!(
+//!     wire::encode(&CmMad::new(0x42, too_wide)),
+//!     Err(WireError::FieldOutOfRange { .. })
+//! ));
+//! # Ok::<(), WireError>(())
+//! ```
+
+mod bits;
+mod codes;
+mod header;
+mod messages;
+
+#[cfg(test)]
+mod tests;
+
+use core::fmt;
+
+use bits::{Reader, Writer};
+use messages::Body;
+
+pub use codes::{
+    ApStatus, FailoverAccepted, MessageMraed, MessageRejected, RejectReason, SidrStatus,
+    TransportType,
+};
+pub use header::{MadHeader, BASE_VERSION, CM_CLASS_VERSION, METHOD_SEND, MGMT_CLASS_CM};
+pub use messages::{
+    Apr, Drep, Dreq, Lap, Mra, PathInfo, PrivateData, Rej, Rep, Req, Rtu, SidrRep, SidrReq,
+    INFO_LEN,
+};
+
+/// Size of every MAD.
+pub const MAD_LEN: usize = 256;
+/// Size of the common MAD header.
+pub const HEADER_LEN: usize = 24;
+/// Size of the CM data area following the header.
+pub const DATA_LEN: usize = MAD_LEN - HEADER_LEN;
+
+/// CM AttributeIDs (IBTA Vol 1, Table 104).
+pub mod attr {
+    pub const REQ: u16 = 0x0010;
+    pub const MRA: u16 = 0x0011;
+    pub const REJ: u16 = 0x0012;
+    pub const REP: u16 = 0x0013;
+    pub const RTU: u16 = 0x0014;
+    pub const DREQ: u16 = 0x0015;
+    pub const DREP: u16 = 0x0016;
+    pub const SIDR_REQ: u16 = 0x0017;
+    pub const SIDR_REP: u16 = 0x0018;
+    pub const LAP: u16 = 0x0019;
+    pub const APR: u16 = 0x001A;
+
+    /// Every CM message AttributeID, in numeric order.
+    pub const ALL: [u16; 11] = [
+        REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP, LAP, APR,
+    ];
+
+    /// Short upper-case name of a CM message attribute (`"REQ"`, ...).
+    pub const fn name(attr_id: u16) -> Option<&'static str> {
+        Some(match attr_id {
+            REQ => "REQ",
+            MRA => "MRA",
+            REJ => "REJ",
+            REP => "REP",
+            RTU => "RTU",
+            DREQ => "DREQ",
+            DREP => "DREP",
+            SIDR_REQ => "SIDR_REQ",
+            SIDR_REP => "SIDR_REP",
+            LAP => "LAP",
+            APR => "APR",
+            _ => return None,
+        })
+    }
+}
+
+/// Why a buffer could not be decoded or a message could not be encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The buffer is not exactly [`MAD_LEN`] bytes (or, for
+    /// [`MadHeader::decode`], shorter than [`HEADER_LEN`]).
+    BadLength {
+        got: usize,
+    },
+    BadBaseVersion(u8),
+    /// MgmtClass other than CM (0x07).
+    BadClass(u8),
+    BadClassVersion(u8),
+    /// Method byte (R bit included) other than Send (0x03).
+    BadMethod(u8),
+    /// AttributeID that is not one of the eleven CM messages.
+    UnknownAttribute(u16),
+    /// Encoding: the value does not fit the field's wire width.
+    FieldOutOfRange {
+        field: &'static str,
+        value: u64,
+    },
+    /// The private data does not fit the message's private data area.
+    PrivateDataTooLong {
+        max: usize,
+        got: usize,
+    },
+    /// Decoding: an enumerated field holds a reserved value.
+    Reserved {
+        field: &'static str,
+        value: u64,
+    },
+    /// Encoding: an `Other(code)` was given for a code that has a named
+    /// variant. Refused so that each wire value has a single representation.
+    NonCanonical {
+        field: &'static str,
+        value: u64,
+    },
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::BadLength { got } => {
+                write!(f, "CM MAD must be exactly {MAD_LEN} bytes, got {got}")
+            }
+            Self::BadBaseVersion(v) => {
+                write!(
+                    f,
+                    "unsupported MAD BaseVersion {v} (expected {BASE_VERSION})"
+                )
+            }
+            Self::BadClass(c) => write!(
+                f,
+                "MgmtClass {c:#04x} is not Communication Management ({MGMT_CLASS_CM:#04x})"
+            ),
+            Self::BadClassVersion(v) => write!(
+                f,
+                "unsupported CM ClassVersion {v} (expected {CM_CLASS_VERSION})"
+            ),
+            Self::BadMethod(m) => write!(
+                f,
+                "Method {m:#04x} is not Send ({METHOD_SEND:#04x}); CM messages are Sends"
+            ),
+            Self::UnknownAttribute(a) => {
+                write!(f, "AttributeID {a:#06x} is not a CM message")
+            }
+            Self::FieldOutOfRange { field, value } => {
+                write!(f, "{field}: value {value:#x} does not fit the field")
+            }
+            Self::PrivateDataTooLong { max, got } => write!(
+                f,
+                "private data is {got} bytes, the message carries at most {max}"
+            ),
+            Self::Reserved { field, value } => {
+                write!(f, "{field}: reserved value {value}")
+            }
+            Self::NonCanonical { field, value } => write!(
+                f,
+                "{field}: code {value} has a named variant; use it instead of Other"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// Any CM message body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmMessage {
+    Req(Req),
+    Mra(Mra),
+    Rej(Rej),
+    Rep(Rep),
+    Rtu(Rtu),
+    Dreq(Dreq),
+    Drep(Drep),
+    SidrReq(SidrReq),
+    SidrRep(SidrRep),
+    Lap(Lap),
+    Apr(Apr),
+}
+
+impl CmMessage {
+    /// AttributeID that carries this message.
+    pub const fn attribute_id(&self) -> u16 {
+        match self {
+            Self::Req(_) => attr::REQ,
+            Self::Mra(_) => attr::MRA,
+            Self::Rej(_) => attr::REJ,
+            Self::Rep(_) => attr::REP,
+            Self::Rtu(_) => attr::RTU,
+            Self::Dreq(_) => attr::DREQ,
+            Self::Drep(_) => attr::DREP,
+            Self::SidrReq(_) => attr::SIDR_REQ,
+            Self::SidrRep(_) => attr::SIDR_REP,
+            Self::Lap(_) => attr::LAP,
+            Self::Apr(_) => attr::APR,
+        }
+    }
+
+    /// Short upper-case name, for logs and traces (`"REQ"`, `"SIDR_REP"`, ...).
+    pub const fn message_kind(&self) -> &'static str {
+        match self {
+            Self::Req(_) => "REQ",
+            Self::Mra(_) => "MRA",
+            Self::Rej(_) => "REJ",
+            Self::Rep(_) => "REP",
+            Self::Rtu(_) => "RTU",
+            Self::Dreq(_) => "DREQ",
+            Self::Drep(_) => "DREP",
+            Self::SidrReq(_) => "SIDR_REQ",
+            Self::SidrRep(_) => "SIDR_REP",
+            Self::Lap(_) => "LAP",
+            Self::Apr(_) => "APR",
+        }
+    }
+
+    fn read(attribute_id: u16, r: &Reader<'_>) -> Result<Self, WireError> {
+        Ok(match attribute_id {
+            attr::REQ => Self::Req(Req::read(r)?),
+            attr::MRA => Self::Mra(Mra::read(r)?),
+            attr::REJ => Self::Rej(Rej::read(r)?),
+            attr::REP => Self::Rep(Rep::read(r)?),
+            attr::RTU => Self::Rtu(Rtu::read(r)?),
+            attr::DREQ => Self::Dreq(Dreq::read(r)?),
+            attr::DREP => Self::Drep(Drep::read(r)?),
+            attr::SIDR_REQ => Self::SidrReq(SidrReq::read(r)?),
+            attr::SIDR_REP => Self::SidrRep(SidrRep::read(r)?),
+            attr::LAP => Self::Lap(Lap::read(r)?),
+            attr::APR => Self::Apr(Apr::read(r)?),
+            other => return Err(WireError::UnknownAttribute(other)),
+        })
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        match self {
+            Self::Req(m) => m.write(w),
+            Self::Mra(m) => m.write(w),
+            Self::Rej(m) => m.write(w),
+            Self::Rep(m) => m.write(w),
+            Self::Rtu(m) => m.write(w),
+            Self::Dreq(m) => m.write(w),
+            Self::Drep(m) => m.write(w),
+            Self::SidrReq(m) => m.write(w),
+            Self::SidrRep(m) => m.write(w),
+            Self::Lap(m) => m.write(w),
+            Self::Apr(m) => m.write(w),
+        }
+    }
+}
+
+macro_rules! impl_from_message {
+    ($($variant:ident),*) => {
+        $(impl From<$variant> for CmMessage {
+            fn from(m: $variant) -> Self {
+                Self::$variant(m)
+            }
+        })*
+    };
+}
+impl_from_message!(Req, Mra, Rej, Rep, Rtu, Dreq, Drep, SidrReq, SidrRep, Lap, Apr);
+
+/// A decoded CM MAD: the message plus the header fields that vary between
+/// MADs. The constant header fields (versions, class, method) and the
+/// AttributeID (implied by the message) are not stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CmMad {
+    /// Chosen by the sender of a request; replies reuse the request's.
+    pub transaction_id: u64,
+    /// Zero except where ECE uses it (REQ, REP, SIDR_REP); kept verbatim for
+    /// every message.
+    pub attribute_modifier: u32,
+    pub message: CmMessage,
+}
+
+impl CmMad {
+    pub fn new(transaction_id: u64, message: impl Into<CmMessage>) -> Self {
+        Self {
+            transaction_id,
+            attribute_modifier: 0,
+            message: message.into(),
+        }
+    }
+
+    /// See [`decode`].
+    pub fn decode(buf: &[u8]) -> Result<Self, WireError> {
+        decode(buf)
+    }
+
+    /// See [`encode`].
+    pub fn encode(&self) -> Result<[u8; MAD_LEN], WireError> {
+        encode(self)
+    }
+
+    /// The header this MAD is sent with.
+    pub fn header(&self) -> MadHeader {
+        MadHeader::cm_send(
+            self.message.attribute_id(),
+            self.transaction_id,
+            self.attribute_modifier,
+        )
+    }
+
+    pub const fn message_kind(&self) -> &'static str {
+        self.message.message_kind()
+    }
+}
+
+/// Decodes one CM MAD. `buf` must be exactly [`MAD_LEN`] bytes.
+pub fn decode(buf: &[u8]) -> Result<CmMad, WireError> {
+    let mad: &[u8; MAD_LEN] = buf
+        .try_into()
+        .map_err(|_| WireError::BadLength { got: buf.len() })?;
+    let r = Reader::new(mad);
+    let header = MadHeader::read(&r);
+    header.validate_cm()?;
+    let message = CmMessage::read(header.attribute_id, &r)?;
+    Ok(CmMad {
+        transaction_id: header.transaction_id,
+        attribute_modifier: header.attribute_modifier,
+        message,
+    })
+}
+
+/// Encodes one CM MAD, with every reserved bit zero.
+pub fn encode(mad: &CmMad) -> Result<[u8; MAD_LEN], WireError> {
+    let mut w = Writer::new();
+    mad.header().write(&mut w);
+    mad.message.write(&mut w)?;
+    Ok(w.finish())
+}
+
+/// The bits of a MAD with this AttributeID that survive
+/// `encode(decode(b))`: every defined field of the message, plus the header
+/// fields the codec keeps (BaseVersion, MgmtClass, ClassVersion, Method,
+/// TransactionID, AttributeID, AttributeModifier). Everything else is reserved
+/// and encoded as zero. `None` for an AttributeID that is not a CM message.
+pub fn defined_bits_mask(attribute_id: u16) -> Option<[u8; MAD_LEN]> {
+    fn body<B: Body>(w: &mut Writer) {
+        debug_assert!(attr::name(B::ATTR).is_some());
+        B::fill_mask(w);
+    }
+
+    let mut w = Writer::new();
+    for f in header::PRESERVED_FIELDS {
+        w.fill_field(*f);
+    }
+    match attribute_id {
+        attr::REQ => body::<Req>(&mut w),
+        attr::MRA => body::<Mra>(&mut w),
+        attr::REJ => body::<Rej>(&mut w),
+        attr::REP => body::<Rep>(&mut w),
+        attr::RTU => body::<Rtu>(&mut w),
+        attr::DREQ => body::<Dreq>(&mut w),
+        attr::DREP => body::<Drep>(&mut w),
+        attr::SIDR_REQ => body::<SidrReq>(&mut w),
+        attr::SIDR_REP => body::<SidrRep>(&mut w),
+        attr::LAP => body::<Lap>(&mut w),
+        attr::APR => body::<Apr>(&mut w),
+        _ => return None,
+    }
+    Some(w.finish())
+}
+
+/// Duration of a CM timeout exponent, in nanoseconds: 4.096 us x 2^`t`.
+///
+/// The wire fields are 5 bits, so real values are 0..=31 (about 2.4 hours at
+/// 31). Larger inputs are not masked (a caller that adds exponents, say for
+/// 2 x PacketLifeTime, should get a longer wait, not a wrapped-around short
+/// one); they saturate at `u64::MAX`.
+pub const fn cm_timeout_to_nanos(t: u8) -> u64 {
+    const BASE_NS: u64 = 4096;
+    // 4096 = 2^12, so the product overflows from t = 52 on.
+    if t >= 52 {
+        u64::MAX
+    } else {
+        BASE_NS << t
+    }
+}
