@@ -183,11 +183,23 @@ impl Core {
     }
 
     /// Live → Destroying; exactly one caller wins.
+    #[cfg(not(ibal_mutant = "destroy_load_store"))]
     fn begin_destroy(&self) -> Result<()> {
         self.state
             .compare_exchange(LIVE, DESTROYING, Ordering::AcqRel, Ordering::Acquire)
             .map(|_| ())
             .map_err(|_| self.destroying_error())
+    }
+
+    /// MUTANT (loom-tests/run.sh --mutants): a destroy flag read and then
+    /// written, so two destroyers can both pass.
+    #[cfg(ibal_mutant = "destroy_load_store")]
+    fn begin_destroy(&self) -> Result<()> {
+        if self.state.load(Ordering::Acquire) != LIVE {
+            return Err(self.destroying_error());
+        }
+        self.state.store(DESTROYING, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -299,8 +311,21 @@ pub fn create<T: Object>(
         core: core.clone(),
     });
     let set = core.parent_set();
-    let mut list = set.inner.lock();
-    if list.sealed {
+    #[cfg(not(ibal_mutant = "child_publish_unlocked"))]
+    let (mut list, sealed) = {
+        let list = set.inner.lock();
+        let sealed = list.sealed;
+        (list, sealed)
+    };
+    // MUTANT (loom-tests/run.sh --mutants): the seal is checked under the
+    // lock, but the child joins after the lock was released and retaken.
+    #[cfg(ibal_mutant = "child_publish_unlocked")]
+    let (mut list, sealed) = {
+        let sealed = set.inner.lock().sealed;
+        crate::sync::spin_hint();
+        (set.inner.lock(), sealed)
+    };
+    if sealed {
         drop(list);
         return Err(match parent {
             Some(p) => p.destroying_error(),
@@ -345,7 +370,7 @@ fn destroy_ref<T: Object>(
 ) -> Result<()> {
     r.core.begin_destroy()?;
     if let Some(callback) = callback {
-        *r.core.destroy_cb.lock() = Some(callback);
+        install_destroy_callback(&r.core, callback);
     }
     let handle = r.core.handle;
     // Only the destroyer that won `begin_destroy` removes, so this succeeds.
@@ -358,6 +383,21 @@ fn destroy_ref<T: Object>(
     owned.core.parent_set().remove(handle);
     drop(owned);
     Ok(())
+}
+
+#[cfg(not(ibal_mutant = "destroy_callback_early"))]
+fn install_destroy_callback(core: &Core, callback: DestroyCallback) {
+    *core.destroy_cb.lock() = Some(callback);
+}
+
+/// MUTANT (loom-tests/run.sh --mutants): the destroy callback queued by the
+/// destroy call, while others may still hold and use the object.
+#[cfg(ibal_mutant = "destroy_callback_early")]
+fn install_destroy_callback(core: &Core, callback: DestroyCallback) {
+    let handle = core.handle;
+    core.al()
+        .executor()
+        .post(Box::new(move || callback(handle)));
 }
 
 /// Cascade entry: destroy a child known only by handle. Losing to a

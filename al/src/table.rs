@@ -358,7 +358,7 @@ impl<T> HandleTable<T> {
                 .compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    if lifecycle(next) == REMOVED && refs(next) == 0 {
+                    if lifecycle(next) == REMOVED && Self::last_reference(next) {
                         self.recycle(slot, index, generation(next));
                     }
                     return;
@@ -369,6 +369,20 @@ impl<T> HandleTable<T> {
                 }
             }
         }
+    }
+
+    #[cfg(not(ibal_mutant = "table_free_early"))]
+    #[inline(always)]
+    fn last_reference(state: u64) -> bool {
+        refs(state) == 0
+    }
+
+    /// MUTANT (loom-tests/run.sh --mutants): the old layer freed an object
+    /// when it was removed, whoever still used it.
+    #[cfg(ibal_mutant = "table_free_early")]
+    #[inline(always)]
+    fn last_reference(_state: u64) -> bool {
+        true
     }
 
     /// Take the value out of a `REMOVED` slot with no references, advance

@@ -1,4 +1,6 @@
 //! The object lifecycle rules, one test per rule (see docs/ownership.md).
+// These run on the normal build; the loom build has its own models.
+#![cfg(not(ibal_loom))]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,8 @@
 //! Model-based property tests: random operation sequences run against the
 //! real handle table and object lifecycle and against a plain model; every
 //! answer must agree, and at the end nothing may be left behind.
+// These run on the normal build; the loom build has its own models.
+#![cfg(not(ibal_loom))]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

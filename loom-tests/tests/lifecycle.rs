@@ -8,6 +8,9 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
+mod common;
+use common::model;
+
 use al::{create, Al, AlConfig, Error, ExecutorMode, HandleTable, Kind, Obj, Object};
 
 #[derive(Debug)]
@@ -42,25 +45,6 @@ fn counting_callback(counter: &Arc<AtomicUsize>) -> al::DestroyCallback {
     })
 }
 
-/// Run `f` under loom at the preemption bound from `LOOM_MAX_PREEMPTIONS`
-/// (3 unless set) and print how many executions were explored.
-fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
-    static EXECUTIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    EXECUTIONS.store(0, std::sync::atomic::Ordering::SeqCst);
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    builder.check(move || {
-        EXECUTIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        f()
-    });
-    println!(
-        "loom model {name}: {} executions",
-        EXECUTIONS.load(std::sync::atomic::Ordering::SeqCst)
-    );
-}
-
 /// A lookup racing a destroy either sees the whole object or a clean
 /// `InvalidHandle`, never freed memory; the destroy callback runs once.
 #[test]
@@ -89,7 +73,7 @@ fn resolve_vs_destroy() {
 }
 
 /// Two destroys of one object: exactly one wins, the loser gets an error,
-/// and the destroy callback runs exactly once.
+/// and only the winner's destroy callback runs, exactly once.
 #[test]
 fn destroy_vs_destroy() {
     model("destroy_vs_destroy", || {
@@ -97,12 +81,13 @@ fn destroy_vs_destroy() {
         let h = create(al.instance(), None, |_| Ok(Widget { label: 1 }))
             .unwrap()
             .handle();
-        let calls = Arc::new(AtomicUsize::new(0));
+        let (mine_calls, their_calls) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let other = {
-            let (al, calls) = (al.clone(), calls.clone());
+            let (al, calls) = (al.clone(), their_calls.clone());
             thread::spawn(move || al.destroy(h, Some(counting_callback(&calls))).is_ok())
         };
-        let mine = al.destroy(h, Some(counting_callback(&calls)));
+        let mine = al.destroy(h, Some(counting_callback(&mine_calls)));
         if let Err(e) = &mine {
             assert!(
                 matches!(e, Error::InvalidHandle { .. } | Error::Destroying { .. }),
@@ -112,7 +97,15 @@ fn destroy_vs_destroy() {
         let theirs = other.join().unwrap();
         assert!(mine.is_ok() ^ theirs, "exactly one destroy wins");
         al.run_callbacks();
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let (m, t) = (
+            mine_calls.load(Ordering::SeqCst),
+            their_calls.load(Ordering::SeqCst),
+        );
+        if mine.is_ok() {
+            assert_eq!((m, t), (1, 0), "winner's callback once, loser's never");
+        } else {
+            assert_eq!((m, t), (0, 1), "winner's callback once, loser's never");
+        }
         let al = Arc::try_unwrap(al).unwrap();
         assert!(al.close().unwrap().is_clean());
     });

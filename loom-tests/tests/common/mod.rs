@@ -1,0 +1,20 @@
+//! Shared helpers of the loom models.
+
+/// Run `f` under loom at the preemption bound from `LOOM_MAX_PREEMPTIONS`
+/// (3 unless set) and print how many executions were explored.
+pub fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
+    static EXECUTIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    EXECUTIONS.store(0, std::sync::atomic::Ordering::SeqCst);
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(3);
+    }
+    builder.check(move || {
+        EXECUTIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        f()
+    });
+    println!(
+        "loom model {name}: {} executions",
+        EXECUTIONS.load(std::sync::atomic::Ordering::SeqCst)
+    );
+}
