@@ -171,6 +171,10 @@ impl Executor {
 
 impl Drop for Executor {
     fn drop(&mut self) {
+        // A manual executor has no thread to finish its queue: whoever drops
+        // it (the last owner of the AL instance) runs what is left, so the
+        // last callbacks (the instance's own destroy callback) are not lost.
+        self.run_pending();
         let mut q = self.shared.queue.lock();
         q.shutdown = true;
         drop(q);

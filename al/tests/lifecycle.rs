@@ -348,3 +348,27 @@ fn each_objects_callbacks_arrive_in_order_one_at_a_time() {
     assert!(log[..500].iter().copied().eq(0..500));
     assert_eq!(log[500], usize::MAX, "destroy callback last");
 }
+
+#[test]
+fn the_al_destroy_callback_runs_once_everything_is_gone_in_both_modes() {
+    for mode in [ExecutorMode::Thread, ExecutorMode::Manual] {
+        let al = Al::open_with(AlConfig { executor: mode }).unwrap();
+        let w = widget(&al, 1);
+        gadget(&al, w).unwrap();
+        let log = Log::default();
+        let handle = al.handle();
+        al.instance().close_async(Some(logger(&log, "al"))).unwrap();
+        assert!(Al::lookup(handle).is_err());
+        // Dropping the last owner finishes the close; in manual mode the drop
+        // drives the executor, in thread mode its thread does.
+        let waiter = al.instance().clone();
+        drop(al);
+        waiter.wait_closed().unwrap();
+        drop(waiter);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while log.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(*log.lock().unwrap(), ["al"], "{mode:?}");
+    }
+}
