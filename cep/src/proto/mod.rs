@@ -1,0 +1,550 @@
+//! Sans-IO IBTA connection-manager protocol core (IBTA Vol 1, chapter 12).
+//!
+//! This module holds the CM state machines and nothing else: no threads, no
+//! clock, no sockets, no locks. It is driven entirely by its caller, in the
+//! style of `quinn-proto`:
+//!
+//! * **Inputs**: received MADs ([`Endpoint::handle_mad`]), user calls
+//!   ([`Endpoint::listen`], [`Endpoint::connect`], [`Endpoint::accept`],
+//!   [`Endpoint::disconnect`], ...) and the passage of time
+//!   ([`Endpoint::handle_timeout`]). Every input carries the current time as
+//!   a [`Nanos`] value chosen by the caller.
+//! * **Outputs**: MADs to send ([`Endpoint::poll_transmit`]), the next
+//!   deadline at which [`Endpoint::handle_timeout`] must be called
+//!   ([`Endpoint::next_timeout`]) and events for the user
+//!   ([`Endpoint::poll_event`]).
+//!
+//! The same inputs always give the same outputs, so the core can be fuzzed
+//! and simulated with a fake clock (see the tests in `tests.rs`).
+//!
+//! An [`Endpoint`] corresponds to one CM agent (one port / CA). It owns the
+//! connection table (keyed by local communication id), the listen table
+//! (service id to listener), the remote-id table (remote comm id + remote CA
+//! GUID, for duplicate detection), the remote-QPN table (remote QPN + remote
+//! CA GUID, for stale-connection detection), the SIDR duplicate table and the
+//! timewait list. `docs/cm-protocol.md` has the state diagram, the timer
+//! formulas and the event model.
+//!
+//! ```
+//! use cep::proto::{ConnectParams, Endpoint, EndpointConfig, Event, Nanos, PeerAddr};
+//! use cep::wire::Req;
+//!
+//! let a_addr = PeerAddr { lid: 1, gid: [0; 16] };
+//! let b_addr = PeerAddr { lid: 2, gid: [0; 16] };
+//! let mut a = Endpoint::new(EndpointConfig::new(0xA));
+//! let mut b = Endpoint::new(EndpointConfig::new(0xB));
+//! let now = Nanos(0);
+//!
+//! b.listen(0x1000).unwrap();
+//! let req = Req { service_id: 0x1000, local_qpn: 0x11, max_cm_retries: 3, ..Req::default() };
+//! let conn = a.connect(now, ConnectParams::new(b_addr, req)).unwrap();
+//! let tx = a.poll_transmit().unwrap();
+//! b.handle_mad(now, a_addr, tx.mad);
+//! assert!(matches!(b.poll_event(), Some(Event::ConnectRequest { .. })));
+//! # let _ = conn;
+//! ```
+
+mod endpoint;
+mod ids;
+
+#[cfg(test)]
+mod tests;
+
+use core::fmt;
+
+use crate::wire::{
+    ApStatus, Apr, CmMad, Drep, Dreq, Lap, MessageMraed, MessageRejected, PathInfo, Rej,
+    RejectReason, Rep, Req, SidrRep, SidrReq, SidrStatus, WireError, INFO_LEN,
+};
+
+pub use endpoint::Endpoint;
+
+/// A point in time, in nanoseconds since an origin the caller picks.
+///
+/// The core never reads a clock; every entry point takes the current time
+/// and deadlines are reported in the same unit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nanos(pub u64);
+
+impl Nanos {
+    pub const ZERO: Self = Self(0);
+
+    /// `self + ns`, saturating at `u64::MAX`.
+    pub const fn saturating_add(self, ns: u64) -> Self {
+        Self(self.0.saturating_add(ns))
+    }
+
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Nanos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ns", self.0)
+    }
+}
+
+/// A connection endpoint (CEP): a connection, a listener or a SIDR exchange.
+///
+/// The value is the local communication id this endpoint uses on the wire
+/// (for SIDR, the RequestID). Ids are `index | modifier << 20`, and the
+/// modifier advances every time an index is reused, so a stale id does not
+/// name a new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub(crate) u32);
+
+impl ConnId {
+    /// The local communication id (or SIDR RequestID) used on the wire.
+    pub const fn comm_id(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cep#{:#010x}", self.0)
+    }
+}
+
+/// Where a MAD came from or goes to: the remote port, as far as the CM is
+/// concerned. The layer above maps it to an address handle (QP1 on that
+/// port). The core only compares addresses (for SIDR duplicate detection and
+/// to find the target of a REJ that names no local comm id).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerAddr {
+    pub lid: u16,
+    pub gid: [u8; 16],
+}
+
+/// One MAD to send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    pub to: PeerAddr,
+    /// The CEP this MAD belongs to; `None` for stateless answers (REJ for an
+    /// unknown service, DREP for an unknown comm id, ...).
+    pub conn: Option<ConnId>,
+    pub mad: CmMad,
+}
+
+/// Per-connection CM state (IBTA Vol 1, 12.9.6 state diagrams).
+///
+/// There is no `Idle` variant: a comm id that is not in the table is idle.
+/// The alternate-path states (`LapSent`, `LapRcvd`, `MraLapSent`,
+/// `MraLapRcvd`) are substates of Established; [`State::is_established`] is
+/// true for all five.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    Listen,
+    ReqSent,
+    ReqRcvd,
+    MraReqSent,
+    MraReqRcvd,
+    RepSent,
+    RepRcvd,
+    MraRepSent,
+    MraRepRcvd,
+    Established,
+    LapSent,
+    LapRcvd,
+    MraLapSent,
+    MraLapRcvd,
+    DreqSent,
+    DreqRcvd,
+    Timewait,
+    SidrReqSent,
+    SidrReqRcvd,
+}
+
+impl State {
+    /// Established or one of its alternate-path substates.
+    pub const fn is_established(self) -> bool {
+        matches!(
+            self,
+            Self::Established | Self::LapSent | Self::LapRcvd | Self::MraLapSent | Self::MraLapRcvd
+        )
+    }
+
+    /// States that always have exactly one timer armed (retry, MRA wait,
+    /// timewait expiry); every other state has none.
+    pub const fn has_timer(self) -> bool {
+        matches!(
+            self,
+            Self::ReqSent
+                | Self::MraReqRcvd
+                | Self::RepSent
+                | Self::MraRepRcvd
+                | Self::LapSent
+                | Self::MraLapRcvd
+                | Self::DreqSent
+                | Self::Timewait
+                | Self::SidrReqSent
+        )
+    }
+
+    /// Upper-case IBTA-style name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Listen => "LISTEN",
+            Self::ReqSent => "REQ_SENT",
+            Self::ReqRcvd => "REQ_RCVD",
+            Self::MraReqSent => "MRA_REQ_SENT",
+            Self::MraReqRcvd => "MRA_REQ_RCVD",
+            Self::RepSent => "REP_SENT",
+            Self::RepRcvd => "REP_RCVD",
+            Self::MraRepSent => "MRA_REP_SENT",
+            Self::MraRepRcvd => "MRA_REP_RCVD",
+            Self::Established => "ESTABLISHED",
+            Self::LapSent => "LAP_SENT",
+            Self::LapRcvd => "LAP_RCVD",
+            Self::MraLapSent => "MRA_LAP_SENT",
+            Self::MraLapRcvd => "MRA_LAP_RCVD",
+            Self::DreqSent => "DREQ_SENT",
+            Self::DreqRcvd => "DREQ_RCVD",
+            Self::Timewait => "TIMEWAIT",
+            Self::SidrReqSent => "SIDR_REQ_SENT",
+            Self::SidrReqRcvd => "SIDR_REQ_RCVD",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which request ran out of retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TimedOut {
+    /// No REP (active side); a REJ with reason Timeout was sent.
+    Req,
+    /// No RTU (passive side); a REJ with reason Timeout was sent.
+    Rep,
+    /// No APR; the connection stays established on its current path.
+    Lap,
+    /// No SIDR_REP; the SIDR CEP is released.
+    SidrReq,
+}
+
+/// Who produced a REJ reported by [`Event::Rejected`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectOrigin {
+    /// The peer sent it.
+    Remote,
+    /// This endpoint sent it on its own (for example a REP naming a stale
+    /// QPN); the REJ as sent is in the event.
+    Local,
+}
+
+/// How a disconnect initiated by this side ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DisconnectCause {
+    /// The peer answered the DREQ with a DREP.
+    DrepReceived,
+    /// The DREQ was retried MaxCMRetries times without a DREP.
+    DreqTimeout,
+    /// Both sides sent DREQ; the peer's DREQ was answered with a DREP.
+    SimultaneousDreq,
+}
+
+/// Something the user of the endpoint must know about.
+///
+/// Every event names the CEP it concerns. Events for a CEP the user has
+/// [destroyed](Endpoint::destroy) are suppressed, except
+/// [`Event::TimewaitExited`] and [`Event::Released`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A REQ matched a listener: `conn` is a new CEP in REQ_RCVD. Answer with
+    /// [`Endpoint::accept`], [`Endpoint::reject`] or [`Endpoint::send_mra`].
+    ConnectRequest {
+        conn: ConnId,
+        listener: ConnId,
+        peer: PeerAddr,
+        req: Box<Req>,
+    },
+    /// A REP answered our REQ (`conn` is in REP_RCVD). Answer with
+    /// [`Endpoint::send_rtu`], [`Endpoint::reject`] or [`Endpoint::send_mra`].
+    ReplyReceived { conn: ConnId, rep: Box<Rep> },
+    /// The peer acknowledged our message and asked for more time.
+    MraReceived {
+        conn: ConnId,
+        message: MessageMraed,
+        service_timeout: u8,
+    },
+    /// `conn` entered ESTABLISHED (RTU sent or received, or
+    /// [`Endpoint::established`] called).
+    Established { conn: ConnId },
+    /// A REJ ended the connection (or, with `message` `Other` while a LAP is
+    /// outstanding, refused the alternate path only; the connection then
+    /// stays established).
+    Rejected {
+        conn: ConnId,
+        reason: RejectReason,
+        message: MessageRejected,
+        origin: RejectOrigin,
+        rej: Box<Rej>,
+    },
+    /// The peer sent DREQ; answer with [`Endpoint::disconnect_reply`].
+    DisconnectRequest { conn: ConnId, dreq: Box<Dreq> },
+    /// A disconnect this side started has finished; `conn` is in TIMEWAIT.
+    Disconnected {
+        conn: ConnId,
+        cause: DisconnectCause,
+        drep: Option<Box<Drep>>,
+    },
+    /// A request ran out of retries.
+    Timeout { conn: ConnId, message: TimedOut },
+    /// The peer proposes an alternate path; answer with [`Endpoint::apr`] or
+    /// [`Endpoint::send_mra`].
+    LapReceived { conn: ConnId, lap: Box<Lap> },
+    /// The answer to our LAP.
+    AprReceived {
+        conn: ConnId,
+        status: ApStatus,
+        apr: Box<Apr>,
+    },
+    /// A SIDR_REQ matched a listener; answer with [`Endpoint::sidr_reply`].
+    SidrRequest {
+        conn: ConnId,
+        listener: ConnId,
+        peer: PeerAddr,
+        req: Box<SidrReq>,
+    },
+    /// The answer to our SIDR_REQ. The SIDR CEP is released right after.
+    SidrReply { conn: ConnId, rep: Box<SidrRep> },
+    /// A REQ or REP from the peer named the remote QPN of `conn`, so `conn`
+    /// is stale: it is being disconnected (DREQ) or rejected.
+    StaleConnection { conn: ConnId },
+    /// `conn` left TIMEWAIT; [`Event::Released`] follows.
+    TimewaitExited { conn: ConnId },
+    /// The comm id of `conn` was freed: the layer above can release the QP
+    /// binding / CID slot. Emitted exactly once per CEP, last.
+    Released { conn: ConnId },
+}
+
+impl Event {
+    /// The CEP the event concerns.
+    pub fn conn(&self) -> ConnId {
+        match self {
+            Self::ConnectRequest { conn, .. }
+            | Self::ReplyReceived { conn, .. }
+            | Self::MraReceived { conn, .. }
+            | Self::Established { conn }
+            | Self::Rejected { conn, .. }
+            | Self::DisconnectRequest { conn, .. }
+            | Self::Disconnected { conn, .. }
+            | Self::Timeout { conn, .. }
+            | Self::LapReceived { conn, .. }
+            | Self::AprReceived { conn, .. }
+            | Self::SidrRequest { conn, .. }
+            | Self::SidrReply { conn, .. }
+            | Self::StaleConnection { conn }
+            | Self::TimewaitExited { conn }
+            | Self::Released { conn } => *conn,
+        }
+    }
+}
+
+/// What [`Endpoint::handle_mad`] did with a MAD. Informational: the
+/// observable effects are the transmits and events it queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Disposition {
+    /// The MAD changed the state of a CEP (and may have queued events or
+    /// MADs).
+    Handled,
+    /// The MAD was answered without changing any state (duplicate, unknown
+    /// service, DREQ for an unknown comm id, ...).
+    Answered,
+    /// The MAD was dropped; the string says why.
+    Ignored(&'static str),
+}
+
+/// Settings of one endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// The local CA GUID, sent in REQ and REP and used in REJ(Timeout) ARI.
+    pub local_ca_guid: u64,
+    /// Seeds the comm id modifiers, so two endpoints (or two incarnations of
+    /// one) do not start from the same ids.
+    pub id_seed: u32,
+    /// Maximum number of simultaneously allocated CEPs (at most 2^20).
+    pub max_ceps: u32,
+    /// First transaction id; each request gets the next one.
+    pub first_tid: u64,
+}
+
+impl EndpointConfig {
+    pub const fn new(local_ca_guid: u64) -> Self {
+        Self {
+            local_ca_guid,
+            id_seed: local_ca_guid as u32,
+            max_ceps: 1 << ids::INDEX_BITS,
+            first_tid: local_ca_guid << 32,
+        }
+    }
+}
+
+/// Arguments of [`Endpoint::connect`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// Where to send the REQ.
+    pub peer: PeerAddr,
+    /// The REQ to send. `local_comm_id` and `local_ca_guid` are filled in by
+    /// the endpoint. `remote_cm_response_timeout` and `max_cm_retries` also
+    /// drive the retry timer.
+    pub req: Req,
+    /// PacketLifeTime of the primary path (CM timeout encoding).
+    pub packet_life_time: u8,
+}
+
+impl ConnectParams {
+    /// Params with a PacketLifeTime derived from the primary path's local ACK
+    /// timeout (see [`packet_life_time_from_ack_timeout`]).
+    pub fn new(peer: PeerAddr, req: Req) -> Self {
+        Self {
+            peer,
+            packet_life_time: packet_life_time_from_ack_timeout(req.primary_path.local_ack_timeout),
+            req,
+        }
+    }
+}
+
+/// Arguments of [`Endpoint::lap`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LapParams {
+    pub alternate_path: PathInfo,
+    pub private_data: crate::wire::PrivateData<168>,
+}
+
+/// Arguments of [`Endpoint::sidr_request`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SidrParams {
+    pub peer: PeerAddr,
+    pub service_id: u64,
+    pub pkey: u16,
+    /// How long the responder may take (CM timeout encoding).
+    pub timeout: u8,
+    pub packet_life_time: u8,
+    pub max_retries: u8,
+    pub private_data: crate::wire::PrivateData<216>,
+}
+
+/// Arguments of [`Endpoint::sidr_reply`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SidrReplyParams {
+    pub status: SidrStatus,
+    pub qpn: u32,
+    pub qkey: u32,
+    /// Meaningful bytes of the additional information.
+    pub additional_info_length: u8,
+    pub additional_info: [u8; INFO_LEN],
+    pub private_data: crate::wire::PrivateData<136>,
+}
+
+impl Default for SidrReplyParams {
+    fn default() -> Self {
+        Self {
+            status: SidrStatus::Success,
+            qpn: 0,
+            qkey: 0,
+            additional_info_length: 0,
+            additional_info: [0; INFO_LEN],
+            private_data: Default::default(),
+        }
+    }
+}
+
+/// The PacketLifeTime a passive side assumes when all it has is the REQ:
+/// the local ACK timeout is conventionally PacketLifeTime + 1 (twice the
+/// lifetime), so the lifetime is one less.
+pub const fn packet_life_time_from_ack_timeout(ack_timeout: u8) -> u8 {
+    ack_timeout.saturating_sub(1)
+}
+
+/// How long a request waits for its answer:
+/// `2 * PacketLifeTime + ResponseTimeout`, in nanoseconds.
+pub const fn response_wait_nanos(packet_life_time: u8, response_timeout: u8) -> u64 {
+    use crate::wire::cm_timeout_to_nanos;
+    cm_timeout_to_nanos(packet_life_time)
+        .saturating_mul(2)
+        .saturating_add(cm_timeout_to_nanos(response_timeout))
+}
+
+/// How long a CEP stays in TIMEWAIT:
+/// `2 * PacketLifeTime + TargetACKDelay` (the last term only when a REP
+/// told us the TargetACKDelay), in nanoseconds.
+pub const fn timewait_nanos(packet_life_time: u8, target_ack_delay: Option<u8>) -> u64 {
+    use crate::wire::cm_timeout_to_nanos;
+    let tad = match target_ack_delay {
+        Some(t) => cm_timeout_to_nanos(t),
+        None => 0,
+    };
+    cm_timeout_to_nanos(packet_life_time)
+        .saturating_mul(2)
+        .saturating_add(tad)
+}
+
+/// How long a request waits after an MRA:
+/// `ServiceTimeout + 2 * PacketLifeTime`, in nanoseconds.
+pub const fn mra_wait_nanos(packet_life_time: u8, service_timeout: u8) -> u64 {
+    use crate::wire::cm_timeout_to_nanos;
+    cm_timeout_to_nanos(service_timeout)
+        .saturating_add(cm_timeout_to_nanos(packet_life_time).saturating_mul(2))
+}
+
+/// An invalid user call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtoError {
+    /// No CEP with this id (never allocated, or already released).
+    UnknownConn(ConnId),
+    /// The CEP was destroyed by the user; it only waits for timewait now.
+    Destroyed(ConnId),
+    /// The call is not valid in the CEP's current state.
+    WrongState {
+        conn: ConnId,
+        state: State,
+        call: &'static str,
+    },
+    /// Another listener already owns this service id.
+    ServiceIdInUse(u64),
+    /// All [`EndpointConfig::max_ceps`] ids are allocated.
+    NoFreeIds,
+    /// A value given by the user does not fit the message (QPN wider than 24
+    /// bits, private data too long, non-canonical reason code, ...).
+    Wire(WireError),
+    /// A parameter is invalid for another reason.
+    InvalidParam(&'static str),
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownConn(c) => write!(f, "{c}: no such connection endpoint"),
+            Self::Destroyed(c) => write!(f, "{c}: connection endpoint was destroyed"),
+            Self::WrongState { conn, state, call } => {
+                write!(f, "{conn}: {call} is not valid in state {state}")
+            }
+            Self::ServiceIdInUse(s) => write!(f, "service id {s:#018x} already has a listener"),
+            Self::NoFreeIds => write!(f, "no free local communication ids"),
+            Self::Wire(e) => write!(f, "invalid message field: {e}"),
+            Self::InvalidParam(p) => write!(f, "invalid parameter: {p}"),
+        }
+    }
+}
+
+impl std::error::Error for ProtoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Wire(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<WireError> for ProtoError {
+    fn from(e: WireError) -> Self {
+        Self::Wire(e)
+    }
+}
