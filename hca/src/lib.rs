@@ -1,1 +1,28 @@
-//! placeholder
+//! Verbs providers for ibal: the provider interface the object layer calls,
+//! and the embedded soft provider.
+//!
+//! * [`provider`]: the provider-neutral interface ([`provider::Provider`],
+//!   [`provider::Device`]) and its data types: device and port attributes,
+//!   work requests, completions, QP attributes.
+//! * [`qp_state`]: the IBTA QP state machine as pure functions (reused by
+//!   the `qp` crate).
+//! * [`buffer`]: memory an MR can name: provider-owned
+//!   [`RegisteredBuffer`]s (safe), and caller-managed [`RawRegion`]s (the
+//!   crate's only `unsafe` API).
+//! * [`soft`]: software HCAs on an in-process fabric, with fault injection.
+//!
+//! Design notes: `docs/soft-provider.md`.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod buffer;
+pub mod provider;
+pub mod qp_state;
+pub mod soft;
+
+pub use buffer::{RawRegion, RegisteredBuffer};
+pub use provider::*;
+pub use soft::{
+    Fabric, FabricStats, FaultConfig, HcaConfig, PortConfig, SoftAv, SoftCq, SoftHca, SoftMr,
+    SoftPd, SoftProvider, SoftQp, SoftSrq,
+};

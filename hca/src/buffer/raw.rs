@@ -1,0 +1,163 @@
+//! Caller-managed memory: the only module of the crate with `unsafe` code.
+//!
+//! A [`RawRegion`] is a pointer and a length the caller vouches for (see
+//! [`RawRegion::new`]). The provider accesses it only through
+//! [`RawMemory::with`] and [`RawMemory::with_mut`], which hold the region's
+//! own reader-writer lock while a slice over the memory exists and refuse
+//! once the region is invalidated (the MR was deregistered or dropped).
+//! Invalidation takes the write lock, so when it returns no provider access
+//! is in progress and none can start: after deregistration the caller owns
+//! the memory again.
+#![allow(unsafe_code)]
+
+use al::sync::{Arc, RwLock};
+use al::{Error, Result};
+
+use super::Memory;
+
+/// Caller-managed memory ready to be registered (zero copy).
+///
+/// Built by the unsafe [`RawRegion::new`]; registering it (for example with
+/// `SoftPd::register_region`) is safe because the contract was accepted
+/// here. One region backs exactly one MR.
+pub struct RawRegion {
+    pub(crate) mem: Arc<Memory>,
+}
+
+impl std::fmt::Debug for RawRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawRegion")
+            .field("len", &self.mem.len())
+            .finish()
+    }
+}
+
+impl RawRegion {
+    /// Describe `len` bytes at `ptr` for registration.
+    ///
+    /// `ptr` must not be null and `len` must be between 1 and `isize::MAX`
+    /// (otherwise `InvalidParameter`).
+    ///
+    /// # Safety
+    ///
+    /// From this call until the MR registered from this region is
+    /// deregistered (or dropped) -- or until this `RawRegion` is dropped if
+    /// it is never registered -- the caller guarantees that:
+    ///
+    /// 1. `ptr..ptr+len` is one live allocation, valid for reads and writes,
+    ///    and is not freed, moved or unmapped;
+    /// 2. nothing else accesses those bytes while the provider may: the
+    ///    provider may read or write them at any time while the MR is
+    ///    registered and (a) a local work request naming its lkey is
+    ///    outstanding, or (b) remote access rights were granted and a peer
+    ///    holds the rkey, or (c) a method of the MR (`read`/`write`) runs.
+    ///    Accessing the bytes in that window through any other pointer or
+    ///    reference is a data race (undefined behaviour). Reading them
+    ///    after the completion of the last local work request, when no
+    ///    remote access was granted, is fine; the MR's own `read`/`write`
+    ///    methods are always fine;
+    /// 3. the range does not overlap another live `RawRegion` (each region
+    ///    has its own lock, so two overlapping regions could be written at
+    ///    once).
+    ///
+    /// Deregistration is the hand-back point: when `deregister_mr` returns
+    /// (or the MR is dropped), the provider has stopped touching the memory
+    /// for good.
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Result<RawRegion> {
+        if ptr.is_null() {
+            return Err(Error::invalid_parameter("raw region pointer is null"));
+        }
+        if len == 0 || len > isize::MAX as usize {
+            return Err(Error::invalid_parameter(format!(
+                "raw region length {len} must be between 1 and isize::MAX"
+            )));
+        }
+        Ok(RawRegion {
+            mem: Arc::new(Memory::Raw(RawMemory {
+                ptr,
+                len,
+                valid: RwLock::new(true),
+            })),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// Always false (a region has at least one byte).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for RawRegion {
+    fn drop(&mut self) {
+        // A registered region's memory now belongs to its MR (which shares
+        // `mem` and invalidates it on deregistration); an unregistered one
+        // must stop here so the contract window closes with the region.
+        if Arc::strong_count(&self.mem) == 1 {
+            self.mem.invalidate();
+        }
+    }
+}
+
+/// The provider side of a raw region.
+pub(crate) struct RawMemory {
+    ptr: *mut u8,
+    len: usize,
+    /// False once invalidated; the lock also serialises provider access.
+    valid: RwLock<bool>,
+}
+
+// SAFETY: the pointer is only dereferenced inside `with`/`with_mut` under
+// `valid`'s lock, and the `RawRegion::new` contract makes the memory valid
+// from any thread and free of other accesses for the region's life, so
+// sending or sharing the descriptor between threads cannot create a data
+// race the lock does not already exclude.
+unsafe impl Send for RawMemory {}
+// SAFETY: see `Send` above; shared access goes through the lock.
+unsafe impl Sync for RawMemory {}
+
+impl RawMemory {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The region's address, used as the MR's iova.
+    pub(crate) fn base_addr(&self) -> u64 {
+        self.ptr as usize as u64
+    }
+
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let valid = self.valid.read();
+        if !*valid {
+            return None;
+        }
+        // SAFETY: `valid` is true and we hold its read lock, so the region
+        // has not been deregistered and cannot be until we return; by the
+        // `RawRegion::new` contract `ptr..ptr+len` is one live allocation
+        // (non-null, len <= isize::MAX, u8 needs no alignment) that nothing
+        // outside this lock accesses, and inside it only shared slices exist
+        // while the read lock is held. The slice does not escape `f`.
+        let s = unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) };
+        Some(f(s))
+    }
+
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        let valid = self.valid.write();
+        if !*valid {
+            return None;
+        }
+        // SAFETY: as in `with`, and the write lock makes this the only
+        // slice over the region in existence; the contract excludes every
+        // access from outside the lock. The slice does not escape `f`.
+        let s = unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) };
+        Some(f(s))
+    }
+
+    pub(crate) fn invalidate(&self) {
+        *self.valid.write() = false;
+    }
+}

@@ -1,0 +1,447 @@
+//! The IBTA queue-pair state machine as pure functions.
+//!
+//! This module knows nothing about providers: it answers "may a QP of this
+//! type go from state A to state B with these attributes?" (IBTA vol. 1,
+//! 10.3 and 11.2.4.2, the same table libibverbs and the Linux kernel use).
+//! The soft provider calls it on every `modify_qp`; the `qp` crate reuses it
+//! to validate requests before they reach a provider.
+//!
+//! ```text
+//!            +---------------------------------------------+
+//!            v                                             | (any state -> RESET)
+//!  RESET --> INIT --> RTR --> RTS <--> SQD                  |
+//!                              |  ^                         |
+//!                              v  |  (UD/UC/GSI only)       |
+//!                              SQE                          |
+//!  (any state -> ERR; ERR -> RESET)                         |
+//! ```
+
+use std::fmt;
+
+use al::{Error, Result};
+
+/// A queue pair's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Created, or reset: no work may be posted.
+    Reset,
+    /// Initialised: receives may be posted, nothing is processed.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue drained (new sends are held until the QP returns to RTS).
+    Sqd,
+    /// Send queue error (UD, UC and GSI only; receives still work).
+    Sqe,
+    /// Error: every outstanding and newly posted work request is flushed.
+    Err,
+}
+
+impl fmt::Display for QpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Sqd => "SQD",
+            QpState::Sqe => "SQE",
+            QpState::Err => "ERR",
+        })
+    }
+}
+
+impl QpState {
+    /// Whether the receive side accepts incoming packets in this state.
+    pub fn can_receive(self) -> bool {
+        matches!(
+            self,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        )
+    }
+
+    /// Whether receive work requests may be posted in this state.
+    pub fn can_post_recv(self) -> bool {
+        !matches!(self, QpState::Reset)
+    }
+}
+
+/// Transport service type of a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+    /// The general services interface QP (QP1) of a port: a UD QP with a
+    /// fixed number and port.
+    Gsi,
+}
+
+impl fmt::Display for QpType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QpType::Rc => "RC",
+            QpType::Uc => "UC",
+            QpType::Ud => "UD",
+            QpType::Gsi => "GSI",
+        })
+    }
+}
+
+impl QpType {
+    /// Datagram types (UD and GSI).
+    pub fn is_datagram(self) -> bool {
+        matches!(self, QpType::Ud | QpType::Gsi)
+    }
+}
+
+/// A set of QP attributes (a modify mask), one bit per attribute.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AttrSet(u32);
+
+impl AttrSet {
+    /// No attribute.
+    pub const EMPTY: AttrSet = AttrSet(0);
+    /// The current state the caller believes the QP is in.
+    pub const CUR_STATE: AttrSet = AttrSet(1 << 0);
+    /// Enable the SQ-drained asynchronous event.
+    pub const EN_SQD_ASYNC_NOTIFY: AttrSet = AttrSet(1 << 1);
+    /// QP access flags (remote read/write/atomic).
+    pub const ACCESS_FLAGS: AttrSet = AttrSet(1 << 2);
+    /// P_Key index.
+    pub const PKEY_INDEX: AttrSet = AttrSet(1 << 3);
+    /// Port number.
+    pub const PORT: AttrSet = AttrSet(1 << 4);
+    /// Q_Key.
+    pub const QKEY: AttrSet = AttrSet(1 << 5);
+    /// Primary path (address vector).
+    pub const AV: AttrSet = AttrSet(1 << 6);
+    /// Path MTU.
+    pub const PATH_MTU: AttrSet = AttrSet(1 << 7);
+    /// Local ACK timeout.
+    pub const TIMEOUT: AttrSet = AttrSet(1 << 8);
+    /// Transport retry count.
+    pub const RETRY_CNT: AttrSet = AttrSet(1 << 9);
+    /// RNR retry count.
+    pub const RNR_RETRY: AttrSet = AttrSet(1 << 10);
+    /// Expected receive PSN.
+    pub const RQ_PSN: AttrSet = AttrSet(1 << 11);
+    /// Outstanding RDMA reads/atomics as initiator.
+    pub const MAX_QP_RD_ATOMIC: AttrSet = AttrSet(1 << 12);
+    /// Alternate path.
+    pub const ALT_PATH: AttrSet = AttrSet(1 << 13);
+    /// Minimum RNR NAK timer.
+    pub const MIN_RNR_TIMER: AttrSet = AttrSet(1 << 14);
+    /// Send PSN.
+    pub const SQ_PSN: AttrSet = AttrSet(1 << 15);
+    /// Outstanding RDMA reads/atomics as responder.
+    pub const MAX_DEST_RD_ATOMIC: AttrSet = AttrSet(1 << 16);
+    /// Path migration state.
+    pub const PATH_MIG_STATE: AttrSet = AttrSet(1 << 17);
+    /// Destination QP number.
+    pub const DEST_QPN: AttrSet = AttrSet(1 << 18);
+
+    const NAMES: [(AttrSet, &'static str); 19] = [
+        (AttrSet::CUR_STATE, "cur_state"),
+        (AttrSet::EN_SQD_ASYNC_NOTIFY, "en_sqd_async_notify"),
+        (AttrSet::ACCESS_FLAGS, "access_flags"),
+        (AttrSet::PKEY_INDEX, "pkey_index"),
+        (AttrSet::PORT, "port"),
+        (AttrSet::QKEY, "qkey"),
+        (AttrSet::AV, "av"),
+        (AttrSet::PATH_MTU, "path_mtu"),
+        (AttrSet::TIMEOUT, "timeout"),
+        (AttrSet::RETRY_CNT, "retry_cnt"),
+        (AttrSet::RNR_RETRY, "rnr_retry"),
+        (AttrSet::RQ_PSN, "rq_psn"),
+        (AttrSet::MAX_QP_RD_ATOMIC, "max_rd_atomic"),
+        (AttrSet::ALT_PATH, "alt_path"),
+        (AttrSet::MIN_RNR_TIMER, "min_rnr_timer"),
+        (AttrSet::SQ_PSN, "sq_psn"),
+        (AttrSet::MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"),
+        (AttrSet::PATH_MIG_STATE, "path_mig_state"),
+        (AttrSet::DEST_QPN, "dest_qpn"),
+    ];
+
+    /// The raw bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// Union.
+    pub const fn union(self, other: AttrSet) -> AttrSet {
+        AttrSet(self.0 | other.0)
+    }
+    /// Whether every bit of `other` is in `self`.
+    pub const fn contains(self, other: AttrSet) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// Bits of `self` not in `other`.
+    pub const fn difference(self, other: AttrSet) -> AttrSet {
+        AttrSet(self.0 & !other.0)
+    }
+    /// Whether no bit is set.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    /// The attribute names in this set.
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        AttrSet::NAMES
+            .iter()
+            .filter(move |(a, _)| self.contains(*a))
+            .map(|(_, n)| *n)
+    }
+}
+
+impl std::ops::BitOr for AttrSet {
+    type Output = AttrSet;
+    fn bitor(self, rhs: AttrSet) -> AttrSet {
+        self.union(rhs)
+    }
+}
+
+impl std::ops::BitOrAssign for AttrSet {
+    fn bitor_assign(&mut self, rhs: AttrSet) {
+        *self = self.union(rhs);
+    }
+}
+
+impl fmt::Debug for AttrSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.names()).finish()
+    }
+}
+
+/// Required and optional attributes of one legal transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransitionRule {
+    /// Attributes that must be given.
+    pub required: AttrSet,
+    /// Attributes that may be given.
+    pub optional: AttrSet,
+}
+
+const fn rule(required: AttrSet, optional: AttrSet) -> Option<TransitionRule> {
+    Some(TransitionRule { required, optional })
+}
+
+const E: AttrSet = AttrSet::EMPTY;
+
+const fn u(a: AttrSet, b: AttrSet) -> AttrSet {
+    a.union(b)
+}
+
+/// The rule for `from -> to` on a QP of type `ty`, or `None` when the
+/// transition is illegal.
+///
+/// Any state may go to RESET or ERR with no attributes. The others follow
+/// IBTA 11.2.4.2 (the table libibverbs and the kernel also use):
+/// RESET->INIT, INIT->INIT, INIT->RTR, RTR->RTS, RTS->RTS, RTS->SQD,
+/// SQD->SQD, SQD->RTS, and SQE->RTS (UD, UC and GSI only).
+pub fn transition_rule(ty: QpType, from: QpState, to: QpState) -> Option<TransitionRule> {
+    use AttrSet as A;
+    use QpState::*;
+    use QpType::*;
+    if matches!(to, Reset | Err) {
+        return rule(E, E);
+    }
+    match (from, to) {
+        (Reset, Init) => match ty {
+            Ud => rule(u(u(A::PKEY_INDEX, A::PORT), A::QKEY), E),
+            Gsi => rule(u(A::PKEY_INDEX, A::QKEY), E),
+            Uc | Rc => rule(u(u(A::PKEY_INDEX, A::PORT), A::ACCESS_FLAGS), E),
+        },
+        (Init, Init) => match ty {
+            Ud => rule(E, u(u(A::PKEY_INDEX, A::PORT), A::QKEY)),
+            Gsi => rule(E, u(A::PKEY_INDEX, A::QKEY)),
+            Uc | Rc => rule(E, u(u(A::PKEY_INDEX, A::PORT), A::ACCESS_FLAGS)),
+        },
+        (Init, Rtr) => match ty {
+            Ud | Gsi => rule(E, u(A::PKEY_INDEX, A::QKEY)),
+            Uc => rule(
+                u(u(A::AV, A::PATH_MTU), u(A::DEST_QPN, A::RQ_PSN)),
+                u(u(A::ALT_PATH, A::ACCESS_FLAGS), A::PKEY_INDEX),
+            ),
+            Rc => rule(
+                u(
+                    u(u(A::AV, A::PATH_MTU), u(A::DEST_QPN, A::RQ_PSN)),
+                    u(A::MAX_DEST_RD_ATOMIC, A::MIN_RNR_TIMER),
+                ),
+                u(u(A::ALT_PATH, A::ACCESS_FLAGS), A::PKEY_INDEX),
+            ),
+        },
+        (Rtr, Rts) => match ty {
+            Ud | Gsi => rule(A::SQ_PSN, u(A::CUR_STATE, A::QKEY)),
+            Uc => rule(
+                A::SQ_PSN,
+                u(
+                    u(A::CUR_STATE, A::ALT_PATH),
+                    u(A::ACCESS_FLAGS, A::PATH_MIG_STATE),
+                ),
+            ),
+            Rc => rule(
+                u(
+                    u(A::TIMEOUT, A::RETRY_CNT),
+                    u(u(A::RNR_RETRY, A::SQ_PSN), A::MAX_QP_RD_ATOMIC),
+                ),
+                u(
+                    u(u(A::CUR_STATE, A::ALT_PATH), A::ACCESS_FLAGS),
+                    u(A::MIN_RNR_TIMER, A::PATH_MIG_STATE),
+                ),
+            ),
+        },
+        (Rts, Rts) | (Sqd, Rts) => match ty {
+            Ud | Gsi => rule(E, u(A::CUR_STATE, A::QKEY)),
+            Uc => rule(
+                E,
+                u(
+                    u(A::CUR_STATE, A::ACCESS_FLAGS),
+                    u(A::ALT_PATH, A::PATH_MIG_STATE),
+                ),
+            ),
+            Rc => rule(
+                E,
+                u(
+                    u(u(A::CUR_STATE, A::ACCESS_FLAGS), A::ALT_PATH),
+                    u(A::PATH_MIG_STATE, A::MIN_RNR_TIMER),
+                ),
+            ),
+        },
+        (Rts, Sqd) => rule(E, A::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => match ty {
+            Ud | Gsi => rule(E, u(A::PKEY_INDEX, A::QKEY)),
+            Uc => rule(
+                E,
+                u(
+                    u(u(A::AV, A::ALT_PATH), A::ACCESS_FLAGS),
+                    u(A::PKEY_INDEX, A::PATH_MIG_STATE),
+                ),
+            ),
+            Rc => rule(
+                E,
+                u(
+                    u(
+                        u(u(A::PORT, A::AV), u(A::TIMEOUT, A::RETRY_CNT)),
+                        u(u(A::RNR_RETRY, A::MAX_QP_RD_ATOMIC), A::MAX_DEST_RD_ATOMIC),
+                    ),
+                    u(
+                        u(A::ALT_PATH, A::ACCESS_FLAGS),
+                        u(u(A::PKEY_INDEX, A::MIN_RNR_TIMER), A::PATH_MIG_STATE),
+                    ),
+                ),
+            ),
+        },
+        (Sqe, Rts) => match ty {
+            Ud | Gsi => rule(E, u(A::CUR_STATE, A::QKEY)),
+            Uc => rule(E, u(A::CUR_STATE, A::ACCESS_FLAGS)),
+            Rc => None,
+        },
+        _ => None,
+    }
+}
+
+/// Check a modify request: `from -> to` on a QP of type `ty` giving the
+/// attributes in `given`.
+///
+/// * an illegal transition is [`Error::InvalidQpState`];
+/// * a missing required attribute, or an attribute the transition does not
+///   accept, is [`Error::InvalidParameter`] naming the attributes.
+pub fn check_transition(ty: QpType, from: QpState, to: QpState, given: AttrSet) -> Result<()> {
+    let Some(rule) = transition_rule(ty, from, to) else {
+        return Err(Error::InvalidQpState(
+            format!("{ty} QP cannot go from {from} to {to}").into(),
+        ));
+    };
+    let missing = rule.required.difference(given);
+    if !missing.is_empty() {
+        let names: Vec<_> = missing.names().collect();
+        return Err(Error::invalid_parameter(format!(
+            "{ty} QP {from}->{to} requires attribute(s) {}",
+            names.join(", ")
+        )));
+    }
+    let extra = given.difference(rule.required.union(rule.optional));
+    if !extra.is_empty() {
+        let names: Vec<_> = extra.names().collect();
+        return Err(Error::invalid_parameter(format!(
+            "{ty} QP {from}->{to} does not accept attribute(s) {}",
+            names.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the transition is legal at all (ignoring attributes).
+pub fn is_legal(ty: QpType, from: QpState, to: QpState) -> bool {
+    transition_rule(ty, from, to).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rc_happy_path() {
+        let init = AttrSet::PKEY_INDEX | AttrSet::PORT | AttrSet::ACCESS_FLAGS;
+        check_transition(QpType::Rc, QpState::Reset, QpState::Init, init).unwrap();
+        let rtr = AttrSet::AV
+            | AttrSet::PATH_MTU
+            | AttrSet::DEST_QPN
+            | AttrSet::RQ_PSN
+            | AttrSet::MAX_DEST_RD_ATOMIC
+            | AttrSet::MIN_RNR_TIMER;
+        check_transition(QpType::Rc, QpState::Init, QpState::Rtr, rtr).unwrap();
+        let rts = AttrSet::SQ_PSN
+            | AttrSet::TIMEOUT
+            | AttrSet::RETRY_CNT
+            | AttrSet::RNR_RETRY
+            | AttrSet::MAX_QP_RD_ATOMIC;
+        check_transition(QpType::Rc, QpState::Rtr, QpState::Rts, rts).unwrap();
+    }
+
+    #[test]
+    fn missing_and_extra_are_named() {
+        let e =
+            check_transition(QpType::Ud, QpState::Reset, QpState::Init, AttrSet::PORT).unwrap_err();
+        let s = e.to_string();
+        assert!(matches!(e, Error::InvalidParameter(_)));
+        assert!(s.contains("pkey_index") && s.contains("qkey"), "{s}");
+        let e = check_transition(QpType::Ud, QpState::Init, QpState::Rtr, AttrSet::DEST_QPN)
+            .unwrap_err();
+        assert!(e.to_string().contains("dest_qpn"));
+    }
+
+    #[test]
+    fn illegal() {
+        for (f, t) in [
+            (QpState::Reset, QpState::Rtr),
+            (QpState::Reset, QpState::Rts),
+            (QpState::Init, QpState::Rts),
+            (QpState::Err, QpState::Init),
+            (QpState::Rtr, QpState::Rtr),
+        ] {
+            assert!(matches!(
+                check_transition(QpType::Rc, f, t, AttrSet::EMPTY),
+                Err(Error::InvalidQpState(_))
+            ));
+        }
+        assert!(!is_legal(QpType::Rc, QpState::Sqe, QpState::Rts));
+        assert!(is_legal(QpType::Ud, QpState::Sqe, QpState::Rts));
+        for s in [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Sqe,
+            QpState::Err,
+        ] {
+            assert!(is_legal(QpType::Rc, s, QpState::Err));
+            assert!(is_legal(QpType::Rc, s, QpState::Reset));
+        }
+    }
+}

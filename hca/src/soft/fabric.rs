@@ -1,0 +1,647 @@
+//! The in-process fabric: HCAs, ports, routing, fault injection, and the
+//! progress engine for queued packets and RNR retries.
+
+use std::collections::{HashMap, VecDeque};
+
+use al::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use al::sync::{Arc, Mutex, RwLock};
+use al::{Error, Result};
+
+use crate::provider::{
+    AtomicCap, AvAttr, DeviceAttr, DeviceInfo, Gid, LinkLayer, Mtu, PortAttr, PortState,
+    DEFAULT_PKEY,
+};
+use crate::soft::cq::Deferred;
+use crate::soft::engine::{self, SrcInfo};
+use crate::soft::hca::SoftHca;
+use crate::soft::mr::MrTable;
+use crate::soft::qp::QpInner;
+
+/// Key of a GSI QP in an HCA's QP table (above every 24-bit QPN).
+pub(crate) const GSI_KEY: u32 = 0xff00_0000;
+
+/// Configuration of one port of a soft HCA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortConfig {
+    /// Base LID (unique in the fabric, non-zero).
+    pub lid: u16,
+    /// GID table; index 0 is the port GID (unique in the fabric).
+    pub gids: Vec<Gid>,
+    /// P_Key table.
+    pub pkeys: Vec<u16>,
+    /// Active MTU.
+    pub mtu: Mtu,
+    /// Initial state.
+    pub state: PortState,
+    /// Link layer (informational).
+    pub link_layer: LinkLayer,
+}
+
+impl PortConfig {
+    /// An active InfiniBand port with LID `lid`, GID fe80::`guid`, the
+    /// default P_Key and a 4096-byte MTU.
+    pub fn new(lid: u16, guid: u64) -> PortConfig {
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[8..].copy_from_slice(&guid.to_be_bytes());
+        PortConfig {
+            lid,
+            gids: vec![gid],
+            pkeys: vec![DEFAULT_PKEY],
+            mtu: Mtu::Mtu4096,
+            state: PortState::Active,
+            link_layer: LinkLayer::InfiniBand,
+        }
+    }
+}
+
+/// Configuration of a soft HCA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HcaConfig {
+    /// Device name.
+    pub name: String,
+    /// Node GUID (unique in the fabric).
+    pub node_guid: u64,
+    /// Vendor id.
+    pub vendor_id: u32,
+    /// Vendor part id.
+    pub vendor_part_id: u32,
+    /// Ports, numbered from 1.
+    pub ports: Vec<PortConfig>,
+}
+
+impl HcaConfig {
+    /// An HCA with one port per LID in `lids`; port GUIDs are
+    /// `node_guid + port number`.
+    pub fn new(node_guid: u64, lids: &[u16]) -> HcaConfig {
+        HcaConfig {
+            name: format!("soft{node_guid:x}"),
+            node_guid,
+            vendor_id: 0,
+            vendor_part_id: 0x50f7,
+            ports: lids
+                .iter()
+                .enumerate()
+                .map(|(i, &lid)| PortConfig::new(lid, node_guid.wrapping_add(i as u64 + 1)))
+                .collect(),
+        }
+    }
+}
+
+/// Fault injection for datagram (UD, GSI) and UC traffic. Probabilities
+/// are in `0.0..=1.0`; decisions come from a generator seeded with `seed`,
+/// so a run is reproducible.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FaultConfig {
+    /// Generator seed.
+    pub seed: u64,
+    /// Probability a packet is lost.
+    pub drop: f64,
+    /// Probability a packet is delivered twice.
+    pub duplicate: f64,
+    /// Probability a packet overtakes the one queued before it.
+    pub reorder: f64,
+    /// Probability a packet is held for 1..=`max_delay` progress calls.
+    pub delay: f64,
+    /// Longest delay in progress calls.
+    pub max_delay: u32,
+}
+
+impl FaultConfig {
+    /// Queue packets (deliver on [`Fabric::progress`]) with no faults.
+    pub fn queued(seed: u64) -> FaultConfig {
+        FaultConfig {
+            seed,
+            ..FaultConfig::default()
+        }
+    }
+}
+
+/// Counters of what the fabric did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FabricStats {
+    /// Queued packets delivered.
+    pub delivered: u64,
+    /// Packets dropped by fault injection.
+    pub dropped_fault: u64,
+    /// Packets duplicated by fault injection.
+    pub duplicated: u64,
+    /// Packets reordered by fault injection.
+    pub reordered: u64,
+    /// Packets delayed by fault injection.
+    pub delayed: u64,
+    /// Packets dropped for a P_Key mismatch.
+    pub dropped_pkey: u64,
+    /// Datagrams dropped for a Q_Key mismatch.
+    pub dropped_qkey: u64,
+    /// Datagrams/UC messages dropped for want of a receive.
+    pub dropped_no_recv: u64,
+    /// Packets with no destination (no such LID/GID/QP, port down, QP
+    /// not ready).
+    pub dropped_no_dest: u64,
+    /// RC packets out of sequence (PSN mismatch).
+    pub dropped_psn: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) delivered: AtomicU64,
+    pub(crate) dropped_fault: AtomicU64,
+    pub(crate) duplicated: AtomicU64,
+    pub(crate) reordered: AtomicU64,
+    pub(crate) delayed: AtomicU64,
+    pub(crate) dropped_pkey: AtomicU64,
+    pub(crate) dropped_qkey: AtomicU64,
+    pub(crate) dropped_no_recv: AtomicU64,
+    pub(crate) dropped_no_dest: AtomicU64,
+    pub(crate) dropped_psn: AtomicU64,
+    pub(crate) rnr_naks: AtomicU64,
+}
+
+/// One port of an HCA as the data path sees it.
+pub(crate) struct PortCore {
+    pub(crate) num: u8,
+    lid: u16,
+    pub(crate) gids: Vec<Gid>,
+    pub(crate) pkeys: Vec<u16>,
+    pub(crate) mtu: Mtu,
+    state: AtomicU8,
+    link_layer: LinkLayer,
+}
+
+fn state_code(s: PortState) -> u8 {
+    match s {
+        PortState::Down => 0,
+        PortState::Init => 1,
+        PortState::Armed => 2,
+        PortState::Active => 3,
+    }
+}
+
+impl PortCore {
+    pub(crate) fn lid(&self) -> u16 {
+        self.lid
+    }
+    pub(crate) fn is_active(&self) -> bool {
+        self.state.load(Ordering::Acquire) == 3
+    }
+    pub(crate) fn set_state(&self, s: PortState) {
+        self.state.store(state_code(s), Ordering::Release);
+    }
+    pub(crate) fn attr(&self) -> PortAttr {
+        let state = match self.state.load(Ordering::Acquire) {
+            0 => PortState::Down,
+            1 => PortState::Init,
+            2 => PortState::Armed,
+            _ => PortState::Active,
+        };
+        PortAttr {
+            port_num: self.num,
+            state,
+            lid: self.lid,
+            lmc: 0,
+            sm_lid: 1,
+            gid_table: self.gids.clone(),
+            pkey_table: self.pkeys.clone(),
+            active_mtu: self.mtu,
+            max_mtu: Mtu::Mtu4096,
+            link_layer: self.link_layer,
+        }
+    }
+}
+
+/// What QPs and MRs of an HCA share (no back references).
+pub(crate) struct HcaCore {
+    pub(crate) attr: DeviceAttr,
+    pub(crate) ports: Vec<PortCore>,
+    pub(crate) mrs: MrTable,
+    pub(crate) next_qpn: AtomicU32,
+    pub(crate) next_id: AtomicU32,
+}
+
+impl HcaCore {
+    pub(crate) fn port(&self, n: u8) -> Option<&PortCore> {
+        self.ports.get((n as usize).checked_sub(1)?)
+    }
+}
+
+/// An HCA as the fabric routes to it: its core and its QPs by number.
+pub(crate) struct HcaNode {
+    pub(crate) core: Arc<HcaCore>,
+    pub(crate) qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    pub(crate) removed: AtomicBool,
+}
+
+impl HcaNode {
+    #[inline]
+    pub(crate) fn lookup(&self, qpn: u32, port: u8) -> Option<Arc<QpInner>> {
+        let key = if qpn == 1 { GSI_KEY | port as u32 } else { qpn };
+        self.qps.read().get(&key).cloned()
+    }
+}
+
+/// A packet waiting in the fault queue.
+#[derive(Clone)]
+pub(crate) struct Packet {
+    pub(crate) dest: Arc<HcaNode>,
+    pub(crate) dport: u8,
+    pub(crate) dqpn: u32,
+    pub(crate) src: SrcInfo,
+    pub(crate) kind: PktKind,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) hold: u32,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum PktKind {
+    Send {
+        imm: Option<u32>,
+    },
+    Write {
+        addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    },
+}
+
+struct FaultState {
+    cfg: FaultConfig,
+    rng: u64,
+    queue: VecDeque<Packet>,
+}
+
+impl FaultState {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        if p <= 0.0 {
+            return false;
+        }
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+pub(crate) struct FabricInner {
+    lids: RwLock<HashMap<u16, (Arc<HcaNode>, u8)>>,
+    gids: RwLock<HashMap<Gid, (Arc<HcaNode>, u8)>>,
+    hcas: RwLock<Vec<Arc<HcaNode>>>,
+    faults: Mutex<Option<FaultState>>,
+    pub(crate) faults_on: AtomicBool,
+    pub(crate) waiters: Mutex<Vec<Arc<QpInner>>>,
+    pub(crate) stats: Stats,
+}
+
+impl FabricInner {
+    #[inline]
+    pub(crate) fn route(&self, av: &AvAttr) -> Option<(Arc<HcaNode>, u8)> {
+        match &av.grh {
+            Some(g) => self.gids.read().get(&g.dgid).cloned(),
+            None => self.lids.read().get(&av.dlid).cloned(),
+        }
+    }
+
+    pub(crate) fn enqueue(&self, mut p: Packet) {
+        let mut guard = self.faults.lock();
+        // (Never empty once fault injection was switched on.)
+        let fs = guard.get_or_insert_with(|| FaultState {
+            cfg: FaultConfig::default(),
+            rng: 0,
+            queue: VecDeque::new(),
+        });
+        let cfg = fs.cfg;
+        if fs.chance(cfg.drop) {
+            self.stats.dropped_fault.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if cfg.max_delay > 0 && fs.chance(cfg.delay) {
+            p.hold = 1 + (fs.next() % cfg.max_delay as u64) as u32;
+            self.stats.delayed.fetch_add(1, Ordering::Relaxed);
+        }
+        let dup = fs.chance(cfg.duplicate);
+        if fs.chance(cfg.reorder) && !fs.queue.is_empty() {
+            let at = fs.queue.len() - 1;
+            fs.queue.insert(at, p.clone());
+            self.stats.reordered.fetch_add(1, Ordering::Relaxed);
+        } else {
+            fs.queue.push_back(p.clone());
+        }
+        if dup {
+            fs.queue.push_back(p);
+            self.stats.duplicated.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn progress(&self) -> usize {
+        let mut ready = Vec::new();
+        if let Some(fs) = self.faults.lock().as_mut() {
+            let n = fs.queue.len();
+            for _ in 0..n {
+                let mut p = fs.queue.pop_front().expect("counted");
+                if p.hold > 0 {
+                    p.hold -= 1;
+                    fs.queue.push_back(p);
+                } else {
+                    ready.push(p);
+                }
+            }
+        }
+        let mut work = ready.len();
+        for p in &ready {
+            let mut d = Deferred::new();
+            engine::deliver(self, p, &mut d);
+            d.run();
+        }
+        let waiters = std::mem::take(&mut *self.waiters.lock());
+        let mut keep = Vec::new();
+        for qp in waiters {
+            if qp.destroyed.load(Ordering::Acquire) {
+                continue;
+            }
+            let mut d = Deferred::new();
+            {
+                let mut sq = qp.sq.lock();
+                let before = sq.pending.len();
+                let still = engine::retry_pending(self, &qp, &mut sq, &mut d);
+                work += before - sq.pending.len();
+                if still {
+                    keep.push(qp.clone());
+                } else {
+                    sq.in_retry = false;
+                }
+            }
+            d.run();
+        }
+        if !keep.is_empty() {
+            work += keep.len();
+            self.waiters.lock().extend(keep);
+        }
+        work
+    }
+
+    fn queued(&self) -> usize {
+        self.faults.lock().as_ref().map_or(0, |f| f.queue.len())
+    }
+}
+
+/// An in-process fabric connecting any number of soft HCAs.
+///
+/// Cloning shares the fabric.
+#[derive(Clone)]
+pub struct Fabric {
+    pub(crate) inner: Arc<FabricInner>,
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Fabric::new()
+    }
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric")
+            .field("hcas", &self.inner.hcas.read().len())
+            .finish()
+    }
+}
+
+impl Fabric {
+    /// An empty fabric with fault injection off.
+    pub fn new() -> Fabric {
+        Fabric {
+            inner: Arc::new(FabricInner {
+                lids: RwLock::new(HashMap::new()),
+                gids: RwLock::new(HashMap::new()),
+                hcas: RwLock::new(Vec::new()),
+                faults: Mutex::new(None),
+                faults_on: AtomicBool::new(false),
+                waiters: Mutex::new(Vec::new()),
+                stats: Stats::default(),
+            }),
+        }
+    }
+
+    /// Add an HCA. Its node GUID, LIDs and GIDs must be new to the fabric,
+    /// LIDs non-zero, and every port needs at least one GID and P_Key.
+    pub fn add_hca(&self, cfg: HcaConfig) -> Result<SoftHca> {
+        if cfg.ports.is_empty() || cfg.ports.len() > 254 {
+            return Err(Error::invalid_parameter("an HCA needs 1..=254 ports"));
+        }
+        let mut hcas = self.inner.hcas.write();
+        let mut lids = self.inner.lids.write();
+        let mut gids = self.inner.gids.write();
+        if hcas.iter().any(|h| h.core.attr.node_guid == cfg.node_guid) {
+            return Err(Error::invalid_parameter(format!(
+                "node GUID {:#x} is already on the fabric",
+                cfg.node_guid
+            )));
+        }
+        for (i, p) in cfg.ports.iter().enumerate() {
+            if p.lid == 0 || p.lid >= 0xc000 || lids.contains_key(&p.lid) {
+                return Err(Error::invalid_parameter(format!(
+                    "port {}: LID {:#x} is zero, multicast or taken",
+                    i + 1,
+                    p.lid
+                )));
+            }
+            if p.gids.is_empty() || p.pkeys.is_empty() {
+                return Err(Error::invalid_parameter(format!(
+                    "port {}: needs at least one GID and one P_Key",
+                    i + 1
+                )));
+            }
+            if p.gids.iter().any(|g| gids.contains_key(g)) {
+                return Err(Error::invalid_parameter(format!(
+                    "port {}: a GID is already on the fabric",
+                    i + 1
+                )));
+            }
+        }
+        let attr = DeviceAttr {
+            name: cfg.name.clone(),
+            node_guid: cfg.node_guid,
+            vendor_id: cfg.vendor_id,
+            vendor_part_id: cfg.vendor_part_id,
+            hw_ver: 1,
+            num_ports: cfg.ports.len() as u8,
+            max_qp: 1 << 16,
+            max_qp_wr: 1 << 14,
+            max_sge: 32,
+            max_cq: 1 << 16,
+            max_cqe: 1 << 20,
+            max_mr: 1 << 20,
+            max_mr_size: 1 << 40,
+            max_pd: 1 << 16,
+            max_srq: 1 << 16,
+            max_srq_wr: 1 << 14,
+            max_av: 1 << 16,
+            max_qp_rd_atomic: 16,
+            max_qp_init_rd_atomic: 16,
+            atomic_cap: AtomicCap::Hca,
+            max_msg_size: 1 << 31,
+        };
+        let ports = cfg
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PortCore {
+                num: i as u8 + 1,
+                lid: p.lid,
+                gids: p.gids.clone(),
+                pkeys: p.pkeys.clone(),
+                mtu: p.mtu,
+                state: AtomicU8::new(state_code(p.state)),
+                link_layer: p.link_layer,
+            })
+            .collect();
+        let core = Arc::new(HcaCore {
+            mrs: MrTable::new(attr.max_mr as usize),
+            attr,
+            ports,
+            next_qpn: AtomicU32::new(0x100),
+            next_id: AtomicU32::new(1),
+        });
+        let node = Arc::new(HcaNode {
+            core,
+            qps: RwLock::new(HashMap::new()),
+            removed: AtomicBool::new(false),
+        });
+        for (i, p) in cfg.ports.iter().enumerate() {
+            lids.insert(p.lid, (node.clone(), i as u8 + 1));
+            for g in &p.gids {
+                gids.insert(*g, (node.clone(), i as u8 + 1));
+            }
+        }
+        hcas.push(node.clone());
+        Ok(SoftHca {
+            fabric: self.inner.clone(),
+            node,
+        })
+    }
+
+    /// Take an HCA off the fabric: packets to it are lost from now on.
+    /// Handles to it keep working locally.
+    pub fn remove_hca(&self, node_guid: u64) -> Result<()> {
+        let mut hcas = self.inner.hcas.write();
+        let Some(i) = hcas.iter().position(|h| h.core.attr.node_guid == node_guid) else {
+            return Err(Error::NotFound(
+                format!("no HCA with node GUID {node_guid:#x}").into(),
+            ));
+        };
+        let node = hcas.remove(i);
+        node.removed.store(true, Ordering::Release);
+        self.inner
+            .lids
+            .write()
+            .retain(|_, (n, _)| !std::ptr::eq(&**n, &*node));
+        self.inner
+            .gids
+            .write()
+            .retain(|_, (n, _)| !std::ptr::eq(&**n, &*node));
+        Ok(())
+    }
+
+    /// A handle to the HCA with this node GUID.
+    pub fn hca(&self, node_guid: u64) -> Option<SoftHca> {
+        self.inner
+            .hcas
+            .read()
+            .iter()
+            .find(|h| h.core.attr.node_guid == node_guid)
+            .map(|node| SoftHca {
+                fabric: self.inner.clone(),
+                node: node.clone(),
+            })
+    }
+
+    /// The HCAs on the fabric.
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        self.inner
+            .hcas
+            .read()
+            .iter()
+            .map(|h| DeviceInfo {
+                name: h.core.attr.name.clone(),
+                node_guid: h.core.attr.node_guid,
+            })
+            .collect()
+    }
+
+    /// Switch fault injection on (`Some`) or off (`None`). While on,
+    /// datagram (UD, GSI) and UC packets are queued and delivered by
+    /// [`progress`](Self::progress); RC traffic is never affected. Switching
+    /// off delivers nothing by itself: call `progress` to flush the queue.
+    pub fn set_faults(&self, cfg: Option<FaultConfig>) {
+        let mut f = self.inner.faults.lock();
+        match cfg {
+            Some(cfg) => {
+                let queue = f.take().map(|s| s.queue).unwrap_or_default();
+                *f = Some(FaultState {
+                    cfg,
+                    rng: cfg.seed,
+                    queue,
+                });
+                self.inner.faults_on.store(true, Ordering::Release);
+            }
+            None => {
+                self.inner.faults_on.store(false, Ordering::Release);
+                if let Some(s) = f.as_mut() {
+                    s.cfg = FaultConfig::queued(s.cfg.seed);
+                }
+            }
+        }
+    }
+
+    /// One tick: deliver queued packets whose delay ran out (in queue
+    /// order) and retry sends stalled by an RNR NAK once. Returns the
+    /// amount of work done (0 means nothing moved).
+    pub fn progress(&self) -> usize {
+        self.inner.progress()
+    }
+
+    /// Call [`progress`](Self::progress) until no packet is queued and no
+    /// send waits for an RNR retry, at most `max_ticks` times. Returns the
+    /// number of ticks used.
+    pub fn settle(&self, max_ticks: usize) -> usize {
+        for t in 0..max_ticks {
+            self.inner.progress();
+            if self.inner.queued() == 0 && self.inner.waiters.lock().is_empty() {
+                return t + 1;
+            }
+        }
+        max_ticks
+    }
+
+    /// Packets waiting in the fault queue.
+    pub fn queued(&self) -> usize {
+        self.inner.queued()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> FabricStats {
+        let s = &self.inner.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FabricStats {
+            delivered: l(&s.delivered),
+            dropped_fault: l(&s.dropped_fault),
+            duplicated: l(&s.duplicated),
+            reordered: l(&s.reordered),
+            delayed: l(&s.delayed),
+            dropped_pkey: l(&s.dropped_pkey),
+            dropped_qkey: l(&s.dropped_qkey),
+            dropped_no_recv: l(&s.dropped_no_recv),
+            dropped_no_dest: l(&s.dropped_no_dest),
+            dropped_psn: l(&s.dropped_psn),
+            rnr_naks: l(&s.rnr_naks),
+        }
+    }
+}

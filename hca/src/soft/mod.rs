@@ -1,0 +1,29 @@
+//! The soft provider: software HCAs on an in-process [`Fabric`].
+//!
+//! * [`Fabric`] holds any number of [`SoftHca`]s (node GUID, ports, LIDs,
+//!   GIDs, P_Keys from [`HcaConfig`]) and routes packets between their QPs
+//!   by LID, or by GID when the address vector has a GRH.
+//! * Delivery is synchronous: `post_send` performs the responder's work on
+//!   the caller's thread, copying once from the source MR to the
+//!   destination MR. RC is reliable and in order by construction; PSNs are
+//!   still tracked and checked.
+//! * With fault injection on ([`Fabric::set_faults`]), datagram (UD, GSI)
+//!   and UC packets are queued and delivered by [`Fabric::progress`], with
+//!   deterministic drop, duplicate, reorder and delay. RC is never subject
+//!   to faults (the reliable model documented in `docs/soft-provider.md`).
+//! * An RC send that meets an empty receive queue gets an RNR NAK and is
+//!   retried on each `Fabric::progress` call, `rnr_retry` times (7 means
+//!   forever), then completes with `RnrRetryExceeded`.
+//!
+//! The soft types also implement [`crate::provider::Device`] and
+//! [`crate::provider::Provider`] ([`SoftProvider`]).
+
+mod cq;
+mod engine;
+mod fabric;
+mod hca;
+mod mr;
+mod qp;
+
+pub use fabric::{Fabric, FabricStats, FaultConfig, HcaConfig, PortConfig};
+pub use hca::{SoftAv, SoftCq, SoftHca, SoftMr, SoftPd, SoftProvider, SoftQp, SoftSrq};

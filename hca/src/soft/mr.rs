@@ -1,0 +1,283 @@
+//! Memory regions of the soft provider: the key table and bounds checks.
+
+use al::sync::atomic::{AtomicU32, Ordering};
+use al::sync::{Arc, RwLock};
+use al::{Error, Result};
+use slab::Slab;
+
+use crate::buffer::Memory;
+use crate::provider::{Access, Sge};
+
+/// A registered region as the data path sees it.
+pub(crate) struct MrInner {
+    pub(crate) key: u32,
+    pub(crate) pd: u32,
+    pub(crate) access: Access,
+    pub(crate) iova: u64,
+    pub(crate) len: usize,
+    pub(crate) mem: Arc<Memory>,
+    /// Offset of the MR's first byte in `mem`.
+    pub(crate) mem_off: usize,
+}
+
+impl MrInner {
+    /// The offset in `mem` of `len` bytes at `addr`, if they lie inside
+    /// the MR.
+    #[inline]
+    pub(crate) fn locate(&self, addr: u64, len: usize) -> Option<usize> {
+        let off = addr.checked_sub(self.iova)?;
+        let end = off.checked_add(len as u64)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        Some(self.mem_off + off as usize)
+    }
+}
+
+/// Per-HCA table of MRs by key. A key is `(slot + 1) << 8 | tag`, where the
+/// tag changes on every registration so a stale key misses.
+pub(crate) struct MrTable {
+    slots: RwLock<Slab<Arc<MrInner>>>,
+    tag: AtomicU32,
+    max: usize,
+}
+
+impl MrTable {
+    pub(crate) fn new(max: usize) -> MrTable {
+        MrTable {
+            slots: RwLock::new(Slab::new()),
+            tag: AtomicU32::new(0x5a),
+            max,
+        }
+    }
+
+    pub(crate) fn insert(&self, make: impl FnOnce(u32) -> MrInner) -> Result<Arc<MrInner>> {
+        let mut slots = self.slots.write();
+        if slots.len() >= self.max {
+            return Err(Error::insufficient_resources("MR table full"));
+        }
+        let entry = slots.vacant_entry();
+        let tag = self.tag.fetch_add(1, Ordering::Relaxed) & 0xff;
+        let key = ((entry.key() as u32 + 1) << 8) | tag;
+        let mr = Arc::new(make(key));
+        entry.insert(mr.clone());
+        Ok(mr)
+    }
+
+    #[inline]
+    pub(crate) fn lookup(&self, key: u32) -> Option<Arc<MrInner>> {
+        let idx = (key >> 8).checked_sub(1)? as usize;
+        let slots = self.slots.read();
+        let mr = slots.get(idx)?;
+        (mr.key == key).then(|| mr.clone())
+    }
+
+    pub(crate) fn remove(&self, key: u32) {
+        let Some(idx) = (key >> 8).checked_sub(1) else {
+            return;
+        };
+        let mut slots = self.slots.write();
+        if slots.get(idx as usize).is_some_and(|m| m.key == key) {
+            slots.remove(idx as usize);
+        }
+    }
+}
+
+/// One resolved piece of a scatter/gather list: `len` bytes at `off` in the
+/// MR's memory.
+pub(crate) struct Seg {
+    pub(crate) mr: Arc<MrInner>,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+}
+
+const INLINE: usize = 4;
+
+/// A resolved scatter/gather list; up to four pieces without allocating.
+pub(crate) struct SegList {
+    inline: [Option<Seg>; INLINE],
+    n: usize,
+    heap: Vec<Seg>,
+    pub(crate) total: usize,
+}
+
+impl SegList {
+    pub(crate) fn new() -> SegList {
+        SegList {
+            inline: [None, None, None, None],
+            n: 0,
+            heap: Vec::new(),
+            total: 0,
+        }
+    }
+
+    pub(crate) fn one(seg: Seg) -> SegList {
+        let mut l = SegList::new();
+        l.push(seg);
+        l
+    }
+
+    pub(crate) fn push(&mut self, seg: Seg) {
+        self.total += seg.len;
+        if self.n < INLINE {
+            self.inline[self.n] = Some(seg);
+        } else {
+            self.heap.push(seg);
+        }
+        self.n += 1;
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Seg> {
+        self.inline[..self.n.min(INLINE)]
+            .iter()
+            .flatten()
+            .chain(self.heap.iter())
+    }
+}
+
+/// Resolve a local scatter/gather list: every element's key must name an
+/// MR of `pd` with the rights in `need`, and its bytes must lie inside it.
+pub(crate) fn resolve_local(
+    table: &MrTable,
+    pd: u32,
+    sges: &[Sge],
+    need: Access,
+) -> Option<SegList> {
+    let mut list = SegList::new();
+    for sge in sges {
+        if sge.length == 0 {
+            continue;
+        }
+        let mr = table.lookup(sge.lkey)?;
+        if mr.pd != pd || !mr.access.contains(need) {
+            return None;
+        }
+        let off = mr.locate(sge.addr, sge.length as usize)?;
+        list.push(Seg {
+            mr,
+            off,
+            len: sge.length as usize,
+        });
+    }
+    Some(list)
+}
+
+/// Resolve a remote access: `len` bytes at `addr` under `rkey`.
+pub(crate) fn resolve_remote(
+    table: &MrTable,
+    pd: u32,
+    rkey: u32,
+    addr: u64,
+    len: usize,
+    need: Access,
+) -> Option<Seg> {
+    let mr = table.lookup(rkey)?;
+    if mr.pd != pd || !mr.access.contains(need) {
+        return None;
+    }
+    let off = mr.locate(addr, len)?;
+    Some(Seg { mr, off, len })
+}
+
+/// Where message bytes come from.
+#[derive(Clone, Copy)]
+pub(crate) enum Payload<'a> {
+    /// Straight from the sender's memory (synchronous delivery: one copy).
+    List(&'a SegList),
+    /// From a queued packet.
+    Bytes(&'a [u8]),
+}
+
+impl Payload<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Payload::List(l) => l.total,
+            Payload::Bytes(b) => b.len(),
+        }
+    }
+}
+
+/// Copy the whole payload into `dst`, starting `skip` bytes into it. The
+/// caller checked `skip + payload.len() <= dst.total`. False when a raw
+/// region vanished mid-way (bytes already copied stay inside their MRs).
+pub(crate) fn scatter(src: Payload<'_>, dst: &SegList, skip: usize) -> bool {
+    match src {
+        Payload::Bytes(b) => {
+            let mut pos = 0; // position in the destination list
+            let mut done = 0; // bytes of `b` copied
+            for d in dst.iter() {
+                if done == b.len() {
+                    break;
+                }
+                let start = skip.saturating_sub(pos).min(d.len);
+                pos += d.len;
+                let n = (d.len - start).min(b.len() - done);
+                if n == 0 {
+                    continue;
+                }
+                let ok =
+                    d.mr.mem
+                        .with_mut(|m| {
+                            m[d.off + start..d.off + start + n].copy_from_slice(&b[done..done + n])
+                        })
+                        .is_some();
+                if !ok {
+                    return false;
+                }
+                done += n;
+            }
+            true
+        }
+        Payload::List(s) => copy_lists(s, dst, skip, s.total),
+    }
+}
+
+/// Copy `len` bytes from the start of `src` into `dst` from `skip`.
+pub(crate) fn copy_lists(src: &SegList, dst: &SegList, skip: usize, len: usize) -> bool {
+    let mut si = src.iter();
+    let mut di = dst.iter();
+    let mut cur_s = si.next();
+    let mut s_used = 0;
+    // Skip into the destination.
+    let mut cur_d = di.next();
+    let mut d_used = skip;
+    while let Some(d) = cur_d {
+        if d_used < d.len {
+            break;
+        }
+        d_used -= d.len;
+        cur_d = di.next();
+    }
+    let mut left = len;
+    while left > 0 {
+        let (Some(s), Some(d)) = (cur_s, cur_d) else {
+            break;
+        };
+        let n = (s.len - s_used).min(d.len - d_used).min(left);
+        if !crate::buffer::copy(&s.mr.mem, s.off + s_used, &d.mr.mem, d.off + d_used, n) {
+            return false;
+        }
+        left -= n;
+        s_used += n;
+        d_used += n;
+        if s_used == s.len {
+            cur_s = si.next();
+            s_used = 0;
+        }
+        if d_used == d.len {
+            cur_d = di.next();
+            d_used = 0;
+        }
+    }
+    true
+}
+
+/// Copy a list's bytes into a new vector (queued packets).
+pub(crate) fn gather(src: &SegList) -> Option<Vec<u8>> {
+    let mut v = Vec::with_capacity(src.total);
+    for s in src.iter() {
+        s.mr.mem
+            .with(|m| v.extend_from_slice(&m[s.off..s.off + s.len]))?;
+    }
+    Some(v)
+}

@@ -1,0 +1,554 @@
+//! Queue pairs and shared receive queues of the soft provider: queues,
+//! attributes, the modify path and the flush rules.
+
+use std::collections::VecDeque;
+
+use al::sync::atomic::AtomicBool;
+use al::sync::{Arc, Mutex};
+use al::{Error, Result};
+
+use crate::provider::{
+    Access, AvAttr, QpAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, Sge, Wc, WcOpcode,
+    WcStatus,
+};
+use crate::qp_state;
+use crate::soft::cq::{CqInner, Deferred};
+use crate::soft::fabric::{FabricInner, HcaCore};
+
+/// A scatter list kept with a posted receive; four entries inline.
+pub(crate) enum SgVec {
+    Inline(u8, [Sge; 4]),
+    Heap(Box<[Sge]>),
+}
+
+impl SgVec {
+    pub(crate) fn new(s: &[Sge]) -> SgVec {
+        if s.len() <= 4 {
+            let mut a = [Sge::default(); 4];
+            a[..s.len()].copy_from_slice(s);
+            SgVec::Inline(s.len() as u8, a)
+        } else {
+            SgVec::Heap(s.into())
+        }
+    }
+    pub(crate) fn as_slice(&self) -> &[Sge] {
+        match self {
+            SgVec::Inline(n, a) => &a[..*n as usize],
+            SgVec::Heap(b) => b,
+        }
+    }
+}
+
+/// A posted receive.
+pub(crate) struct RecvEntry {
+    pub(crate) wr_id: u64,
+    pub(crate) sg: SgVec,
+}
+
+/// A shared receive queue.
+pub(crate) struct SrqInner {
+    pub(crate) pd: u32,
+    pub(crate) max_sge: usize,
+    pub(crate) max_wr: usize,
+    pub(crate) q: Mutex<VecDeque<RecvEntry>>,
+}
+
+impl SrqInner {
+    pub(crate) fn post(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let mut q = self.q.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if wr.sg_list.len() > self.max_sge {
+                return Err(Error::invalid_parameter(format!(
+                    "SRQ receive {i}: {} SGEs, the SRQ allows {}",
+                    wr.sg_list.len(),
+                    self.max_sge
+                )));
+            }
+            if q.len() >= self.max_wr {
+                return Err(Error::insufficient_resources(format!(
+                    "SRQ receive {i}: the SRQ is full ({} requests)",
+                    self.max_wr
+                )));
+            }
+            q.push_back(RecvEntry {
+                wr_id: wr.wr_id,
+                sg: SgVec::new(wr.sg_list),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Destination of a datagram send, resolved from the work request.
+#[derive(Clone, Copy)]
+pub(crate) struct UdInfo {
+    pub(crate) av: AvAttr,
+    pub(crate) qpn: u32,
+    pub(crate) qkey: u32,
+    pub(crate) pkey_index: u16,
+}
+
+/// A send held in the send queue: behind an RNR NAK, or posted in SQD.
+pub(crate) struct PendingWr {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) sg: Vec<Sge>,
+    pub(crate) signaled: bool,
+    pub(crate) solicited: bool,
+    pub(crate) ud: Option<UdInfo>,
+    /// RNR retries left; `None` before the first attempt.
+    pub(crate) rnr_left: Option<u8>,
+}
+
+/// A borrowed send work request as the engine runs it.
+#[derive(Clone, Copy)]
+pub(crate) struct WrView<'a> {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) sg: &'a [Sge],
+    pub(crate) signaled: bool,
+    pub(crate) solicited: bool,
+    pub(crate) ud: Option<UdInfo>,
+}
+
+impl PendingWr {
+    pub(crate) fn from_view(v: &WrView<'_>) -> PendingWr {
+        PendingWr {
+            wr_id: v.wr_id,
+            op: v.op,
+            sg: v.sg.to_vec(),
+            signaled: v.signaled,
+            solicited: v.solicited,
+            ud: v.ud,
+            rnr_left: None,
+        }
+    }
+    pub(crate) fn view(&self) -> WrView<'_> {
+        WrView {
+            wr_id: self.wr_id,
+            op: self.op,
+            sg: &self.sg,
+            signaled: self.signaled,
+            solicited: self.solicited,
+            ud: self.ud,
+        }
+    }
+}
+
+/// Send side: the authoritative attributes and the held sends.
+pub(crate) struct SendQueue {
+    pub(crate) attr: QpAttr,
+    pub(crate) pending: VecDeque<PendingWr>,
+    pub(crate) in_retry: bool,
+}
+
+/// Receive side: a copy of what the responder needs, and the posted
+/// receives (when the QP has no SRQ).
+pub(crate) struct RecvQueue {
+    pub(crate) state: QpState,
+    pub(crate) port: u8,
+    pub(crate) pkey_index: u16,
+    pub(crate) qkey: u32,
+    pub(crate) access: Access,
+    /// Next expected PSN (RC).
+    pub(crate) psn: u32,
+    pub(crate) wrs: VecDeque<RecvEntry>,
+}
+
+/// A queue pair. Lock order: `sq`, then `rq`, then an SRQ, then CQs and
+/// memory; a sender holds its own `sq` while it takes the destination's
+/// `rq` (never another `sq`).
+pub(crate) struct QpInner {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: u32,
+    pub(crate) hca: Arc<HcaCore>,
+    pub(crate) send_cq: Arc<CqInner>,
+    pub(crate) recv_cq: Arc<CqInner>,
+    pub(crate) srq: Option<Arc<SrqInner>>,
+    pub(crate) caps: QpCaps,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) sq: Mutex<SendQueue>,
+    pub(crate) rq: Mutex<RecvQueue>,
+    pub(crate) destroyed: AtomicBool,
+}
+
+pub(crate) const PSN_MASK: u32 = 0x00ff_ffff;
+
+pub(crate) fn send_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendImm(_) => WcOpcode::Send,
+        SendOp::Write { .. } | SendOp::WriteImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::Read { .. } => WcOpcode::RdmaRead,
+        SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+impl QpInner {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qpn: u32,
+        qp_type: QpType,
+        pd: u32,
+        hca: Arc<HcaCore>,
+        send_cq: Arc<CqInner>,
+        recv_cq: Arc<CqInner>,
+        srq: Option<Arc<SrqInner>>,
+        caps: QpCaps,
+        sq_sig_all: bool,
+        gsi_port: u8,
+    ) -> QpInner {
+        let attr = fresh_attr(qpn, qp_type, caps, sq_sig_all, gsi_port);
+        QpInner {
+            qpn,
+            qp_type,
+            pd,
+            hca,
+            send_cq,
+            recv_cq,
+            srq,
+            caps,
+            sq_sig_all,
+            sq: Mutex::new(SendQueue {
+                attr,
+                pending: VecDeque::new(),
+                in_retry: false,
+            }),
+            rq: Mutex::new(RecvQueue {
+                state: QpState::Reset,
+                port: gsi_port,
+                pkey_index: 0,
+                qkey: 0,
+                access: Access::NONE,
+                psn: 0,
+                wrs: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            }),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    /// The QP number a packet names (QP1 for GSI QPs).
+    pub(crate) fn wire_qpn(&self) -> u32 {
+        if self.qp_type == QpType::Gsi {
+            1
+        } else {
+            self.qpn
+        }
+    }
+
+    pub(crate) fn flush_send_wc(&self, wr_id: u64, op: &SendOp, d: &mut Deferred) {
+        let wc = Wc {
+            wr_id,
+            status: WcStatus::WrFlushError,
+            opcode: send_opcode(op),
+            qp_num: self.wire_qpn(),
+            ..Wc::default()
+        };
+        self.send_cq.push(wc, false, d);
+    }
+
+    pub(crate) fn recv_wc_error(&self, wr_id: u64, status: WcStatus, d: &mut Deferred) {
+        let wc = Wc {
+            wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            qp_num: self.wire_qpn(),
+            ..Wc::default()
+        };
+        self.recv_cq.push(wc, false, d);
+    }
+
+    /// Flush the receive side into ERR (the caller holds `rq`).
+    pub(crate) fn flush_rq_locked(&self, rq: &mut RecvQueue, d: &mut Deferred) {
+        rq.state = QpState::Err;
+        while let Some(e) = rq.wrs.pop_front() {
+            self.recv_wc_error(e.wr_id, WcStatus::WrFlushError, d);
+        }
+    }
+
+    /// Move to ERR with the send queue already locked: flush both queues.
+    pub(crate) fn error_locked(&self, sq: &mut SendQueue, d: &mut Deferred) {
+        if matches!(sq.attr.state, QpState::Reset) {
+            return;
+        }
+        sq.attr.state = QpState::Err;
+        while let Some(p) = sq.pending.pop_front() {
+            self.flush_send_wc(p.wr_id, &p.op, d);
+        }
+        let mut rq = self.rq.lock();
+        self.flush_rq_locked(&mut rq, d);
+    }
+
+    /// Move to SQE (datagram and UC send errors): flush held sends.
+    pub(crate) fn sqe_locked(&self, sq: &mut SendQueue, d: &mut Deferred) {
+        sq.attr.state = QpState::Sqe;
+        while let Some(p) = sq.pending.pop_front() {
+            self.flush_send_wc(p.wr_id, &p.op, d);
+        }
+        let mut rq = self.rq.lock();
+        if rq.state != QpState::Err {
+            rq.state = QpState::Sqe;
+        }
+    }
+
+    /// Move to ERR (used after locks of other QPs were released).
+    pub(crate) fn enter_error(&self, d: &mut Deferred) {
+        let mut sq = self.sq.lock();
+        if matches!(sq.attr.state, QpState::Reset | QpState::Err) {
+            // The receive side may have gone to ERR alone; make it whole.
+            if sq.attr.state == QpState::Err {
+                let mut rq = self.rq.lock();
+                self.flush_rq_locked(&mut rq, d);
+            }
+            return;
+        }
+        self.error_locked(&mut sq, d);
+    }
+
+    pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>], d: &mut Deferred) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(Error::invalid_state(
+                "the QP uses an SRQ; post receives to the SRQ",
+            ));
+        }
+        let mut rq = self.rq.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if !rq.state.can_post_recv() {
+                return Err(Error::InvalidQpState(
+                    format!("receive {i}: cannot post receives in {}", rq.state).into(),
+                ));
+            }
+            if wr.sg_list.len() > self.caps.max_recv_sge as usize {
+                return Err(Error::invalid_parameter(format!(
+                    "receive {i}: {} SGEs, the QP allows {}",
+                    wr.sg_list.len(),
+                    self.caps.max_recv_sge
+                )));
+            }
+            if rq.state == QpState::Err {
+                self.recv_wc_error(wr.wr_id, WcStatus::WrFlushError, d);
+                continue;
+            }
+            if rq.wrs.len() >= self.caps.max_recv_wr as usize {
+                return Err(Error::insufficient_resources(format!(
+                    "receive {i}: the receive queue is full ({} requests)",
+                    self.caps.max_recv_wr
+                )));
+            }
+            rq.wrs.push_back(RecvEntry {
+                wr_id: wr.wr_id,
+                sg: SgVec::new(wr.sg_list),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn query(&self) -> QpAttr {
+        let sq = self.sq.lock();
+        let rq = self.rq.lock();
+        let mut a = sq.attr;
+        a.rq_psn = rq.psn;
+        a
+    }
+
+    /// Validate and apply a modify request.
+    pub(crate) fn modify(
+        self: &Arc<Self>,
+        f: &FabricInner,
+        m: &QpModify,
+        d: &mut Deferred,
+    ) -> Result<()> {
+        let mut sq = self.sq.lock();
+        let from = sq.attr.state;
+        if let Some(cur) = m.cur_state {
+            if cur != from {
+                return Err(Error::InvalidQpState(
+                    format!("cur_state says {cur} but the QP is in {from}").into(),
+                ));
+            }
+        }
+        qp_state::check_transition(self.qp_type, from, m.state, m.given())?;
+        self.check_values(&sq.attr, m)?;
+
+        let to = m.state;
+        let mut rq = self.rq.lock();
+        match to {
+            QpState::Reset => {
+                sq.pending.clear();
+                rq.wrs.clear();
+                let port = if self.qp_type == QpType::Gsi {
+                    sq.attr.port
+                } else {
+                    0
+                };
+                sq.attr = fresh_attr(self.qpn, self.qp_type, self.caps, self.sq_sig_all, port);
+                rq.state = QpState::Reset;
+                rq.port = sq.attr.port;
+                rq.pkey_index = 0;
+                rq.qkey = 0;
+                rq.access = Access::NONE;
+                rq.psn = 0;
+                return Ok(());
+            }
+            QpState::Err => {
+                drop(rq);
+                self.error_locked(&mut sq, d);
+                return Ok(());
+            }
+            _ => {}
+        }
+        let a = &mut sq.attr;
+        if let Some(v) = m.pkey_index {
+            a.pkey_index = v;
+        }
+        if let Some(v) = m.port {
+            a.port = v;
+        }
+        if let Some(v) = m.qkey {
+            a.qkey = v;
+        }
+        if let Some(v) = m.access {
+            a.access = v;
+        }
+        if let Some(v) = m.av {
+            a.av = Some(v);
+        }
+        if let Some(v) = m.path_mtu {
+            a.path_mtu = v;
+        }
+        if let Some(v) = m.dest_qpn {
+            a.dest_qpn = v;
+        }
+        if let Some(v) = m.rq_psn {
+            rq.psn = v & PSN_MASK;
+        }
+        if let Some(v) = m.sq_psn {
+            a.sq_psn = v & PSN_MASK;
+        }
+        if let Some(v) = m.max_dest_rd_atomic {
+            a.max_dest_rd_atomic = v;
+        }
+        if let Some(v) = m.max_rd_atomic {
+            a.max_rd_atomic = v;
+        }
+        if let Some(v) = m.min_rnr_timer {
+            a.min_rnr_timer = v;
+        }
+        if let Some(v) = m.timeout {
+            a.timeout = v;
+        }
+        if let Some(v) = m.retry_cnt {
+            a.retry_cnt = v;
+        }
+        if let Some(v) = m.rnr_retry {
+            a.rnr_retry = v;
+        }
+        a.state = to;
+        rq.state = to;
+        rq.port = a.port;
+        rq.pkey_index = a.pkey_index;
+        rq.qkey = a.qkey;
+        rq.access = a.access;
+        drop(rq);
+        if to == QpState::Rts && !sq.pending.is_empty() {
+            crate::soft::engine::drain_pending(f, self, &mut sq, d);
+        }
+        Ok(())
+    }
+
+    fn check_values(&self, cur: &QpAttr, m: &QpModify) -> Result<()> {
+        let nports = self.hca.ports.len() as u8;
+        let port = m.port.unwrap_or(cur.port);
+        if let Some(p) = m.port {
+            if p == 0 || p > nports {
+                return Err(Error::invalid_parameter(format!(
+                    "port {p} does not exist (the HCA has {nports})"
+                )));
+            }
+        }
+        if let Some(i) = m.pkey_index {
+            let ok = port >= 1
+                && port <= nports
+                && (i as usize) < self.hca.ports[port as usize - 1].pkeys.len();
+            if !ok {
+                return Err(Error::invalid_parameter(format!(
+                    "pkey_index {i} is outside port {port}'s P_Key table"
+                )));
+            }
+        }
+        if let Some(av) = m.av {
+            if let Some(g) = av.grh {
+                let ok = port >= 1
+                    && port <= nports
+                    && (g.sgid_index as usize) < self.hca.ports[port as usize - 1].gids.len();
+                if !ok {
+                    return Err(Error::invalid_parameter(format!(
+                        "av.sgid_index {} is outside port {port}'s GID table",
+                        g.sgid_index
+                    )));
+                }
+            }
+        }
+        if let Some(mtu) = m.path_mtu {
+            if port >= 1 && port <= nports && mtu > self.hca.ports[port as usize - 1].mtu {
+                return Err(Error::invalid_parameter(format!(
+                    "path_mtu {} is above port {port}'s MTU",
+                    mtu.bytes()
+                )));
+            }
+        }
+        if m.dest_qpn.is_some_and(|q| q > PSN_MASK) {
+            return Err(Error::invalid_parameter("dest_qpn must fit 24 bits"));
+        }
+        if m.retry_cnt.is_some_and(|r| r > 7) {
+            return Err(Error::invalid_parameter("retry_cnt must be 0..=7"));
+        }
+        if m.rnr_retry.is_some_and(|r| r > 7) {
+            return Err(Error::invalid_parameter("rnr_retry must be 0..=7"));
+        }
+        let max = self.hca.attr.max_qp_rd_atomic;
+        if m.max_rd_atomic.is_some_and(|r| r > max) {
+            return Err(Error::invalid_parameter(format!(
+                "max_rd_atomic must be at most {max}"
+            )));
+        }
+        if m.max_dest_rd_atomic.is_some_and(|r| r > max) {
+            return Err(Error::invalid_parameter(format!(
+                "max_dest_rd_atomic must be at most {max}"
+            )));
+        }
+        if m.min_rnr_timer.is_some_and(|r| r > 31) {
+            return Err(Error::invalid_parameter("min_rnr_timer must be 0..=31"));
+        }
+        if m.timeout.is_some_and(|r| r > 31) {
+            return Err(Error::invalid_parameter("timeout must be 0..=31"));
+        }
+        Ok(())
+    }
+}
+
+fn fresh_attr(qpn: u32, qp_type: QpType, caps: QpCaps, sq_sig_all: bool, port: u8) -> QpAttr {
+    QpAttr {
+        qpn,
+        qp_type,
+        state: QpState::Reset,
+        caps,
+        sq_sig_all,
+        pkey_index: 0,
+        port,
+        qkey: 0,
+        access: Access::NONE,
+        av: None,
+        path_mtu: crate::provider::Mtu::Mtu4096,
+        dest_qpn: 0,
+        rq_psn: 0,
+        sq_psn: 0,
+        max_dest_rd_atomic: 0,
+        max_rd_atomic: 0,
+        min_rnr_timer: 0,
+        timeout: 0,
+        retry_cnt: 0,
+        rnr_retry: 0,
+    }
+}
