@@ -26,6 +26,7 @@ pub use executor::{in_callback, ExecutorMode};
 pub use handle::{Handle, Kind, RawHandle};
 pub use instance::{Al, AlConfig, AlInstance, Stats};
 pub use object::{
-    create, destroy, destroy_sync, post_callback, resolve, Core, DestroyCallback, Obj, Object,
+    create, destroy, destroy_raw, destroy_sync, post_callback, resolve, Core, DestroyCallback, Obj,
+    Object,
 };
 pub use table::{HandleTable, Ref, Reservation, TableLimits};

@@ -50,6 +50,41 @@ pub trait Object: Send + Sync + Sized + 'static {
     /// table and before its children are destroyed. Must not block: it runs
     /// inside the destroy call, possibly on the callback executor.
     fn teardown(_obj: &Arc<Obj<Self>>) {}
+
+    /// Whether a user may destroy the object now (for example a CQ with
+    /// bound QPs answers `ResourceBusy`). Asked by [`destroy`] only; a
+    /// parent's cascade and AL close destroy regardless. An implementation
+    /// that returns `Ok` must leave the object unable to become busy again.
+    fn check_destroy(_obj: &Obj<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How to destroy an object of each kind by raw handle, filled in when a
+/// kind's table is first built (see [`object_table!`](crate::object_table)).
+/// Lets a lower layer destroy an object of a layer above it that it knows
+/// only by handle (a QP destroying the CEP its CID slot names).
+static DESTROYERS: [std::sync::OnceLock<fn(RawHandle)>; crate::handle::MAX_KINDS] =
+    [const { std::sync::OnceLock::new() }; crate::handle::MAX_KINDS];
+
+#[doc(hidden)]
+pub fn register_kind<T: Object>() {
+    let _ = DESTROYERS[T::KIND.index()].set(destroy_by_handle::<T>);
+}
+
+/// Destroy any object by raw handle, dispatching on the kind it carries.
+/// Like a parent's cascade: no AL check and no [`Object::check_destroy`];
+/// losing to a concurrent destroy is not an error. Fails with
+/// `InvalidHandle` for a kind no table was ever built for.
+pub fn destroy_raw(h: RawHandle) -> Result<()> {
+    let destroyer = Kind::from_id(h.kind_id())
+        .and_then(|k| DESTROYERS[k.index()].get())
+        .ok_or(Error::InvalidHandle {
+            expected: Kind::from_id(h.kind_id()).unwrap_or(Kind::AL),
+            raw: h.as_u64(),
+        })?;
+    destroyer(h);
+    Ok(())
 }
 
 /// Implement [`Object::table`] with a process-wide table (per loom execution
@@ -59,8 +94,10 @@ macro_rules! object_table {
     ($ty:ty) => {
         fn table() -> &'static $crate::HandleTable<$crate::Obj<$ty>> {
             $crate::global! {
-                static TABLE: $crate::HandleTable<$crate::Obj<$ty>> =
-                    $crate::HandleTable::new(<$ty as $crate::Object>::KIND);
+                static TABLE: $crate::HandleTable<$crate::Obj<$ty>> = {
+                    $crate::object::register_kind::<$ty>();
+                    $crate::HandleTable::new(<$ty as $crate::Object>::KIND)
+                };
             }
             &TABLE
         }
@@ -361,7 +398,9 @@ pub fn destroy<T: Object>(
     h: Handle<T>,
     callback: Option<DestroyCallback>,
 ) -> Result<()> {
-    destroy_ref(resolve(al, h)?, callback)
+    let r = resolve(al, h)?;
+    T::check_destroy(&r)?;
+    destroy_ref(r, callback)
 }
 
 fn destroy_ref<T: Object>(

@@ -372,3 +372,20 @@ fn the_al_destroy_callback_runs_once_everything_is_gone_in_both_modes() {
         assert_eq!(*log.lock().unwrap(), ["al"], "{mode:?}");
     }
 }
+
+#[test]
+fn destroy_raw_dispatches_on_the_kind_and_rejects_unknown_kinds() {
+    let al = manual();
+    let w = widget(&al, 1);
+    al::destroy_raw(w.raw()).unwrap();
+    assert!(al.resolve(w).is_err());
+    // Losing to (or following) another destroy is not an error.
+    al::destroy_raw(w.raw()).unwrap();
+    // No kind at all.
+    assert!(matches!(
+        al::destroy_raw(RawHandle::from_u64(0)),
+        Err(Error::InvalidHandle { .. })
+    ));
+    al.run_callbacks();
+    assert!(al.stats().is_clean());
+}

@@ -10,6 +10,8 @@
 //!   [`RegisteredBuffer`]s (safe), and caller-managed [`RawRegion`]s (the
 //!   crate's only `unsafe` API).
 //! * [`soft`]: software HCAs on an in-process fabric, with fault injection.
+//! * [`verbs`]: the verbs objects (CA, PD, CQ, MR, SRQ, AV) in the AL
+//!   handle tables, with the common lifecycle.
 //!
 //! Design notes: `docs/soft-provider.md`.
 #![deny(unsafe_code)]
@@ -19,6 +21,7 @@ pub mod buffer;
 pub mod provider;
 pub mod qp_state;
 pub mod soft;
+pub mod verbs;
 
 pub use buffer::{RawRegion, RegisteredBuffer};
 pub use provider::*;

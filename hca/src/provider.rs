@@ -21,7 +21,6 @@
 //! `InvalidParameter`, a verb in the wrong QP state `InvalidQpState`, a full
 //! queue `InsufficientResources`, an unknown port `NotFound`.
 
-use al::sync::Arc;
 use al::Result;
 
 pub use crate::buffer::{RawRegion, RegisteredBuffer};
@@ -507,9 +506,12 @@ pub enum AsyncEvent {
 /// Called when an armed CQ gets a completion. Runs on whichever thread
 /// produced the completion, with no provider lock held; it may call any
 /// verb (re-arm, poll, post).
-pub type CompletionHook = Arc<dyn Fn() + Send + Sync>;
+///
+/// A `std` `Arc` even under the loom build: a hook is a plain callable,
+/// not a synchronisation point, and loom's `Arc` cannot hold a `dyn`.
+pub type CompletionHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 /// Called on an asynchronous error, with no provider lock held.
-pub type AsyncHook = Arc<dyn Fn(AsyncEvent) + Send + Sync>;
+pub type AsyncHook = std::sync::Arc<dyn Fn(AsyncEvent) + Send + Sync>;
 
 /// CQ creation parameters.
 #[derive(Clone, Default)]

@@ -537,7 +537,7 @@ impl SoftQp {
     /// Modify the QP (IBTA state machine, see [`crate::qp_state`]).
     pub fn modify(&self, m: &QpModify) -> Result<()> {
         let mut d = Deferred::new();
-        let r = self.inner.modify(&self.fabric, m, &mut d);
+        let r = QpInner::modify(&self.inner, &self.fabric, m, &mut d);
         d.run();
         r
     }

@@ -354,12 +354,12 @@ impl QpInner {
 
     /// Validate and apply a modify request.
     pub(crate) fn modify(
-        self: &Arc<Self>,
+        this: &Arc<Self>,
         f: &FabricInner,
         m: &QpModify,
         d: &mut Deferred,
     ) -> Result<()> {
-        let mut sq = self.sq.lock();
+        let mut sq = this.sq.lock();
         let from = sq.attr.state;
         if let Some(cur) = m.cur_state {
             if cur != from {
@@ -368,21 +368,21 @@ impl QpInner {
                 ));
             }
         }
-        qp_state::check_transition(self.qp_type, from, m.state, m.given())?;
-        self.check_values(&sq.attr, m)?;
+        qp_state::check_transition(this.qp_type, from, m.state, m.given())?;
+        this.check_values(&sq.attr, m)?;
 
         let to = m.state;
-        let mut rq = self.rq.lock();
+        let mut rq = this.rq.lock();
         match to {
             QpState::Reset => {
                 sq.pending.clear();
                 rq.wrs.clear();
-                let port = if self.qp_type == QpType::Gsi {
+                let port = if this.qp_type == QpType::Gsi {
                     sq.attr.port
                 } else {
                     0
                 };
-                sq.attr = fresh_attr(self.qpn, self.qp_type, self.caps, self.sq_sig_all, port);
+                sq.attr = fresh_attr(this.qpn, this.qp_type, this.caps, this.sq_sig_all, port);
                 rq.state = QpState::Reset;
                 rq.port = sq.attr.port;
                 rq.pkey_index = 0;
@@ -393,7 +393,7 @@ impl QpInner {
             }
             QpState::Err => {
                 drop(rq);
-                self.error_locked(&mut sq, d);
+                this.error_locked(&mut sq, d);
                 return Ok(());
             }
             _ => {}
@@ -452,7 +452,7 @@ impl QpInner {
         rq.access = a.access;
         drop(rq);
         if to == QpState::Rts && !sq.pending.is_empty() {
-            crate::soft::engine::drain_pending(f, self, &mut sq, d);
+            crate::soft::engine::drain_pending(f, this, &mut sq, d);
         }
         Ok(())
     }

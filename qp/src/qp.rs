@@ -1,0 +1,236 @@
+//! The queue-pair object.
+//!
+//! A QP is a child of its protection domain and keeps the PD, its CQs and
+//! its SRQ alive. It is bound to each CQ and to the SRQ (their `Bindings`)
+//! from creation until it is fully gone, so those refuse a user destroy
+//! with `ResourceBusy` meanwhile. Its connection id lives in a [`CidSlot`]:
+//! destroying the QP tombstones the slot and destroys the connection
+//! endpoint it held, by handle, exactly once.
+//!
+//! State transitions follow the IBTA table in [`hca::qp_state`]: an illegal
+//! transition is `InvalidQpState`, a missing or unexpected attribute
+//! `InvalidParameter` naming it.
+
+use std::fmt;
+
+use al::sync::Arc;
+use al::{create, destroy_raw, AlInstance, Handle, Kind, Obj, Object, Result};
+use hca::provider::{Device, QpAttr, QpCaps, QpInit, QpModify, QpType, RecvWr, SendWr};
+use hca::verbs::{Cq, Dev, DevAv, Pd, Srq};
+
+use crate::cid::CidSlot;
+
+/// The provider's QP type.
+pub type DevQp = <Dev as Device>::Qp;
+
+/// A queue pair.
+pub struct Qp {
+    pd: Arc<Obj<Pd>>,
+    send_cq: Arc<Obj<Cq>>,
+    recv_cq: Arc<Obj<Cq>>,
+    srq: Option<Arc<Obj<Srq>>>,
+    qp: DevQp,
+    qp_type: QpType,
+    qpn: u32,
+    cid: CidSlot,
+}
+
+impl Object for Qp {
+    const KIND: Kind = Kind::QP;
+    al::object_table!(Qp);
+
+    /// Tombstone the CID slot: nothing can connect any more, and the
+    /// connection endpoint that was bound (if any) is destroyed here, by the
+    /// one caller that got it back from the swap. Its destroy sends the
+    /// DREQ or REJ its state calls for.
+    fn teardown(obj: &Arc<Obj<Self>>) {
+        if let Some(cep) = obj.cid.tombstone() {
+            let _ = destroy_raw(cep);
+        }
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.send_cq.bindings().unbind();
+        self.recv_cq.bindings().unbind();
+        if let Some(srq) = &self.srq {
+            srq.bindings().unbind();
+        }
+    }
+}
+
+impl Qp {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    /// The transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+    /// The connection-id slot.
+    pub fn cid(&self) -> &CidSlot {
+        &self.cid
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<Obj<Pd>> {
+        &self.pd
+    }
+    /// The send CQ.
+    pub fn send_cq(&self) -> &Arc<Obj<Cq>> {
+        &self.send_cq
+    }
+    /// The receive CQ.
+    pub fn recv_cq(&self) -> &Arc<Obj<Cq>> {
+        &self.recv_cq
+    }
+    /// The device.
+    pub fn device(&self) -> &Dev {
+        self.pd.ca().device()
+    }
+    /// The provider QP.
+    pub fn provider(&self) -> &DevQp {
+        &self.qp
+    }
+    /// Apply a state transition.
+    pub fn modify(&self, m: &QpModify) -> Result<()> {
+        self.device().modify_qp(&self.qp, m)
+    }
+    /// Current attributes.
+    pub fn query(&self) -> Result<QpAttr> {
+        self.device().query_qp(&self.qp)
+    }
+}
+
+impl fmt::Debug for Qp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.qpn)
+            .field("type", &self.qp_type)
+            .field("cid", &self.cid)
+            .finish()
+    }
+}
+
+/// What [`create_qp`] needs.
+#[derive(Clone, Copy, Debug)]
+pub struct QpCreate {
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: Handle<Cq>,
+    /// CQ for receive completions.
+    pub recv_cq: Handle<Cq>,
+    /// Receive through this SRQ instead of the QP's own queue.
+    pub srq: Option<Handle<Srq>>,
+    /// Queue sizes.
+    pub caps: QpCaps,
+    /// Signal every send.
+    pub sq_sig_all: bool,
+}
+
+/// Binds a QP-to-be to its CQs and SRQ; unbinds whatever it bound if
+/// creation fails before the QP body owns the bindings.
+struct BindGuard<'a> {
+    bound: Vec<&'a Arc<Obj<Cq>>>,
+    srq: Option<&'a Arc<Obj<Srq>>>,
+    armed: bool,
+}
+
+impl Drop for BindGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            for cq in &self.bound {
+                cq.bindings().unbind();
+            }
+            if let Some(srq) = self.srq {
+                srq.bindings().unbind();
+            }
+        }
+    }
+}
+
+/// Create a queue pair in `pd`, in RESET.
+pub fn create_qp(al: &Arc<AlInstance>, pd: Handle<Pd>, init: QpCreate) -> Result<Handle<Qp>> {
+    let pd = al.resolve(pd)?.to_arc();
+    pd.core().check_live()?;
+    let send_cq = al.resolve(init.send_cq)?.to_arc();
+    let recv_cq = al.resolve(init.recv_cq)?.to_arc();
+    let srq = match init.srq {
+        Some(h) => Some(al.resolve(h)?.to_arc()),
+        None => None,
+    };
+    for cq in [&send_cq, &recv_cq] {
+        if !Arc::ptr_eq(cq.ca(), pd.ca()) {
+            return Err(al::Error::invalid_parameter(
+                "the CQ belongs to another CA than the PD",
+            ));
+        }
+    }
+    let mut guard = BindGuard {
+        bound: Vec::new(),
+        srq: None,
+        armed: true,
+    };
+    for cq in [&send_cq, &recv_cq] {
+        cq.bindings().bind("CQ")?;
+        guard.bound.push(cq);
+    }
+    if let Some(s) = &srq {
+        s.bindings().bind("SRQ")?;
+        guard.srq = Some(s);
+    }
+    let obj = create(al, Some(pd.core()), |_| {
+        let device = pd.ca().device();
+        let qp = device.create_qp(
+            pd.provider(),
+            &QpInit {
+                qp_type: init.qp_type,
+                send_cq: send_cq.provider(),
+                recv_cq: recv_cq.provider(),
+                srq: srq.as_ref().map(|s| s.provider()),
+                caps: init.caps,
+                sq_sig_all: init.sq_sig_all,
+            },
+        )?;
+        let qpn = device.qp_num(&qp);
+        // From here the QP body owns the bindings (its Drop unbinds).
+        guard.armed = false;
+        Ok(Qp {
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            srq: srq.clone(),
+            qp,
+            qp_type: init.qp_type,
+            qpn,
+            cid: CidSlot::new(),
+        })
+    })?;
+    Ok(obj.handle())
+}
+
+/// Apply a state transition to a QP.
+pub fn modify_qp(al: &AlInstance, qp: Handle<Qp>, m: &QpModify) -> Result<()> {
+    let r = al.resolve(qp)?;
+    r.core().check_live()?;
+    r.modify(m)
+}
+
+/// Query a QP's attributes.
+pub fn query_qp(al: &AlInstance, qp: Handle<Qp>) -> Result<QpAttr> {
+    al.resolve(qp)?.query()
+}
+
+/// Post send work requests.
+pub fn post_send(al: &AlInstance, qp: Handle<Qp>, wrs: &[SendWr<'_, DevAv>]) -> Result<()> {
+    let r = al.resolve(qp)?;
+    r.device().post_send(&r.qp, wrs)
+}
+
+/// Post receive work requests.
+pub fn post_recv(al: &AlInstance, qp: Handle<Qp>, wrs: &[RecvWr<'_>]) -> Result<()> {
+    let r = al.resolve(qp)?;
+    r.device().post_recv(&r.qp, wrs)
+}
