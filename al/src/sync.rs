@@ -73,6 +73,14 @@ mod imp {
         pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
             self.0.wait(guard);
         }
+        /// Wait at most `timeout`; returns whether it timed out.
+        pub fn wait_timeout<T>(
+            &self,
+            guard: &mut MutexGuard<'_, T>,
+            timeout: std::time::Duration,
+        ) -> bool {
+            self.0.wait_for(guard, timeout).timed_out()
+        }
         pub fn notify_all(&self) {
             self.0.notify_all();
         }
@@ -245,6 +253,24 @@ mod imp {
             // loom's condvar consumes and returns the guard; swap it through a
             // temporary so callers keep parking_lot's `&mut guard` signature.
             replace_with_guard(guard, |g| self.0.wait(g).unwrap_or_else(|e| e.into_inner()));
+        }
+        /// loom has no clock: a timed wait is a wait that may also return
+        /// spuriously, which is all a correct caller may assume anyway.
+        pub fn wait_timeout<'a, T>(
+            &self,
+            guard: &mut MutexGuard<'a, T>,
+            timeout: std::time::Duration,
+        ) -> bool {
+            let mut timed_out = false;
+            replace_with_guard(guard, |g| {
+                let (g, r) = self
+                    .0
+                    .wait_timeout(g, timeout)
+                    .unwrap_or_else(|e| e.into_inner());
+                timed_out = r.timed_out();
+                g
+            });
+            timed_out
         }
         pub fn notify_all(&self) {
             self.0.notify_all();

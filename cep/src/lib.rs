@@ -5,5 +5,6 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod proto;
 pub mod wire;

@@ -1,0 +1,699 @@
+//! The CM agent: the I/O shell that runs one sans-IO [`Endpoint`] for one
+//! port of one device.
+//!
+//! [`CmAgent`] owns the port's GSI QP (QP1), its two CQs, a pool of receive
+//! buffers (GRH area + 256-byte MAD each) and a pool of send buffers, both
+//! in provider-registered memory, and a cache of address vectors (one per
+//! peer port). It feeds every received MAD to the endpoint, sends every MAD
+//! the endpoint produces as a UD SEND to QP1 of the peer (Q_Key `GSI_QKEY`,
+//! the configured P_Key index), fires the endpoint's timers and delivers its
+//! events.
+//!
+//! It runs in one of two modes:
+//!
+//! * **poll mode** (the default after [`CmAgent::new`]): nothing happens
+//!   until the caller calls [`CmAgent::poll`] with the current time. Time
+//!   is whatever the caller says, so tests are deterministic.
+//! * **thread mode** ([`CmAgent::spawn`]): a background thread waits for a
+//!   receive completion (CQ completion hook) or the next timer deadline and
+//!   then does what `poll` does, with a monotonic clock mapped to [`Nanos`].
+//!
+//! User calls ([`CmAgent::listen`], [`CmAgent::connect`], ...) are thin
+//! wrappers: they lock the endpoint, make the call with the agent's current
+//! time, send the resulting MADs and release the lock before any event is
+//! delivered.
+//!
+//! Events go to a registered sink ([`CmAgent::set_event_sink`]) or, with no
+//! sink, wait in a queue the caller drains ([`CmAgent::next_event`]). They
+//! are delivered in the order the endpoint produced them, never while the
+//! endpoint lock is held; a sink may call back into the agent.
+//!
+//! `docs/cm-agent.md` describes threads, locks, pools and time in detail.
+
+mod io;
+mod wait;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use al::sync::{Arc, Mutex, MutexGuard};
+use al::{Error, Result};
+use hca::provider::Device;
+
+use crate::proto::{
+    ConnId, ConnectParams, Disposition, Endpoint, EndpointConfig, Event, LapParams, Nanos,
+    PeerAddr, ProtoError, SidrParams, SidrReplyParams, State, Transmit,
+};
+use crate::wire::{ApStatus, RejectReason, Rep};
+
+use io::Io;
+use wait::Signal;
+
+/// Where events go: called once per event, in order, with no agent lock
+/// held. It may call any agent method. It must not own the agent (a cycle
+/// that only [`CmAgent::shutdown`] breaks); capture a `Weak` instead.
+pub type EventSink = std::sync::Arc<dyn Fn(Event) + Send + Sync>;
+
+/// Settings of one agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// P_Key index every MAD is sent with (and QP1's own index).
+    pub pkey_index: u16,
+    /// Receive buffers posted on QP1.
+    pub recv_buffers: u32,
+    /// Send buffers (the most MADs in flight before the rest wait).
+    pub send_buffers: u32,
+    /// Overrides [`EndpointConfig::id_seed`] (default: from the node GUID).
+    pub id_seed: Option<u32>,
+    /// Overrides [`EndpointConfig::max_ceps`].
+    pub max_ceps: Option<u32>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            pkey_index: 0,
+            recv_buffers: 64,
+            send_buffers: 64,
+            id_seed: None,
+            max_ceps: None,
+        }
+    }
+}
+
+/// Counters of one agent ([`CmAgent::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentStats {
+    /// MADs posted on QP1.
+    pub mads_sent: u64,
+    /// MADs that arrived on QP1 (including the malformed and ignored ones).
+    /// MADs failing the P_Key or Q_Key check never arrive: the provider
+    /// drops and counts them (soft: `Fabric::stats().dropped_pkey` and
+    /// `dropped_qkey`).
+    pub mads_received: u64,
+    /// Arrived but did not decode as a CM MAD (dropped).
+    pub dropped_malformed: u64,
+    /// Decoded, but the endpoint ignored them (`Disposition::Ignored`).
+    pub ignored: u64,
+    /// MADs that could not be encoded or posted, or whose send completed in
+    /// error (each is lost; the CM retries).
+    pub send_errors: u64,
+    /// Receive completions in error (including flushes at shutdown).
+    pub recv_errors: u64,
+    /// MADs waiting for a free send buffer.
+    pub send_backlog: usize,
+    /// Sends posted and not yet completed.
+    pub sends_outstanding: usize,
+    /// Connection CEPs in the endpoint ([`Endpoint::live_connections`]).
+    pub live_connections: usize,
+    /// Local comm ids allocated ([`Endpoint::allocated_ids`]).
+    pub allocated_ids: usize,
+}
+
+impl AgentStats {
+    /// MADs the agent dropped after they reached QP1 (malformed).
+    pub fn dropped(&self) -> u64 {
+        self.dropped_malformed
+    }
+}
+
+/// What one [`CmAgent::poll`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollOutcome {
+    /// MADs taken from QP1 and handed to the endpoint.
+    pub received: usize,
+    /// Whether due timers were fired.
+    pub timers_fired: bool,
+    /// The endpoint's next deadline after this poll.
+    pub next_timeout: Option<Nanos>,
+}
+
+/// The agent's notion of time.
+#[derive(Clone, Copy, Debug)]
+enum Clock {
+    /// Poll mode: the latest time given to `poll`.
+    Manual(Nanos),
+    /// Thread mode: `base` plus the time elapsed since `origin`.
+    Monotonic { origin: Instant, base: Nanos },
+}
+
+impl Clock {
+    fn now(&self) -> Nanos {
+        match *self {
+            Clock::Manual(n) => n,
+            Clock::Monotonic { origin, base } => {
+                let ns = u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                base.saturating_add(ns)
+            }
+        }
+    }
+}
+
+/// Everything guarded by the core (endpoint) lock.
+struct Core<D: Device> {
+    ep: Endpoint,
+    /// `None` once shut down.
+    io: Option<Io<D>>,
+    clock: Clock,
+    /// MADs produced by the endpoint, waiting for a send buffer.
+    backlog: VecDeque<Transmit>,
+}
+
+/// Events waiting for delivery.
+struct Events {
+    queue: VecDeque<Event>,
+    sink: Option<EventSink>,
+    /// A thread is inside the delivery loop (see `Shared::deliver`).
+    delivering: bool,
+}
+
+struct Shared<D: Device> {
+    dev: D,
+    port: u8,
+    local: PeerAddr,
+    config: AgentConfig,
+    core: Mutex<Core<D>>,
+    events: Mutex<Events>,
+    signal: Arc<Signal>,
+}
+
+/// Resets `Events::delivering` even if a sink panics.
+struct DeliveringGuard<'a>(&'a Mutex<Events>);
+
+impl Drop for DeliveringGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock().delivering = false;
+    }
+}
+
+fn proto_error(e: ProtoError) -> Error {
+    let text = e.to_string();
+    match e {
+        ProtoError::UnknownConn(_) => Error::NotFound(text.into()),
+        ProtoError::Destroyed(_) | ProtoError::WrongState { .. } => {
+            Error::InvalidState(text.into())
+        }
+        ProtoError::ServiceIdInUse(_) => Error::InvalidSetting(text.into()),
+        ProtoError::NoFreeIds => Error::InsufficientResources(text.into()),
+        ProtoError::Wire(_) | ProtoError::InvalidParam(_) => Error::InvalidParameter(text.into()),
+    }
+}
+
+fn shut_down() -> Error {
+    Error::invalid_state("the CM agent is shut down")
+}
+
+impl<D: Device> Shared<D> {
+    /// Moves the endpoint's transmits to the backlog and sends what the
+    /// send pool allows; moves its events to the event queue. Core lock
+    /// held; the events lock is taken inside it (lock order core -> events).
+    fn flush(&self, core: &mut Core<D>) {
+        while let Some(t) = core.ep.poll_transmit() {
+            core.backlog.push_back(t);
+        }
+        if let Some(io) = core.io.as_mut() {
+            io.send(&self.dev, &mut core.backlog);
+        }
+        let mut first = core.ep.poll_event();
+        if first.is_some() {
+            let mut ev = self.events.lock();
+            while let Some(e) = first.take().or_else(|| core.ep.poll_event()) {
+                ev.queue.push_back(e);
+            }
+        }
+    }
+
+    /// Delivers queued events to the sink, in order, with no lock held.
+    /// Only one thread delivers at a time; a thread that finds another
+    /// (or itself, further up the stack) delivering leaves the events to
+    /// it, so events are never reordered and a sink may call the agent.
+    fn deliver(&self) {
+        {
+            let mut ev = self.events.lock();
+            if ev.delivering || ev.sink.is_none() || ev.queue.is_empty() {
+                return;
+            }
+            ev.delivering = true;
+        }
+        let _guard = DeliveringGuard(&self.events);
+        loop {
+            let (event, sink) = {
+                let mut ev = self.events.lock();
+                let Some(sink) = ev.sink.clone() else {
+                    return;
+                };
+                let Some(event) = ev.queue.pop_front() else {
+                    return;
+                };
+                (event, sink)
+            };
+            sink(event);
+        }
+    }
+
+    /// The body of `poll` and of one agent-thread round: receive, fire due
+    /// timers, send, collect events; then deliver them unlocked.
+    fn service(&self, now: Option<Nanos>) -> Result<PollOutcome> {
+        let mut guard = self.core.lock();
+        let core = &mut *guard;
+        let now = match (now, &mut core.clock) {
+            (Some(n), Clock::Manual(t)) => {
+                *t = (*t).max(n);
+                *t
+            }
+            (Some(_), Clock::Monotonic { .. }) => {
+                return Err(Error::invalid_state(
+                    "poll(now) is for poll mode; the agent thread drives this agent",
+                ))
+            }
+            (None, c) => c.now(),
+        };
+        let Some(io) = core.io.as_mut() else {
+            return Err(shut_down());
+        };
+        let mut out = PollOutcome::default();
+        let mut mads = Vec::new();
+        let mut armed = false;
+        loop {
+            mads.clear();
+            let seen = io.receive(&self.dev, &mut mads);
+            for m in &mads {
+                match core.ep.handle_datagram(now, m.from, &m.mad[..m.len]) {
+                    Err(_) => io.counters.malformed += 1,
+                    Ok(Disposition::Ignored(_)) => io.counters.ignored += 1,
+                    Ok(_) => {}
+                }
+            }
+            out.received += mads.len();
+            if seen == 0 {
+                if armed {
+                    break;
+                }
+                // Arm, then look once more: a completion that arrived
+                // between the last poll and the arm is not missed.
+                io.arm(&self.dev);
+                armed = true;
+            }
+        }
+        if core.ep.next_timeout().is_some_and(|t| t <= now) {
+            core.ep.handle_timeout(now);
+            out.timers_fired = true;
+        }
+        self.flush(core);
+        out.next_timeout = core.ep.next_timeout();
+        drop(guard);
+        self.deliver();
+        Ok(out)
+    }
+
+    /// A user call: lock, call with the current time, flush, unlock,
+    /// wake the agent thread (the timers may have changed), deliver.
+    fn call<R>(
+        &self,
+        f: impl FnOnce(&mut Endpoint, Nanos) -> std::result::Result<R, ProtoError>,
+    ) -> Result<R> {
+        let mut guard = self.core.lock();
+        let core = &mut *guard;
+        if core.io.is_none() {
+            return Err(shut_down());
+        }
+        let now = core.clock.now();
+        let r = f(&mut core.ep, now).map_err(proto_error);
+        self.flush(core);
+        let threaded = matches!(core.clock, Clock::Monotonic { .. });
+        drop(guard);
+        if threaded {
+            self.signal.kick();
+        }
+        self.deliver();
+        r
+    }
+
+    fn with_core<R>(&self, f: impl FnOnce(&Core<D>) -> R) -> R {
+        let guard: MutexGuard<'_, Core<D>> = self.core.lock();
+        f(&guard)
+    }
+
+    /// The agent thread: serve, then sleep until kicked or the next
+    /// deadline, until stopped or shut down.
+    fn run(&self, origin: Instant, base: Nanos) {
+        while !self.signal.is_stopped() {
+            let Ok(out) = self.service(None) else {
+                break;
+            };
+            let deadline = out.next_timeout.map(|t| {
+                let ns = t.0.saturating_sub(base.0);
+                origin
+                    .checked_add(Duration::from_nanos(ns))
+                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+            });
+            if !self.signal.wait(deadline) {
+                break;
+            }
+        }
+    }
+}
+
+/// A CM agent: one [`Endpoint`] on QP1 of one port. See the
+/// [module documentation](self).
+///
+/// Generic over the provider's [`Device`]; with the soft provider it is
+/// `CmAgent<hca::soft::SoftHca>`. Dropping the agent shuts it down.
+pub struct CmAgent<D: Device + 'static> {
+    shared: Arc<Shared<D>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl<D: Device + 'static> fmt::Debug for CmAgent<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmAgent")
+            .field("port", &self.shared.port)
+            .field("local", &self.shared.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Device + 'static> CmAgent<D> {
+    /// Creates the agent for `port` (1-based) of `dev`: QP1 with its CQs,
+    /// in RTS, every receive buffer posted. The agent starts in poll mode
+    /// at time zero. The endpoint's CA GUID is the device's node GUID.
+    pub fn new(dev: D, port: u8, config: AgentConfig) -> Result<Self> {
+        let attr = dev.query();
+        let port_attr = dev.query_port(port)?;
+        let gid = port_attr.gid_table.first().copied().unwrap_or([0; 16]);
+        if usize::from(config.pkey_index) >= port_attr.pkey_table.len() {
+            return Err(Error::invalid_parameter(format!(
+                "P_Key index {} is outside port {port}'s table",
+                config.pkey_index
+            )));
+        }
+        let mut ep_config = EndpointConfig::new(attr.node_guid);
+        // Ports of one device get different id seeds unless told otherwise.
+        ep_config.id_seed = ep_config.id_seed.wrapping_add(u32::from(port) << 12);
+        if let Some(seed) = config.id_seed {
+            ep_config.id_seed = seed;
+        }
+        if let Some(max) = config.max_ceps {
+            ep_config.max_ceps = max;
+        }
+        let signal = Arc::new(Signal::new());
+        let kick = signal.clone();
+        let io = Io::new(
+            &dev,
+            port,
+            config.pkey_index,
+            config.recv_buffers,
+            config.send_buffers,
+            io::hook(move || kick.kick()),
+        )?;
+        let shared = Arc::new(Shared {
+            port,
+            local: PeerAddr {
+                lid: port_attr.lid,
+                gid,
+            },
+            config,
+            core: Mutex::new(Core {
+                ep: Endpoint::new(ep_config),
+                io: Some(io),
+                clock: Clock::Manual(Nanos::ZERO),
+                backlog: VecDeque::new(),
+            }),
+            events: Mutex::new(Events {
+                queue: VecDeque::new(),
+                sink: None,
+                delivering: false,
+            }),
+            signal,
+            dev,
+        });
+        Ok(Self {
+            shared,
+            thread: Mutex::new(None),
+        })
+    }
+
+    /// This port's address: its LID and GID index 0. Peers connect to it.
+    pub fn local_addr(&self) -> PeerAddr {
+        self.shared.local
+    }
+
+    /// The port number.
+    pub fn port(&self) -> u8 {
+        self.shared.port
+    }
+
+    /// The device the agent runs on.
+    pub fn device(&self) -> &D {
+        &self.shared.dev
+    }
+
+    /// The agent's current time: in poll mode the latest `poll` time, in
+    /// thread mode the monotonic clock.
+    pub fn now(&self) -> Nanos {
+        self.shared.with_core(|c| c.clock.now())
+    }
+
+    // ------------------------------------------------------------------
+    // Driving
+    // ------------------------------------------------------------------
+
+    /// Poll mode: processes every received MAD, fires the timers due at
+    /// `now`, sends what resulted and delivers the events. `now` earlier
+    /// than a previous one is treated as the previous one. Fails once the
+    /// agent is shut down or in thread mode.
+    pub fn poll(&self, now: Nanos) -> Result<PollOutcome> {
+        self.shared.service(Some(now))
+    }
+
+    /// Switches to thread mode: starts the agent thread, which serves the
+    /// agent until [`shutdown`](Self::shutdown) or drop. The clock goes on
+    /// from the current (poll-mode) time. Fails if already started or shut
+    /// down.
+    pub fn spawn(&self) -> Result<()> {
+        let mut thread = self.thread.lock();
+        if thread.is_some() {
+            return Err(Error::invalid_state("the CM agent thread is running"));
+        }
+        let (origin, base) = {
+            let mut core = self.shared.core.lock();
+            if core.io.is_none() {
+                return Err(shut_down());
+            }
+            let base = core.clock.now();
+            let origin = Instant::now();
+            core.clock = Clock::Monotonic { origin, base };
+            (origin, base)
+        };
+        let shared = self.shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("cm-agent-port{}", self.shared.port))
+            .spawn(move || shared.run(origin, base))
+            .map_err(|e| Error::Other(format!("cannot start the CM agent thread: {e}").into()))?;
+        *thread = Some(handle);
+        Ok(())
+    }
+
+    /// Whether [`spawn`](Self::spawn) started the agent thread.
+    pub fn is_threaded(&self) -> bool {
+        self.thread.lock().is_some()
+    }
+
+    /// Stops the agent: the thread (if any) is told to stop and joined
+    /// (unless this is the agent thread itself, e.g. from the event sink:
+    /// it then ends after the current round), QP1 and every provider
+    /// object are destroyed and the sink is dropped. Events not delivered
+    /// yet stay in the queue ([`next_event`](Self::next_event)).
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        self.shared.signal.stop();
+        let handle = self.thread.lock().take();
+        if let Some(h) = handle {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+        let io = self.shared.core.lock().io.take();
+        if let Some(io) = io {
+            io.destroy(&self.shared.dev);
+        }
+        self.shared.events.lock().sink = None;
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) ran.
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.with_core(|c| c.io.is_none())
+    }
+
+    // ------------------------------------------------------------------
+    // Events
+    // ------------------------------------------------------------------
+
+    /// Sets (or with `None` clears) the event sink. Events queued while
+    /// there was none are delivered to the new sink at once, in order.
+    pub fn set_event_sink(&self, sink: Option<EventSink>) {
+        self.shared.events.lock().sink = sink;
+        self.shared.deliver();
+    }
+
+    /// With no sink set: the oldest undelivered event.
+    pub fn next_event(&self) -> Option<Event> {
+        self.shared.events.lock().queue.pop_front()
+    }
+
+    /// With no sink set: every undelivered event, oldest first.
+    pub fn drain_events(&self) -> Vec<Event> {
+        self.shared.events.lock().queue.drain(..).collect()
+    }
+
+    // ------------------------------------------------------------------
+    // Introspection
+    // ------------------------------------------------------------------
+
+    /// Counters and table sizes.
+    pub fn stats(&self) -> AgentStats {
+        let send_buffers = self.shared.config.send_buffers;
+        self.shared.with_core(|c| {
+            let io =
+                c.io.as_ref()
+                    .map(|io| (io.counters, io.sends_outstanding(send_buffers)));
+            let (k, outstanding) = io.unwrap_or_default();
+            AgentStats {
+                mads_sent: k.sent,
+                mads_received: k.received,
+                dropped_malformed: k.malformed,
+                ignored: k.ignored,
+                send_errors: k.send_errors,
+                recv_errors: k.recv_errors,
+                send_backlog: c.backlog.len(),
+                sends_outstanding: outstanding,
+                live_connections: c.ep.live_connections(),
+                allocated_ids: c.ep.allocated_ids(),
+            }
+        })
+    }
+
+    /// The state of a CEP (`None`: not allocated).
+    pub fn state(&self, conn: ConnId) -> Option<State> {
+        self.shared.with_core(|c| c.ep.state(conn))
+    }
+
+    /// Every allocated CEP and its state.
+    pub fn ceps(&self) -> Vec<(ConnId, State)> {
+        self.shared.with_core(|c| c.ep.ceps())
+    }
+
+    /// The endpoint's next deadline.
+    pub fn next_timeout(&self) -> Option<Nanos> {
+        self.shared.with_core(|c| c.ep.next_timeout())
+    }
+
+    /// Runs the endpoint's table consistency checks.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.shared.with_core(|c| c.ep.check_invariants())
+    }
+
+    // ------------------------------------------------------------------
+    // User calls (see `Endpoint` for each one's meaning)
+    // ------------------------------------------------------------------
+
+    /// Listens for REQs and SIDR_REQs to `service_id`.
+    pub fn listen(&self, service_id: u64) -> Result<ConnId> {
+        self.shared.call(|ep, _| ep.listen(service_id))
+    }
+
+    /// Stops listening.
+    pub fn cancel_listen(&self, listener: ConnId) -> Result<()> {
+        self.shared.call(|ep, _| ep.cancel_listen(listener))
+    }
+
+    /// Sends a REQ; returns the new CEP (its id is the local comm id).
+    pub fn connect(&self, params: ConnectParams) -> Result<ConnId> {
+        self.shared.call(|ep, now| ep.connect(now, params))
+    }
+
+    /// Answers a REQ with a REP.
+    pub fn accept(&self, conn: ConnId, rep: Rep) -> Result<()> {
+        self.shared.call(|ep, now| ep.accept(now, conn, rep))
+    }
+
+    /// Answers a REQ or REP with a REJ.
+    pub fn reject(
+        &self,
+        conn: ConnId,
+        reason: RejectReason,
+        ari: &[u8],
+        private_data: &[u8],
+    ) -> Result<()> {
+        self.shared
+            .call(|ep, now| ep.reject(now, conn, reason, ari, private_data))
+    }
+
+    /// Sends an MRA for the REQ, REP or LAP just received.
+    pub fn send_mra(&self, conn: ConnId, service_timeout: u8, private_data: &[u8]) -> Result<()> {
+        self.shared
+            .call(|ep, _| ep.send_mra(conn, service_timeout, private_data))
+    }
+
+    /// Sends the RTU (active side).
+    pub fn send_rtu(&self, conn: ConnId, private_data: &[u8]) -> Result<()> {
+        self.shared.call(|ep, _| ep.send_rtu(conn, private_data))
+    }
+
+    /// "Communication established": data arrived before the RTU.
+    pub fn established(&self, conn: ConnId) -> Result<()> {
+        self.shared.call(|ep, _| ep.established(conn))
+    }
+
+    /// Sends a DREQ.
+    pub fn disconnect(&self, conn: ConnId, private_data: &[u8]) -> Result<()> {
+        self.shared
+            .call(|ep, now| ep.disconnect(now, conn, private_data))
+    }
+
+    /// Answers a DREQ with a DREP.
+    pub fn disconnect_reply(&self, conn: ConnId, private_data: &[u8]) -> Result<()> {
+        self.shared
+            .call(|ep, now| ep.disconnect_reply(now, conn, private_data))
+    }
+
+    /// Proposes an alternate path (LAP).
+    pub fn lap(&self, conn: ConnId, params: LapParams) -> Result<()> {
+        self.shared.call(|ep, now| ep.lap(now, conn, params))
+    }
+
+    /// Answers a LAP with an APR.
+    pub fn apr(
+        &self,
+        conn: ConnId,
+        status: ApStatus,
+        info: &[u8],
+        private_data: &[u8],
+    ) -> Result<()> {
+        self.shared
+            .call(|ep, _| ep.apr(conn, status, info, private_data))
+    }
+
+    /// Sends a SIDR_REQ; returns the SIDR CEP.
+    pub fn sidr_request(&self, params: SidrParams) -> Result<ConnId> {
+        self.shared.call(|ep, now| ep.sidr_request(now, params))
+    }
+
+    /// Answers a SIDR_REQ.
+    pub fn sidr_reply(&self, conn: ConnId, reply: SidrReplyParams) -> Result<()> {
+        self.shared.call(|ep, _| ep.sidr_reply(conn, reply))
+    }
+
+    /// The user is done with a CEP (see `Endpoint::destroy`); only
+    /// `TimewaitExited` and `Released` follow.
+    pub fn destroy(&self, conn: ConnId) -> Result<()> {
+        self.shared.call(|ep, now| ep.destroy(now, conn))
+    }
+}
+
+impl<D: Device + 'static> Drop for CmAgent<D> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
