@@ -14,5 +14,6 @@ pub use cep;
 pub use hca;
 pub use qp;
 
+pub mod devinfo;
 pub mod fuzzing;
 pub mod perf;

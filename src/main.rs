@@ -19,6 +19,12 @@ struct Cli {
 enum Command {
     /// Print what this build contains and run a quick self-check (the default).
     Overview,
+    /// List the devices and ports of the embedded soft fabric, like ibv_devinfo -v.
+    Devinfo {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmarks; each reports ratios against a baseline measured in the same run.
     Perf {
         #[command(subcommand)]
@@ -46,12 +52,61 @@ enum PerfCommand {
         #[arg(long)]
         json: bool,
     },
+    /// RC RDMA WRITE bandwidth through the object layer against copy_from_slice.
+    WriteBw {
+        /// Message sizes, comma-separated; a K or M suffix means KiB or MiB.
+        #[arg(long, value_delimiter = ',', value_parser = parse_size, default_values = ["64K", "1M"])]
+        sizes: Vec<usize>,
+        /// WRITEs (and copies) per round per size [default: 256 MiB / size, at least 16].
+        #[arg(long)]
+        iters: Option<u64>,
+        /// Rounds; the fastest round of each contender is reported.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Signal and poll every k-th WRITE (and the last); 1 = every WRITE.
+        #[arg(long, default_value_t = 1)]
+        signal_every: u32,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// 64-byte RC SEND message rate through the object layer against a std::sync::mpsc round.
+    SendRate {
+        /// Messages per round.
+        #[arg(long, default_value_t = 200_000)]
+        msgs: u64,
+        /// Rounds; the fastest round of each contender is reported.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A byte count: digits with an optional K/KiB or M/MiB suffix.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let mult: usize = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        _ => return Err(format!("unknown size unit in {s:?} (use K or M)")),
+    };
+    let n: usize = digits.parse().map_err(|_| format!("{s:?} is not a size"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Overview) {
         Command::Overview => overview(),
+        Command::Devinfo { json } => devinfo(json),
         Command::Perf { bench } => perf(bench),
     };
     match result {
@@ -91,7 +146,46 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             }
             Ok(())
         }
+        PerfCommand::WriteBw {
+            sizes,
+            iters,
+            rounds,
+            signal_every,
+            json,
+        } => {
+            let report = ibal::perf::verbs::run_write_bw(&ibal::perf::verbs::WriteBwConfig {
+                sizes,
+                iters,
+                rounds,
+                signal_every,
+            })?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::SendRate { msgs, rounds, json } => {
+            let report = ibal::perf::verbs::run_send_rate(&ibal::perf::verbs::SendRateConfig {
+                msgs,
+                rounds,
+            })?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
     }
+}
+
+fn print_report(json: bool, as_json: String, as_text: String) {
+    if json {
+        println!("{as_json}");
+    } else {
+        print!("{as_text}");
+    }
+}
+
+fn devinfo(json: bool) -> Result<(), String> {
+    let provider = ibal::devinfo::default_provider();
+    let report = ibal::devinfo::query_all(&provider).map_err(|e| e.to_string())?;
+    print_report(json, report.to_json(), report.to_text());
+    Ok(())
 }
 
 fn overview() -> Result<(), String> {
@@ -121,8 +215,11 @@ fn overview() -> Result<(), String> {
     );
     println!();
     println!("Commands:");
-    println!("  ibal perf lookup [--threads N] [--json]   handle resolve cost vs sharded-slab and locked maps");
-    println!("  ibal --help                               everything else");
+    println!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
+    println!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
+    println!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
+    println!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
+    println!("  ibal --help                                   everything else");
     println!();
     println!(
         "Tests: `cargo test`; loom models: `bash loom-tests/run.sh`. See README.md and docs/."

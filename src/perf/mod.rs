@@ -2,3 +2,4 @@
 //! run and reports ratios against it, because the machines are shared.
 
 pub mod lookup;
+pub mod verbs;

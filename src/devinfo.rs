@@ -1,0 +1,309 @@
+//! `ibal devinfo`: the devices and ports of a provider, listed the way
+//! `ibv_devinfo -v` lists them, and the embedded default fabric the
+//! command-line tools run on.
+//!
+//! Everything printed comes through the provider interface
+//! ([`Provider::devices`], [`Device::query`], [`Device::query_port`]), so
+//! the same code lists any provider's devices; only [`default_fabric`]
+//! knows about the soft provider.
+//!
+//! The provider interface has no firmware version or system image GUID;
+//! `fw_ver` is printed as `0.0.0` and `sys_image_guid` as the node GUID
+//! (what software HCAs such as rdma_rxe report).
+
+use hca::provider::{
+    Device, DeviceAttr, DeviceInfo, LinkLayer, Mtu, PortAttr, PortState, Provider,
+};
+use hca::{Fabric, HcaConfig, PortConfig, SoftProvider};
+
+/// Node GUIDs of the two HCAs of the default fabric.
+pub const DEFAULT_NODE_GUIDS: [u64; 2] = [0x0002_c903_00a0_0001, 0x0002_c903_00b0_0001];
+/// LIDs of their (single) ports, in the same order.
+pub const DEFAULT_LIDS: [u16; 2] = [1, 2];
+/// Device names of the two HCAs, in the same order.
+pub const DEFAULT_NAMES: [&str; 2] = ["soft0", "soft1"];
+
+/// The embedded default fabric: two soft HCAs (`soft0`, `soft1`, node GUIDs
+/// [`DEFAULT_NODE_GUIDS`]) with one active InfiniBand port each (LIDs
+/// [`DEFAULT_LIDS`], port GUID = node GUID + 1, GID fe80::port GUID,
+/// P_Key 0xffff, MTU 4096). Commands that need a fabric (devinfo, the
+/// verbs benchmarks) build it here.
+pub fn default_fabric() -> Fabric {
+    let fabric = Fabric::new();
+    for ((guid, lid), name) in DEFAULT_NODE_GUIDS
+        .into_iter()
+        .zip(DEFAULT_LIDS)
+        .zip(DEFAULT_NAMES)
+    {
+        // HcaConfig::new gives port 1 the GUID node_guid + 1; PortConfig::new
+        // makes it an active IB port with GID fe80::<port GUID>, P_Key
+        // 0xffff and a 4096-byte MTU.
+        let mut cfg = HcaConfig::new(guid, &[lid]);
+        cfg.name = name.to_string();
+        debug_assert_eq!(cfg.ports, vec![PortConfig::new(lid, guid + 1)]);
+        fabric
+            .add_hca(cfg)
+            .expect("invariant: the default fabric's GUIDs and LIDs are distinct");
+    }
+    fabric
+}
+
+/// The soft provider over a fresh [`default_fabric`].
+pub fn default_provider() -> SoftProvider {
+    SoftProvider::new(default_fabric())
+}
+
+/// What devinfo prints about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceReport {
+    /// As listed by the provider.
+    pub info: DeviceInfo,
+    /// Device attributes.
+    pub attr: DeviceAttr,
+    /// Attributes of ports 1..=`attr.num_ports`.
+    pub ports: Vec<PortAttr>,
+}
+
+/// Everything devinfo prints: the provider's name and its devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevinfoReport {
+    /// Provider name.
+    pub provider: String,
+    /// Devices in the provider's order.
+    pub devices: Vec<DeviceReport>,
+}
+
+/// Open every device of `provider` and query it and its ports.
+pub fn query_all<P: Provider>(provider: &P) -> al::Result<DevinfoReport> {
+    let mut devices = Vec::new();
+    for info in provider.devices() {
+        let dev = provider.open(info.node_guid)?;
+        let attr = dev.query();
+        let ports = (1..=attr.num_ports)
+            .map(|p| dev.query_port(p))
+            .collect::<al::Result<Vec<_>>>()?;
+        devices.push(DeviceReport { info, attr, ports });
+    }
+    Ok(DevinfoReport {
+        provider: provider.name().to_string(),
+        devices,
+    })
+}
+
+/// A GUID the way `ibv_devinfo` prints it: `0002:c903:00a0:0001`.
+pub fn format_guid(guid: u64) -> String {
+    format!(
+        "{:04x}:{:04x}:{:04x}:{:04x}",
+        (guid >> 48) & 0xffff,
+        (guid >> 32) & 0xffff,
+        (guid >> 16) & 0xffff,
+        guid & 0xffff
+    )
+}
+
+/// A GID as eight groups of four hex digits (`fe80:0000:...`).
+pub fn format_gid(gid: &[u8; 16]) -> String {
+    gid.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// `ibv_port_state` name and value.
+fn port_state(s: PortState) -> (&'static str, u8) {
+    match s {
+        PortState::Down => ("PORT_DOWN", 1),
+        PortState::Init => ("PORT_INIT", 2),
+        PortState::Armed => ("PORT_ARMED", 3),
+        PortState::Active => ("PORT_ACTIVE", 4),
+    }
+}
+
+/// `ibv_mtu` enum value.
+fn mtu_code(m: Mtu) -> u8 {
+    match m {
+        Mtu::Mtu256 => 1,
+        Mtu::Mtu512 => 2,
+        Mtu::Mtu1024 => 3,
+        Mtu::Mtu2048 => 4,
+        Mtu::Mtu4096 => 5,
+    }
+}
+
+fn link_layer(l: LinkLayer) -> &'static str {
+    match l {
+        LinkLayer::InfiniBand => "InfiniBand",
+        LinkLayer::Ethernet => "Ethernet",
+    }
+}
+
+/// The transport every device of the provider interface has.
+const TRANSPORT: &str = "InfiniBand";
+/// Printed for `fw_ver`: the provider interface has no firmware version.
+const FW_VER: &str = "0.0.0";
+
+impl DevinfoReport {
+    /// Text in `ibv_devinfo -v` layout (the fields listed in the module doc).
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        if self.devices.is_empty() {
+            s.push_str("No IB devices found\n");
+            return s;
+        }
+        for d in &self.devices {
+            let a = &d.attr;
+            s.push_str(&format!("hca_id:\t{}\n", d.info.name));
+            s.push_str(&format!("\ttransport:\t\t\t{TRANSPORT} (0)\n"));
+            s.push_str(&format!("\tfw_ver:\t\t\t\t{FW_VER}\n"));
+            s.push_str(&format!("\tnode_guid:\t\t\t{}\n", format_guid(a.node_guid)));
+            s.push_str(&format!(
+                "\tsys_image_guid:\t\t\t{}\n",
+                format_guid(a.node_guid)
+            ));
+            s.push_str(&format!("\tvendor_id:\t\t\t{:#06x}\n", a.vendor_id));
+            s.push_str(&format!("\tvendor_part_id:\t\t\t{}\n", a.vendor_part_id));
+            s.push_str(&format!("\thw_ver:\t\t\t\t{:#x}\n", a.hw_ver));
+            s.push_str(&format!("\tphys_port_cnt:\t\t\t{}\n", a.num_ports));
+            for p in &d.ports {
+                let (state, code) = port_state(p.state);
+                s.push_str(&format!("\t\tport:\t{}\n", p.port_num));
+                s.push_str(&format!("\t\t\tstate:\t\t\t{state} ({code})\n"));
+                s.push_str(&format!(
+                    "\t\t\tmax_mtu:\t\t{} ({})\n",
+                    p.max_mtu.bytes(),
+                    mtu_code(p.max_mtu)
+                ));
+                s.push_str(&format!(
+                    "\t\t\tactive_mtu:\t\t{} ({})\n",
+                    p.active_mtu.bytes(),
+                    mtu_code(p.active_mtu)
+                ));
+                s.push_str(&format!("\t\t\tsm_lid:\t\t\t{}\n", p.sm_lid));
+                s.push_str(&format!("\t\t\tport_lid:\t\t{}\n", p.lid));
+                s.push_str(&format!("\t\t\tport_lmc:\t\t{:#04x}\n", p.lmc));
+                s.push_str(&format!(
+                    "\t\t\tlink_layer:\t\t{}\n",
+                    link_layer(p.link_layer)
+                ));
+                for (i, g) in p.gid_table.iter().enumerate() {
+                    s.push_str(&format!("\t\t\tGID[{i:3}]:\t\t{}\n", format_gid(g)));
+                }
+                let pkeys: Vec<String> = p.pkey_table.iter().map(|k| format!("{k:#06x}")).collect();
+                s.push_str(&format!("\t\t\tP_Key table:\t\t{}\n", pkeys.join(" ")));
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// One JSON object: `{"provider":..,"devices":[{..,"ports":[..]}]}`.
+    /// GUIDs and GIDs are strings in the text layout.
+    pub fn to_json(&self) -> String {
+        let mut s = format!(
+            "{{\"provider\":\"{}\",\"devices\":[",
+            json_escape(&self.provider)
+        );
+        for (i, d) in self.devices.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let a = &d.attr;
+            s.push_str(&format!(
+                "{{\"hca_id\":\"{}\",\"transport\":\"{TRANSPORT}\",\"fw_ver\":\"{FW_VER}\",\
+                 \"node_guid\":\"{}\",\"sys_image_guid\":\"{}\",\"vendor_id\":{},\
+                 \"vendor_part_id\":{},\"hw_ver\":{},\"phys_port_cnt\":{},\"ports\":[",
+                json_escape(&d.info.name),
+                format_guid(a.node_guid),
+                format_guid(a.node_guid),
+                a.vendor_id,
+                a.vendor_part_id,
+                a.hw_ver,
+                a.num_ports
+            ));
+            for (j, p) in d.ports.iter().enumerate() {
+                if j > 0 {
+                    s.push(',');
+                }
+                let gids: Vec<String> = p
+                    .gid_table
+                    .iter()
+                    .map(|g| format!("\"{}\"", format_gid(g)))
+                    .collect();
+                let pkeys: Vec<String> = p.pkey_table.iter().map(|k| k.to_string()).collect();
+                s.push_str(&format!(
+                    "{{\"port\":{},\"state\":\"{}\",\"max_mtu\":{},\"active_mtu\":{},\
+                     \"sm_lid\":{},\"port_lid\":{},\"port_lmc\":{},\"link_layer\":\"{}\",\
+                     \"gids\":[{}],\"pkeys\":[{}]}}",
+                    p.port_num,
+                    port_state(p.state).0,
+                    p.max_mtu.bytes(),
+                    p.active_mtu.bytes(),
+                    p.sm_lid,
+                    p.lid,
+                    p.lmc,
+                    link_layer(p.link_layer),
+                    gids.join(","),
+                    pkeys.join(",")
+                ));
+            }
+            s.push_str("]}");
+        }
+        s.push_str("]}");
+        s
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_fabric_lists_two_hcas_through_the_provider() {
+        let report = query_all(&default_provider()).unwrap();
+        assert_eq!(report.provider, "soft");
+        assert_eq!(report.devices.len(), 2);
+        for (i, d) in report.devices.iter().enumerate() {
+            assert_eq!(d.attr.node_guid, DEFAULT_NODE_GUIDS[i]);
+            assert_eq!(d.info.name, DEFAULT_NAMES[i]);
+            assert_eq!(d.ports.len(), 1);
+            assert_eq!(d.ports[0].lid, DEFAULT_LIDS[i]);
+            assert_eq!(d.ports[0].state, PortState::Active);
+        }
+        let text = report.to_text();
+        assert!(
+            text.contains("node_guid:\t\t\t0002:c903:00a0:0001"),
+            "{text}"
+        );
+        assert!(text.contains("0002:c903:00b0:0001"));
+        assert!(text.contains("PORT_ACTIVE (4)"));
+        assert!(text.contains("GID[  0]:\t\tfe80:0000:0000:0000:0002:c903:00a0:0002"));
+        let json = report.to_json();
+        assert!(json.starts_with('{') && json.ends_with('}'));
+        assert!(json.contains("\"node_guid\":\"0002:c903:00b0:0001\""));
+        assert!(json.contains("\"port_lid\":2"));
+    }
+
+    #[test]
+    fn guids_and_gids_format_like_ibv_devinfo() {
+        assert_eq!(format_guid(0x0002_c903_00a0_0001), "0002:c903:00a0:0001");
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[15] = 1;
+        assert_eq!(format_gid(&gid), "fe80:0000:0000:0000:0000:0000:0000:0001");
+        assert_eq!(json_escape("a\"b\\c\n"), "a\\\"b\\\\c\\u000a");
+    }
+}

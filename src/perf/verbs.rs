@@ -1,0 +1,852 @@
+//! `ibal perf write-bw` and `ibal perf send-rate`: the data path as a user
+//! of the object layer sees it, against a plain-Rust baseline measured in
+//! the same run.
+//!
+//! Both benchmarks open an AL instance on the embedded default fabric
+//! ([`crate::devinfo::default_fabric`]: two soft HCAs), open both CAs,
+//! allocate a PD and one CQ (send and receive) on each, register the
+//! buffers as MRs, create one RC QP per side and bring the pair to RTS by
+//! hand (RESET -> INIT -> RTR -> RTS, no CM). Every verb goes through the
+//! handle tables: `qp::post_send`/`qp::post_recv` and
+//! `hca::verbs::poll_cq` resolve their handle on each call, exactly as an
+//! application's calls do. At the end the AL is closed and must report no
+//! live object (`Stats::is_clean`), else the run is an error.
+//!
+//! The soft provider delivers synchronously: `post_send` does the
+//! responder's work (one copy from the source MR to the destination MR) on
+//! the caller's thread, so a completion is ready when `post_send` returns.
+//!
+//! # write-bw
+//!
+//! RDMA WRITE of `size` bytes from an MR on HCA 0 to an MR on HCA 1, `iters`
+//! times, against `dst.copy_from_slice(&src)` between two `Vec<u8>` of the
+//! same size, `iters` times. By default every WRITE is signaled and its
+//! send completion polled before the next is posted; with
+//! `signal_every = k` only every k-th WRITE (and the last) is signaled and
+//! polled, the others are posted unsignaled (k is at most the send queue
+//! depth, 64, as real hardware requires). Rounds interleave the two
+//! contenders; the fastest round of each is kept. Ratio: ibal GB/s over
+//! memcpy GB/s (target >= 0.8).
+//!
+//! # send-rate
+//!
+//! One 64-byte RC SEND, per message: post a receive on QP 1, post the SEND
+//! on QP 0, poll the receive completion (QP 1's CQ), poll the send
+//! completion (QP 0's CQ). All on one thread, which is where the soft
+//! provider does its work.
+//!
+//! Baseline ("a `std::sync::mpsc` round of the same payload"): on the same
+//! thread, `tx.send([u8; 64])` on a `std::sync::mpsc::channel()` followed by
+//! `rx.recv()` of that message. Like the SEND, it is one 64-byte message
+//! handed from a producer to a consumer and observed as received, on one
+//! thread, with no thread switch. Ratio: ibal messages/s over mpsc
+//! messages/s (target >= 1.0).
+//!
+//! For context (not the target's baseline) the report also gives the round
+//! trip through an echo thread (`tx.send` to a thread that sends the array
+//! back, `rx.recv` of the echo), which measures two thread wake-ups more
+//! than the channel; it runs `max(msgs / 10, 1)` round trips per round.
+
+use std::hint::black_box;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use al::{Al, Handle};
+use hca::provider::{
+    Access, AvAttr, Mtu, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc,
+    WcStatus,
+};
+use hca::verbs::{self, Cq, Pd};
+use hca::{RegisteredBuffer, SoftProvider};
+use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
+
+use crate::devinfo;
+
+/// Errors are reported as text (they end up on the command line).
+pub type BenchResult<T> = Result<T, String>;
+
+/// The write-bw target: ibal bandwidth at least this fraction of memcpy's.
+pub const WRITE_BW_TARGET: f64 = 0.8;
+/// The send-rate target: ibal message rate at least this multiple of mpsc's.
+pub const SEND_RATE_TARGET: f64 = 1.0;
+/// Payload of send-rate messages, in bytes.
+pub const MSG_SIZE: usize = 64;
+/// Send queue depth of the benchmark QPs (bounds `signal_every`).
+pub const SQ_DEPTH: u32 = 64;
+/// Bytes moved per round per size when `iters` is not given.
+pub const AUTO_BYTES_PER_ROUND: u64 = 256 << 20;
+/// Largest message size accepted (the MR and `Sge::length` limit is u32).
+pub const MAX_SIZE: usize = 1 << 30;
+
+/// Polls per expected completion before giving up (the soft provider
+/// completes synchronously, so one poll suffices unless something is wrong).
+const POLL_LIMIT: u32 = 1_000_000;
+
+fn al_err(what: &'static str) -> impl FnOnce(al::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+// ------------------------------------------------------------ the RC pair --
+
+struct Side {
+    pd: Handle<Pd>,
+    cq: Handle<Cq>,
+    lid: u16,
+}
+
+/// One RC QP on each HCA of the default fabric, connected by hand.
+struct RcPair {
+    al: Al,
+    a: Side,
+    b: Side,
+    qa: Handle<Qp>,
+    qb: Handle<Qp>,
+    // Keeps the fabric alive for the run.
+    _provider: SoftProvider,
+}
+
+impl RcPair {
+    fn open() -> BenchResult<RcPair> {
+        let provider = devinfo::default_provider();
+        let al = Al::open().map_err(al_err("opening the AL"))?;
+        let side = |i: usize| -> BenchResult<Side> {
+            let guid = devinfo::DEFAULT_NODE_GUIDS[i];
+            let ca = verbs::open_ca(al.instance(), &provider, guid).map_err(al_err("open_ca"))?;
+            let pd = verbs::alloc_pd(al.instance(), ca).map_err(al_err("alloc_pd"))?;
+            let cq = verbs::create_cq(al.instance(), ca, 256, None, None)
+                .map_err(al_err("create_cq"))?;
+            Ok(Side {
+                pd,
+                cq,
+                lid: devinfo::DEFAULT_LIDS[i],
+            })
+        };
+        let (a, b) = (side(0)?, side(1)?);
+        let rc_qp = |s: &Side| {
+            create_qp(
+                al.instance(),
+                s.pd,
+                QpCreate {
+                    qp_type: QpType::Rc,
+                    send_cq: s.cq,
+                    recv_cq: s.cq,
+                    srq: None,
+                    caps: QpCaps {
+                        max_send_wr: SQ_DEPTH,
+                        ..QpCaps::default()
+                    },
+                    sq_sig_all: false,
+                },
+            )
+            .map_err(al_err("create_qp"))
+        };
+        let (qa, qb) = (rc_qp(&a)?, rc_qp(&b)?);
+        let qpn = |q: Handle<Qp>| -> BenchResult<u32> {
+            Ok(al.resolve(q).map_err(al_err("resolving a QP"))?.qpn())
+        };
+        let (qpn_a, qpn_b) = (qpn(qa)?, qpn(qb)?);
+        // a sends with PSN 0x100 and expects 0x200; b the reverse.
+        to_rts(&al, qa, b.lid, qpn_b, 0x200, 0x100)?;
+        to_rts(&al, qb, a.lid, qpn_a, 0x100, 0x200)?;
+        Ok(RcPair {
+            al,
+            a,
+            b,
+            qa,
+            qb,
+            _provider: provider,
+        })
+    }
+
+    /// Register all of `buf` in `pd` (iova 0); returns (lkey, rkey).
+    fn register(
+        &self,
+        pd: Handle<Pd>,
+        buf: &RegisteredBuffer,
+        access: Access,
+    ) -> BenchResult<(u32, u32)> {
+        let h = verbs::register_mr(self.al.instance(), pd, buf, 0, buf.len(), 0, access)
+            .map_err(al_err("register_mr"))?;
+        let mr = self.al.resolve(h).map_err(al_err("resolving an MR"))?;
+        Ok((mr.lkey(), mr.rkey()))
+    }
+
+    /// Close the AL (destroying every object) and insist nothing is left.
+    fn close(self) -> BenchResult<()> {
+        let stats = self.al.close().map_err(al_err("closing the AL"))?;
+        if stats.is_clean() {
+            Ok(())
+        } else {
+            Err(format!("the AL closed with live objects: {stats}"))
+        }
+    }
+}
+
+fn to_rts(
+    al: &Al,
+    qp: Handle<Qp>,
+    dlid: u16,
+    dest_qpn: u32,
+    rq_psn: u32,
+    sq_psn: u32,
+) -> BenchResult<()> {
+    let steps = [
+        QpModify::to(QpState::Init)
+            .pkey_index(0)
+            .port(1)
+            .access(Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        QpModify::to(QpState::Rtr)
+            .av(AvAttr::lid(1, dlid))
+            .path_mtu(Mtu::Mtu4096)
+            .dest_qpn(dest_qpn)
+            .rq_psn(rq_psn)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(12),
+        QpModify::to(QpState::Rts)
+            .sq_psn(sq_psn)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(1),
+    ];
+    for m in &steps {
+        modify_qp(al, qp, m).map_err(al_err("modify_qp"))?;
+    }
+    Ok(())
+}
+
+/// Poll `cq` until one completion arrives; it must be a success.
+#[inline]
+fn poll_one(al: &Al, cq: Handle<Cq>, wc: &mut [Wc; 1]) -> BenchResult<Wc> {
+    for _ in 0..POLL_LIMIT {
+        if verbs::poll_cq(al, cq, wc).map_err(al_err("poll_cq"))? == 1 {
+            if wc[0].status != WcStatus::Success {
+                return Err(format!(
+                    "work request {} completed with {:?}",
+                    wc[0].wr_id, wc[0].status
+                ));
+            }
+            return Ok(wc[0]);
+        }
+    }
+    Err(format!("no completion after {POLL_LIMIT} polls"))
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn json_f64(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.4}")
+    } else {
+        "null".into()
+    }
+}
+
+fn gb_per_sec(bytes: u64, t: Duration) -> f64 {
+    bytes as f64 / t.as_secs_f64().max(1e-12) / 1e9
+}
+
+// --------------------------------------------------------------- write-bw --
+
+/// Settings of one `perf write-bw` run.
+#[derive(Clone, Debug)]
+pub struct WriteBwConfig {
+    /// Message sizes in bytes.
+    pub sizes: Vec<usize>,
+    /// Operations per round per size; `None`: [`AUTO_BYTES_PER_ROUND`] / size,
+    /// at least 16.
+    pub iters: Option<u64>,
+    /// Rounds; the fastest round of each contender is kept.
+    pub rounds: usize,
+    /// Signal (and poll) every k-th WRITE and the last one; 1 = every WRITE.
+    pub signal_every: u32,
+}
+
+impl Default for WriteBwConfig {
+    fn default() -> Self {
+        WriteBwConfig {
+            sizes: vec![64 << 10, 1 << 20],
+            iters: None,
+            rounds: 5,
+            signal_every: 1,
+        }
+    }
+}
+
+impl WriteBwConfig {
+    /// Operations per round at `size`.
+    pub fn iters_for(&self, size: usize) -> u64 {
+        self.iters
+            .unwrap_or_else(|| (AUTO_BYTES_PER_ROUND / size.max(1) as u64).max(16))
+    }
+
+    fn validate(&self) -> BenchResult<()> {
+        if self.sizes.is_empty() {
+            return Err("give at least one size".into());
+        }
+        if let Some(&s) = self.sizes.iter().find(|&&s| s == 0 || s > MAX_SIZE) {
+            return Err(format!("size {s} is outside 1..={MAX_SIZE} bytes"));
+        }
+        if self.rounds == 0 || self.iters == Some(0) {
+            return Err("--rounds and --iters must be at least 1".into());
+        }
+        if self.signal_every == 0 || self.signal_every > SQ_DEPTH {
+            return Err(format!(
+                "--signal-every must be in 1..={SQ_DEPTH} (the send queue depth)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One size's result.
+#[derive(Clone, Debug)]
+pub struct WritePoint {
+    /// Bytes per WRITE / per copy.
+    pub size: usize,
+    /// Operations per round.
+    pub iters: u64,
+    /// RDMA WRITE through the object layer, best round.
+    pub ibal_gbps: f64,
+    /// `copy_from_slice`, best round.
+    pub memcpy_gbps: f64,
+}
+
+impl WritePoint {
+    /// ibal bandwidth over memcpy bandwidth.
+    pub fn ratio(&self) -> f64 {
+        self.ibal_gbps / self.memcpy_gbps
+    }
+}
+
+/// Everything one write-bw run measured.
+#[derive(Clone, Debug)]
+pub struct WriteBwReport {
+    /// The settings.
+    pub config: WriteBwConfig,
+    /// One point per size, in the order given.
+    pub points: Vec<WritePoint>,
+}
+
+impl WriteBwReport {
+    /// The smallest ratio over all sizes.
+    pub fn min_ratio(&self) -> f64 {
+        self.points
+            .iter()
+            .map(WritePoint::ratio)
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Whether every size reached [`WRITE_BW_TARGET`].
+    pub fn target_met(&self) -> bool {
+        self.min_ratio() >= WRITE_BW_TARGET
+    }
+
+    /// Human-readable table.
+    pub fn to_text(&self) -> String {
+        let c = &self.config;
+        let signal = if c.signal_every == 1 {
+            "every WRITE signaled and its completion polled".to_string()
+        } else {
+            format!(
+                "1 WRITE in {} (and the last) signaled and polled, the rest unsignaled",
+                c.signal_every
+            )
+        };
+        let mut out = format!(
+            "perf write-bw: RC RDMA WRITE between two soft HCAs through the object layer ({signal}),\n\
+             vs copy_from_slice between two Vec<u8>; best of {} interleaved rounds\n\n",
+            c.rounds
+        );
+        out.push_str(&format!(
+            "{:>10} {:>8} {:>12} {:>13} {:>8}\n",
+            "size", "iters", "ibal GB/s", "memcpy GB/s", "ratio"
+        ));
+        for p in &self.points {
+            out.push_str(&format!(
+                "{:>10} {:>8} {:>12.2} {:>13.2} {:>7.2}x\n",
+                p.size,
+                p.iters,
+                p.ibal_gbps,
+                p.memcpy_gbps,
+                p.ratio()
+            ));
+        }
+        out.push_str(&format!(
+            "\nibal / memcpy bandwidth, worst size: {:.2}x (target >= {WRITE_BW_TARGET:.2}): {}\n",
+            self.min_ratio(),
+            if self.target_met() { "met" } else { "NOT met" }
+        ));
+        out
+    }
+
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        let c = &self.config;
+        let mut s = format!(
+            "{{\"benchmark\":\"write-bw\",\"rounds\":{},\"signal_every\":{},\"results\":[",
+            c.rounds, c.signal_every
+        );
+        for (i, p) in self.points.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&format!(
+                "{{\"size\":{},\"iters\":{},\"ibal_gbps\":{},\"memcpy_gbps\":{},\"ratio\":{}}}",
+                p.size,
+                p.iters,
+                json_f64(p.ibal_gbps),
+                json_f64(p.memcpy_gbps),
+                json_f64(p.ratio())
+            ));
+        }
+        s.push_str(&format!(
+            "],\"min_ratio\":{},\"target_ratio\":{},\"target_met\":{}}}",
+            json_f64(self.min_ratio()),
+            json_f64(WRITE_BW_TARGET),
+            self.target_met()
+        ));
+        s
+    }
+}
+
+/// Buffers and keys of one size.
+struct WriteSet {
+    size: usize,
+    iters: u64,
+    src: RegisteredBuffer,
+    dst: RegisteredBuffer,
+    lkey: u32,
+    rkey: u32,
+    vsrc: Vec<u8>,
+    vdst: Vec<u8>,
+}
+
+/// `iters` WRITEs of `w.size` bytes, every `signal_every`-th (and the last)
+/// signaled and its completion polled.
+fn time_writes(
+    pair: &RcPair,
+    w: &WriteSet,
+    iters: u64,
+    signal_every: u32,
+) -> BenchResult<Duration> {
+    let sge = [Sge {
+        addr: 0,
+        length: w.size as u32,
+        lkey: w.lkey,
+    }];
+    let k = u64::from(signal_every);
+    let mut wc = [Wc::default()];
+    let t0 = Instant::now();
+    for i in 0..iters {
+        let signaled = (i + 1) % k == 0 || i + 1 == iters;
+        let mut wr = SendWr::new(
+            i,
+            SendOp::Write {
+                remote_addr: 0,
+                rkey: w.rkey,
+            },
+            &sge,
+        );
+        if !signaled {
+            wr = wr.unsignaled();
+        }
+        post_send(&pair.al, pair.qa, &[wr]).map_err(al_err("post_send"))?;
+        if signaled {
+            poll_one(&pair.al, pair.a.cq, &mut wc)?;
+        }
+    }
+    Ok(t0.elapsed())
+}
+
+fn time_memcpy(w: &mut WriteSet) -> Duration {
+    let t0 = Instant::now();
+    for _ in 0..w.iters {
+        w.vdst.copy_from_slice(black_box(&w.vsrc));
+        black_box(&mut w.vdst);
+    }
+    t0.elapsed()
+}
+
+/// Run write-bw.
+pub fn run_write_bw(cfg: &WriteBwConfig) -> BenchResult<WriteBwReport> {
+    cfg.validate()?;
+    let pair = RcPair::open()?;
+    let mut sets = Vec::with_capacity(cfg.sizes.len());
+    for (i, &size) in cfg.sizes.iter().enumerate() {
+        let src = RegisteredBuffer::from_vec(pattern(size, i as u8));
+        let dst = RegisteredBuffer::new(size);
+        let (lkey, _) = pair.register(pair.a.pd, &src, Access::LOCAL_WRITE)?;
+        let (_, rkey) =
+            pair.register(pair.b.pd, &dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+        sets.push(WriteSet {
+            size,
+            iters: cfg.iters_for(size),
+            src,
+            dst,
+            lkey,
+            rkey,
+            vsrc: pattern(size, i as u8),
+            vdst: vec![0; size],
+        });
+    }
+    // Warm up (first touch of every page) and check the bytes arrived.
+    for w in &mut sets {
+        time_writes(&pair, w, 1, 1)?;
+        if w.dst.to_vec() != w.src.to_vec() {
+            return Err(format!(
+                "RDMA WRITE of {} bytes did not copy the data",
+                w.size
+            ));
+        }
+        w.vdst.copy_from_slice(&w.vsrc);
+    }
+    let mut best_ibal = vec![Duration::MAX; sets.len()];
+    let mut best_memcpy = vec![Duration::MAX; sets.len()];
+    for _ in 0..cfg.rounds {
+        for (i, w) in sets.iter_mut().enumerate() {
+            best_ibal[i] = best_ibal[i].min(time_writes(&pair, w, w.iters, cfg.signal_every)?);
+            best_memcpy[i] = best_memcpy[i].min(time_memcpy(w));
+        }
+    }
+    let points = sets
+        .iter()
+        .zip(best_ibal.iter().zip(&best_memcpy))
+        .map(|(w, (&ti, &tm))| {
+            let bytes = w.size as u64 * w.iters;
+            WritePoint {
+                size: w.size,
+                iters: w.iters,
+                ibal_gbps: gb_per_sec(bytes, ti),
+                memcpy_gbps: gb_per_sec(bytes, tm),
+            }
+        })
+        .collect();
+    drop(sets);
+    pair.close()?;
+    Ok(WriteBwReport {
+        config: cfg.clone(),
+        points,
+    })
+}
+
+// -------------------------------------------------------------- send-rate --
+
+/// Settings of one `perf send-rate` run.
+#[derive(Clone, Debug)]
+pub struct SendRateConfig {
+    /// Messages per round (each contender).
+    pub msgs: u64,
+    /// Rounds; the fastest round of each contender is kept.
+    pub rounds: usize,
+}
+
+impl Default for SendRateConfig {
+    fn default() -> Self {
+        SendRateConfig {
+            msgs: 200_000,
+            rounds: 5,
+        }
+    }
+}
+
+impl SendRateConfig {
+    /// Round trips per round of the informational echo-thread ping-pong.
+    pub fn pingpong_round_trips(&self) -> u64 {
+        (self.msgs / 10).max(1)
+    }
+}
+
+/// Everything one send-rate run measured.
+#[derive(Clone, Debug)]
+pub struct SendRateReport {
+    /// The settings.
+    pub config: SendRateConfig,
+    /// Post recv + post SEND + poll both completions, best round.
+    pub ibal_ns_per_msg: f64,
+    /// Same-thread `mpsc` send + recv of a `[u8; 64]`, best round.
+    pub mpsc_ns_per_msg: f64,
+    /// Informational: `mpsc` round trip through an echo thread, best round.
+    pub pingpong_ns_per_round_trip: f64,
+}
+
+impl SendRateReport {
+    /// ibal messages per second.
+    pub fn ibal_msgs_per_sec(&self) -> f64 {
+        1e9 / self.ibal_ns_per_msg
+    }
+    /// mpsc messages per second.
+    pub fn mpsc_msgs_per_sec(&self) -> f64 {
+        1e9 / self.mpsc_ns_per_msg
+    }
+    /// ibal message rate over the mpsc message rate.
+    pub fn ratio(&self) -> f64 {
+        self.mpsc_ns_per_msg / self.ibal_ns_per_msg
+    }
+    /// Whether the ratio reached [`SEND_RATE_TARGET`].
+    pub fn target_met(&self) -> bool {
+        self.ratio() >= SEND_RATE_TARGET
+    }
+
+    /// Human-readable table.
+    pub fn to_text(&self) -> String {
+        let c = &self.config;
+        let mut out = format!(
+            "perf send-rate: {MSG_SIZE}-byte RC SEND between two soft HCAs through the object layer\n\
+             (post recv, post send, poll recv CQ, poll send CQ) vs a same-thread std::sync::mpsc\n\
+             send + recv of a [u8; {MSG_SIZE}]; {} messages per round, best of {} interleaved rounds\n\n",
+            c.msgs, c.rounds
+        );
+        out.push_str(&format!(
+            "{:<40} {:>10} {:>14}\n",
+            "contender", "ns/msg", "msgs/s"
+        ));
+        out.push_str(&format!(
+            "{:<40} {:>10.1} {:>14.0}\n",
+            "ibal RC SEND (object layer)",
+            self.ibal_ns_per_msg,
+            self.ibal_msgs_per_sec()
+        ));
+        out.push_str(&format!(
+            "{:<40} {:>10.1} {:>14.0}\n",
+            "mpsc send+recv, same thread",
+            self.mpsc_ns_per_msg,
+            self.mpsc_msgs_per_sec()
+        ));
+        out.push_str(&format!(
+            "\nibal / mpsc message rate: {:.2}x (target >= {SEND_RATE_TARGET:.2}): {}\n",
+            self.ratio(),
+            if self.target_met() { "met" } else { "NOT met" }
+        ));
+        out.push_str(&format!(
+            "for context (not the target baseline): mpsc round trip through an echo thread {:.0} ns ({} round trips per round)\n",
+            self.pingpong_ns_per_round_trip,
+            c.pingpong_round_trips()
+        ));
+        out
+    }
+
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"benchmark\":\"send-rate\",\"msg_size\":{MSG_SIZE},\"msgs\":{},\"rounds\":{},\
+             \"ibal_ns_per_msg\":{},\"ibal_msgs_per_sec\":{},\"mpsc_ns_per_msg\":{},\
+             \"mpsc_msgs_per_sec\":{},\"ratio\":{},\"target_ratio\":{},\"target_met\":{},\
+             \"pingpong_round_trips\":{},\"mpsc_pingpong_ns_per_round_trip\":{}}}",
+            self.config.msgs,
+            self.config.rounds,
+            json_f64(self.ibal_ns_per_msg),
+            json_f64(self.ibal_msgs_per_sec()),
+            json_f64(self.mpsc_ns_per_msg),
+            json_f64(self.mpsc_msgs_per_sec()),
+            json_f64(self.ratio()),
+            json_f64(SEND_RATE_TARGET),
+            self.target_met(),
+            self.config.pingpong_round_trips(),
+            json_f64(self.pingpong_ns_per_round_trip)
+        )
+    }
+}
+
+fn time_sends(pair: &RcPair, msgs: u64, lkey_a: u32, lkey_b: u32) -> BenchResult<Duration> {
+    let ssge = [Sge {
+        addr: 0,
+        length: MSG_SIZE as u32,
+        lkey: lkey_a,
+    }];
+    let rsge = [Sge {
+        addr: 0,
+        length: MSG_SIZE as u32,
+        lkey: lkey_b,
+    }];
+    let mut wc = [Wc::default()];
+    let t0 = Instant::now();
+    for i in 0..msgs {
+        post_recv(
+            &pair.al,
+            pair.qb,
+            &[RecvWr {
+                wr_id: i,
+                sg_list: &rsge,
+            }],
+        )
+        .map_err(al_err("post_recv"))?;
+        post_send(&pair.al, pair.qa, &[SendWr::new(i, SendOp::Send, &ssge)])
+            .map_err(al_err("post_send"))?;
+        let r = poll_one(&pair.al, pair.b.cq, &mut wc)?;
+        if r.byte_len as usize != MSG_SIZE {
+            return Err(format!("received {} bytes, sent {MSG_SIZE}", r.byte_len));
+        }
+        poll_one(&pair.al, pair.a.cq, &mut wc)?;
+    }
+    Ok(t0.elapsed())
+}
+
+fn time_mpsc(
+    tx: &mpsc::Sender<[u8; MSG_SIZE]>,
+    rx: &mpsc::Receiver<[u8; MSG_SIZE]>,
+    msgs: u64,
+) -> BenchResult<Duration> {
+    let payload = [0x5au8; MSG_SIZE];
+    let t0 = Instant::now();
+    for _ in 0..msgs {
+        tx.send(black_box(payload))
+            .map_err(|_| "mpsc send failed".to_string())?;
+        black_box(rx.recv().map_err(|_| "mpsc recv failed".to_string())?);
+    }
+    Ok(t0.elapsed())
+}
+
+/// Run send-rate.
+pub fn run_send_rate(cfg: &SendRateConfig) -> BenchResult<SendRateReport> {
+    if cfg.msgs == 0 || cfg.rounds == 0 {
+        return Err("--msgs and --rounds must be at least 1".into());
+    }
+    let pair = RcPair::open()?;
+    let sbuf = RegisteredBuffer::from_vec(pattern(MSG_SIZE, 7));
+    let rbuf = RegisteredBuffer::new(MSG_SIZE);
+    let (lkey_a, _) = pair.register(pair.a.pd, &sbuf, Access::LOCAL_WRITE)?;
+    let (lkey_b, _) = pair.register(pair.b.pd, &rbuf, Access::LOCAL_WRITE)?;
+    // Warm up and check the payload arrived.
+    time_sends(&pair, 1, lkey_a, lkey_b)?;
+    if rbuf.to_vec() != sbuf.to_vec() {
+        return Err("the SEND did not deliver its payload".into());
+    }
+
+    let (tx, rx) = mpsc::channel::<[u8; MSG_SIZE]>();
+    time_mpsc(&tx, &rx, 64)?;
+    // The echo thread for the informational ping-pong.
+    let (ping_tx, ping_rx) = mpsc::channel::<[u8; MSG_SIZE]>();
+    let (pong_tx, pong_rx) = mpsc::channel::<[u8; MSG_SIZE]>();
+    let echo = std::thread::Builder::new()
+        .name("ibal-perf-echo".into())
+        .spawn(move || {
+            while let Ok(m) = ping_rx.recv() {
+                if pong_tx.send(m).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| format!("spawning the echo thread: {e}"))?;
+    let pingpong = |n: u64| -> BenchResult<Duration> {
+        let payload = [0xa5u8; MSG_SIZE];
+        let t0 = Instant::now();
+        for _ in 0..n {
+            ping_tx
+                .send(black_box(payload))
+                .map_err(|_| "echo thread gone".to_string())?;
+            black_box(pong_rx.recv().map_err(|_| "echo thread gone".to_string())?);
+        }
+        Ok(t0.elapsed())
+    };
+
+    // Rounds interleave the contenders. On an error the echo thread sees
+    // its channel close when `ping_tx` is dropped and ends by itself.
+    let mut best = [Duration::MAX; 3];
+    for _ in 0..cfg.rounds {
+        let t = [
+            time_sends(&pair, cfg.msgs, lkey_a, lkey_b)?,
+            time_mpsc(&tx, &rx, cfg.msgs)?,
+            pingpong(cfg.pingpong_round_trips())?,
+        ];
+        for (b, t) in best.iter_mut().zip(t) {
+            *b = (*b).min(t);
+        }
+    }
+    drop(ping_tx);
+    echo.join()
+        .map_err(|_| "the echo thread panicked".to_string())?;
+    pair.close()?;
+    let per = |t: Duration, n: u64| t.as_nanos() as f64 / n as f64;
+    Ok(SendRateReport {
+        config: cfg.clone(),
+        ibal_ns_per_msg: per(best[0], cfg.msgs),
+        mpsc_ns_per_msg: per(best[1], cfg.msgs),
+        pingpong_ns_per_round_trip: per(best[2], cfg.pingpong_round_trips()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn balanced(json: &str) -> bool {
+        let mut depth = 0i32;
+        for c in json.chars() {
+            match c {
+                '{' | '[' => depth += 1,
+                '}' | ']' => depth -= 1,
+                _ => {}
+            }
+            if depth < 0 {
+                return false;
+            }
+        }
+        depth == 0
+    }
+
+    #[test]
+    fn a_tiny_write_bw_run_moves_data_and_reports_every_size() {
+        let report = run_write_bw(&WriteBwConfig {
+            sizes: vec![4096, 64 << 10],
+            iters: Some(8),
+            rounds: 2,
+            signal_every: 3,
+        })
+        .unwrap();
+        assert_eq!(report.points.len(), 2);
+        assert_eq!(report.points[1].size, 64 << 10);
+        assert!(report
+            .points
+            .iter()
+            .all(|p| p.ibal_gbps > 0.0 && p.memcpy_gbps > 0.0 && p.iters == 8));
+        let json = report.to_json();
+        assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
+        assert!(json.contains("\"benchmark\":\"write-bw\""));
+        assert!(json.contains("\"min_ratio\":"));
+        assert!(report.to_text().contains("memcpy GB/s"));
+    }
+
+    #[test]
+    fn a_tiny_send_rate_run_reports_both_rates() {
+        let report = run_send_rate(&SendRateConfig {
+            msgs: 100,
+            rounds: 2,
+        })
+        .unwrap();
+        assert!(report.ibal_ns_per_msg > 0.0 && report.mpsc_ns_per_msg > 0.0);
+        assert!(report.pingpong_ns_per_round_trip > 0.0);
+        let json = report.to_json();
+        assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
+        assert!(json.contains("\"ibal_msgs_per_sec\":"));
+        assert!(json.contains("\"ratio\":"));
+        assert!(report.to_text().contains("mpsc send+recv"));
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let bad = |f: fn(&mut WriteBwConfig)| {
+            let mut c = WriteBwConfig::default();
+            f(&mut c);
+            run_write_bw(&c).unwrap_err()
+        };
+        assert!(bad(|c| c.sizes.clear()).contains("size"));
+        assert!(bad(|c| c.sizes = vec![0]).contains("size 0"));
+        assert!(bad(|c| c.rounds = 0).contains("--rounds"));
+        assert!(bad(|c| c.iters = Some(0)).contains("--iters"));
+        assert!(bad(|c| c.signal_every = SQ_DEPTH + 1).contains("--signal-every"));
+        assert!(run_send_rate(&SendRateConfig { msgs: 0, rounds: 1 }).is_err());
+    }
+
+    #[test]
+    fn auto_iterations_move_a_fixed_volume() {
+        let c = WriteBwConfig::default();
+        assert_eq!(c.iters_for(1 << 20), 256);
+        assert_eq!(c.iters_for(64 << 10), 4096);
+        assert_eq!(c.iters_for(1 << 30), 16);
+    }
+}

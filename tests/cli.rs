@@ -1,0 +1,247 @@
+//! The `ibal` binary end to end: exit codes, what it prints, and that every
+//! `--json` output is one JSON object with the documented keys.
+
+use std::process::{Command, Output};
+
+fn ibal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ibal"))
+        .args(args)
+        .output()
+        .expect("the ibal binary runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
+}
+
+/// Run `args`, insist on exit 0, return stdout.
+fn ok(args: &[&str]) -> String {
+    let out = ibal(args);
+    assert!(
+        out.status.success(),
+        "ibal {args:?} exited with {:?}; stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout(&out)
+}
+
+/// Check `s` is a single JSON object: it starts with `{`, ends with `}`,
+/// braces and brackets balance outside strings and the outermost object
+/// closes only at the end. Returns the top-level and nested keys seen.
+fn one_json_object(s: &str) -> Vec<String> {
+    let s = s.trim();
+    assert!(
+        s.starts_with('{') && s.ends_with('}'),
+        "not a JSON object: {s}"
+    );
+    let (mut depth, mut in_str, mut escaped) = (0i32, false, false);
+    let mut keys = Vec::new();
+    let mut cur = String::new();
+    let chars: Vec<char> = s.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if in_str {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_str = false;
+                // A string followed by ':' is a key.
+                let next = chars[i + 1..].iter().find(|c| !c.is_whitespace());
+                if next == Some(&':') {
+                    keys.push(std::mem::take(&mut cur));
+                }
+                cur.clear();
+            } else {
+                cur.push(c);
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => {
+                depth -= 1;
+                assert!(depth >= 0, "unbalanced JSON: {s}");
+                assert!(
+                    depth > 0 || i == chars.len() - 1,
+                    "more than one JSON value: {s}"
+                );
+            }
+            _ => {}
+        }
+    }
+    assert!(!in_str && depth == 0, "unbalanced JSON: {s}");
+    keys
+}
+
+fn has_keys(keys: &[String], want: &[&str]) {
+    for k in want {
+        assert!(keys.iter().any(|x| x == k), "missing key {k:?} in {keys:?}");
+    }
+}
+
+#[test]
+fn no_arguments_prints_the_overview_and_mentions_devinfo() {
+    let out = ok(&[]);
+    assert!(out.contains("Self-check"), "{out}");
+    assert!(out.contains("ibal devinfo"), "{out}");
+    assert!(out.contains("perf write-bw") && out.contains("perf send-rate"));
+}
+
+#[test]
+fn devinfo_lists_both_hcas() {
+    let out = ok(&["devinfo"]);
+    for guid in ["0002:c903:00a0:0001", "0002:c903:00b0:0001"] {
+        assert!(out.contains(&format!("node_guid:\t\t\t{guid}")), "{out}");
+    }
+    for field in [
+        "hca_id:",
+        "transport:",
+        "fw_ver:",
+        "sys_image_guid:",
+        "vendor_id:",
+        "vendor_part_id:",
+        "hw_ver:",
+        "phys_port_cnt:",
+        "state:",
+        "PORT_ACTIVE",
+        "max_mtu:",
+        "active_mtu:",
+        "sm_lid:",
+        "port_lid:",
+        "port_lmc:",
+        "link_layer:",
+        "GID[  0]:",
+        "P_Key table:",
+    ] {
+        assert!(out.contains(field), "missing {field}: {out}");
+    }
+    assert_eq!(out.matches("hca_id:").count(), 2);
+}
+
+#[test]
+fn devinfo_json_is_one_object_with_both_guids() {
+    let out = ok(&["devinfo", "--json"]);
+    let keys = one_json_object(&out);
+    has_keys(
+        &keys,
+        &[
+            "provider",
+            "devices",
+            "hca_id",
+            "node_guid",
+            "sys_image_guid",
+            "phys_port_cnt",
+            "ports",
+            "state",
+            "port_lid",
+            "sm_lid",
+            "gids",
+            "pkeys",
+        ],
+    );
+    assert!(
+        out.contains("\"node_guid\":\"0002:c903:00a0:0001\""),
+        "{out}"
+    );
+    assert!(
+        out.contains("\"node_guid\":\"0002:c903:00b0:0001\""),
+        "{out}"
+    );
+}
+
+#[test]
+fn perf_lookup_json() {
+    let out = ok(&["perf", "lookup", "--ops", "1000", "--rounds", "1", "--json"]);
+    let keys = one_json_object(&out);
+    has_keys(
+        &keys,
+        &[
+            "benchmark",
+            "results",
+            "ns_per_op",
+            "ibal_vs_sharded_slab_single_thread",
+            "ibal_scaling",
+        ],
+    );
+    assert!(out.contains("\"benchmark\":\"lookup\""));
+}
+
+#[test]
+fn perf_write_bw_json() {
+    let out = ok(&[
+        "perf",
+        "write-bw",
+        "--sizes",
+        "4K,64K",
+        "--iters",
+        "4",
+        "--rounds",
+        "1",
+        "--signal-every",
+        "2",
+        "--json",
+    ]);
+    let keys = one_json_object(&out);
+    has_keys(
+        &keys,
+        &[
+            "benchmark",
+            "results",
+            "size",
+            "iters",
+            "ibal_gbps",
+            "memcpy_gbps",
+            "ratio",
+            "min_ratio",
+            "target_met",
+        ],
+    );
+    assert!(out.contains("\"benchmark\":\"write-bw\""));
+    assert!(out.contains("\"size\":4096") && out.contains("\"size\":65536"));
+}
+
+#[test]
+fn perf_send_rate_json() {
+    let out = ok(&[
+        "perf",
+        "send-rate",
+        "--msgs",
+        "200",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    let keys = one_json_object(&out);
+    has_keys(
+        &keys,
+        &[
+            "benchmark",
+            "msg_size",
+            "ibal_msgs_per_sec",
+            "ibal_ns_per_msg",
+            "mpsc_msgs_per_sec",
+            "mpsc_ns_per_msg",
+            "ratio",
+            "target_met",
+        ],
+    );
+    assert!(out.contains("\"benchmark\":\"send-rate\""));
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message_on_stderr() {
+    for args in [
+        &["--no-such-flag"][..],
+        &["perf", "write-bw", "--sizes", "12Q"][..],
+        &["perf", "write-bw", "--signal-every", "0", "--iters", "1"][..],
+        &["perf", "send-rate", "--msgs", "0"][..],
+    ] {
+        let out = ibal(args);
+        assert!(!out.status.success(), "ibal {args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.trim().is_empty(), "ibal {args:?}: empty stderr");
+    }
+}
