@@ -52,6 +52,8 @@ impl Kind {
     pub const CEP: Kind = Kind(9);
     /// A CM listen.
     pub const LISTEN: Kind = Kind(10);
+    /// The connection manager's attachment to one port of an opened CA.
+    pub const CM_PORT: Kind = Kind(11);
     /// Kinds 12..16 are free for tests and tools (benchmarks, models).
     pub const fn custom(id: u8) -> Kind {
         assert!(
@@ -62,7 +64,7 @@ impl Kind {
     }
 
     /// All named kinds, in counter order.
-    pub const NAMED: [Kind; 10] = [
+    pub const NAMED: [Kind; 11] = [
         Kind::AL,
         Kind::CA,
         Kind::PD,
@@ -73,6 +75,7 @@ impl Kind {
         Kind::QP,
         Kind::CEP,
         Kind::LISTEN,
+        Kind::CM_PORT,
     ];
 
     /// The kind's number (as stored in handles).
@@ -107,6 +110,7 @@ impl Kind {
             8 => "QP",
             9 => "CEP",
             10 => "listen",
+            11 => "CM port",
             12 => "custom12",
             13 => "custom13",
             14 => "custom14",

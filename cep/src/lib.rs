@@ -6,5 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod binding;
+pub mod cm;
 pub mod proto;
 pub mod wire;

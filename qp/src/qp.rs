@@ -77,6 +77,10 @@ impl Qp {
     pub fn pd(&self) -> &Arc<Obj<Pd>> {
         &self.pd
     }
+    /// Whether it receives through an SRQ.
+    pub fn has_srq(&self) -> bool {
+        self.srq.is_some()
+    }
     /// The send CQ.
     pub fn send_cq(&self) -> &Arc<Obj<Cq>> {
         &self.send_cq

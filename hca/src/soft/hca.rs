@@ -25,6 +25,16 @@ pub struct SoftHca {
     pub(crate) node: Arc<HcaNode>,
 }
 
+impl SoftHca {
+    /// Identifies this device among the open devices of the process (two
+    /// handles to one soft HCA answer the same; HCAs of different fabrics
+    /// differ even when their node GUIDs are equal). Stable while any handle
+    /// to the HCA lives.
+    pub fn instance_key(&self) -> usize {
+        Arc::as_ptr(&self.node) as *const () as usize
+    }
+}
+
 impl std::fmt::Debug for SoftHca {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SoftHca")

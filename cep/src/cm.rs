@@ -1,0 +1,1012 @@
+//! Connection endpoints (CEPs) and listens as access-layer objects.
+//!
+//! This is the user-facing connection manager: `listen`, `connect`,
+//! `accept`, `rtu`, `reject`, `mra`, `disconnect`, `disconnect_reply`,
+//! `lap`, `apr`, SIDR, and destroy through `al.destroy`. Underneath, one
+//! [`CmAgent`] per device port (shared by every AL instance of the process)
+//! runs the protocol on QP1.
+//!
+//! * A CEP is a top-level object of its AL (AL close reclaims it after its
+//!   teardown sent the REJ or DREQ its state calls for).
+//! * A CEP is bound to its QP only through the QP's [`qp::CidSlot`], with
+//!   the protocol of [`crate::binding`]: connecting or accepting on a bound
+//!   QP fails (`AlreadyConnected`, or `QpInTimewait` while the old
+//!   connection is in timewait) and leaks nothing; connect or accept racing
+//!   QP destroy has one winner and the loser's CEP is destroyed; QP destroy
+//!   destroys the bound CEP; when a connection ends (rejected, timed out,
+//!   disconnected and out of timewait) the CEP is unbound and destroyed.
+//! * Events reach the user on the AL executor, in order per CEP, with a
+//!   reference to the CEP held across the callback. Protocol reactions that
+//!   touch the QP (passive side to RTS when established, QP to ERR when the
+//!   connection ends) run in the same job, just before the callback.
+//!
+//! Lock order: CEP state -> port routes -> (agent endpoint, executor queue).
+//! The agent delivers events with none of its locks held; the event sink
+//! takes only the routes lock, and never calls the agent while holding it.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use al::sync::{Arc, Mutex};
+use al::{create, post_callback, AlInstance, Error, Handle, Kind, Obj, Object, RawHandle, Result};
+use hca::provider::{Access, AvAttr, Mtu, QpModify, QpState};
+use hca::verbs::{Ca, Dev};
+use qp::{CidState, Qp};
+
+use crate::agent::{AgentConfig, CmAgent, EventSink};
+use crate::binding;
+use crate::proto::{
+    ConnId, ConnectParams, Event, LapParams, PeerAddr, SidrParams, SidrReplyParams,
+};
+use crate::wire::{ApStatus, PathInfo, PrivateData, RejectReason, Rep, Req, TransportType};
+
+/// Called on the AL executor for every event of a CEP.
+pub type CmHandler = std::sync::Arc<dyn Fn(Handle<Cep>, &Event) + Send + Sync>;
+/// Called on the AL executor when a REQ (or SIDR_REQ) matches a listen: the
+/// new CEP (in REQ_RCVD) and the event that created it. Answer with
+/// [`accept`], [`reject`] or [`mra`] (or [`sidr_reply`]).
+pub type ListenHandler = std::sync::Arc<dyn Fn(Handle<Listen>, Handle<Cep>, &Event) + Send + Sync>;
+
+// ------------------------------------------------------------ port agents --
+
+/// The CM of one device port: its agent and the table that routes the
+/// agent's events to CEP and listen objects.
+pub struct PortCm {
+    key: (usize, u8),
+    agent: CmAgent<Dev>,
+    routes: std::sync::Arc<Routes>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Route {
+    Cep(Handle<Cep>),
+    Listen(Handle<Listen>),
+}
+
+/// ConnId -> object, plus events that arrived before their CEP registered.
+#[derive(Default)]
+struct Routes {
+    inner: Mutex<RouteTable>,
+}
+
+#[derive(Default)]
+struct RouteTable {
+    routes: HashMap<ConnId, Route>,
+    /// Events for a connection whose `connect` has not returned yet (the
+    /// peer can answer before the caller records the id). Delivered, in
+    /// order, by the registration.
+    parked: HashMap<ConnId, Vec<Event>>,
+}
+
+struct Registry {
+    ports: HashMap<(usize, u8), (std::sync::Arc<PortCm>, usize)>,
+    /// Ports whose agent is shutting down: a new agent for the port must
+    /// wait, because the old one still holds the port's QP1.
+    closing: std::collections::HashSet<(usize, u8)>,
+}
+
+struct RegistryCell {
+    registry: Mutex<Registry>,
+    /// Signalled when a port's shutdown finishes.
+    closed: al::sync::Condvar,
+}
+
+fn registry() -> &'static RegistryCell {
+    al::global! {
+        static REGISTRY: RegistryCell = RegistryCell {
+            registry: Mutex::new(Registry {
+                ports: HashMap::new(),
+                closing: Default::default(),
+            }),
+            closed: al::sync::Condvar::new(),
+        };
+    }
+    &REGISTRY
+}
+
+/// A counted use of a port's CM; the last use shuts the agent down.
+struct PortUse(std::sync::Arc<PortCm>);
+
+impl PortUse {
+    fn acquire(ca: &Obj<Ca>, port: u8) -> Result<PortUse> {
+        let key = (ca.device().instance_key(), port);
+        let cell = registry();
+        let mut reg = cell.registry.lock();
+        while reg.closing.contains(&key) {
+            cell.closed.wait(&mut reg);
+        }
+        if let Some((pcm, users)) = reg.ports.get_mut(&key) {
+            *users += 1;
+            return Ok(PortUse(pcm.clone()));
+        }
+        let agent = CmAgent::new(ca.device().clone(), port, AgentConfig::default())?;
+        let routes = std::sync::Arc::new(Routes::default());
+        let sink_routes = routes.clone();
+        let sink: EventSink = std::sync::Arc::new(move |ev| deliver(&sink_routes, ev));
+        agent.set_event_sink(Some(sink));
+        agent.spawn()?;
+        let pcm = std::sync::Arc::new(PortCm { key, agent, routes });
+        reg.ports.insert(key, (pcm.clone(), 1));
+        Ok(PortUse(pcm))
+    }
+}
+
+impl Clone for PortUse {
+    fn clone(&self) -> Self {
+        let mut reg = registry().registry.lock();
+        if let Some((_, users)) = reg.ports.get_mut(&self.0.key) {
+            *users += 1;
+        }
+        PortUse(self.0.clone())
+    }
+}
+
+impl Drop for PortUse {
+    fn drop(&mut self) {
+        let cell = registry();
+        let mut reg = cell.registry.lock();
+        let last = match reg.ports.get_mut(&self.0.key) {
+            Some((_, users)) => {
+                *users -= 1;
+                *users == 0
+            }
+            None => false,
+        };
+        if !last {
+            return;
+        }
+        reg.ports.remove(&self.0.key);
+        reg.closing.insert(self.0.key);
+        drop(reg);
+        // Off the registry lock: shutting down may join the agent thread,
+        // whose event sink can take the registry lock.
+        self.0.agent.shutdown();
+        cell.registry.lock().closing.remove(&self.0.key);
+        cell.closed.notify_all();
+    }
+}
+
+/// The agent's event sink: route each event to its object, in order.
+fn deliver(routes: &Routes, ev: Event) {
+    // A request names the new connection, but belongs to its listener.
+    let conn = match &ev {
+        Event::ConnectRequest { listener, .. } | Event::SidrRequest { listener, .. } => *listener,
+        other => other.conn(),
+    };
+    let mut table = routes.inner.lock();
+    match table.routes.get(&conn).copied() {
+        Some(Route::Cep(cep)) => {
+            if matches!(ev, Event::Released { .. }) {
+                table.routes.remove(&conn);
+            }
+            dispatch_cep(cep, ev);
+        }
+        Some(Route::Listen(listen)) => match ev {
+            Event::ConnectRequest { conn: new, .. } | Event::SidrRequest { conn: new, .. } => {
+                match new_passive_cep(listen, new) {
+                    Some(cep) => {
+                        table.routes.insert(new, Route::Cep(cep));
+                        dispatch_request(listen, cep, ev);
+                    }
+                    None => {
+                        // The listen is gone or its AL is closing: the
+                        // request is refused once we are off the lock.
+                        drop(table);
+                        refuse(listen, new);
+                    }
+                }
+            }
+            Event::Released { .. } => {
+                table.routes.remove(&conn);
+            }
+            _ => {}
+        },
+        None => {
+            // Not registered (yet). The end of a connection nobody holds is
+            // dropped; anything else waits for its registration.
+            if !matches!(ev, Event::Released { .. } | Event::TimewaitExited { .. }) {
+                table.parked.entry(conn).or_default().push(ev);
+            } else {
+                table.parked.remove(&conn);
+            }
+        }
+    }
+}
+
+fn refuse(listen: Handle<Listen>, conn: ConnId) {
+    if let Ok(l) = Listen::table().get(listen.raw()) {
+        let _ = l
+            .port
+            .0
+            .agent
+            .reject(conn, RejectReason::NoResources, &[], &[]);
+    }
+}
+
+fn new_passive_cep(listen: Handle<Listen>, conn: ConnId) -> Option<Handle<Cep>> {
+    let l = Listen::table().get(listen.raw()).ok()?.to_arc();
+    if l.core().is_destroying() {
+        return None;
+    }
+    let obj = create(l.al(), None, |_| {
+        Ok(Cep {
+            port: l.port.clone(),
+            handler: l.cep_handler.clone(),
+            state: Mutex::new(CepState {
+                conn: Some(conn),
+                passive: true,
+                ..CepState::default()
+            }),
+        })
+    })
+    .ok()?;
+    Some(obj.handle())
+}
+
+fn dispatch_request(listen: Handle<Listen>, cep: Handle<Cep>, ev: Event) {
+    let Ok(l) = Listen::table().get(listen.raw()) else {
+        return;
+    };
+    let l = l.to_arc();
+    // Remember the REQ on the CEP (accept derives the QP attributes from it).
+    if let (Event::ConnectRequest { req, peer, .. }, Ok(c)) = (&ev, Cep::table().get(cep.raw())) {
+        let mut st = c.state.lock();
+        st.req = Some(**req);
+        st.peer = Some(*peer);
+    }
+    post_callback(&l, move |l| (l.on_request)(l.handle(), cep, &ev));
+}
+
+fn dispatch_cep(cep: Handle<Cep>, ev: Event) {
+    let Ok(c) = Cep::table().get(cep.raw()) else {
+        // Destroyed meanwhile: its teardown already told the agent.
+        return;
+    };
+    post_callback(&c.to_arc(), move |c| {
+        c.react(&ev);
+        (c.handler)(c.handle(), &ev);
+        if matches!(ev, Event::Released { .. }) {
+            Cep::finish(c);
+        }
+    });
+}
+
+/// Record `conn -> cep` and deliver, in order, what arrived before.
+fn register(routes: &Routes, conn: ConnId, cep: Handle<Cep>) {
+    let mut table = routes.inner.lock();
+    table.routes.insert(conn, Route::Cep(cep));
+    for ev in table.parked.remove(&conn).unwrap_or_default() {
+        if matches!(ev, Event::Released { .. }) {
+            table.routes.remove(&conn);
+        }
+        dispatch_cep(cep, ev);
+    }
+}
+
+// -------------------------------------------------------------- CM ports --
+
+/// The connection manager attached to one port of an opened CA: while it
+/// lives, the port answers CM MADs (a REQ for an unknown service gets a REJ,
+/// a DREQ for an unknown connection a DREP), as every IB port must. A child
+/// of its CA, so closing the CA (or the AL) detaches it.
+pub struct CmPort {
+    port: PortUse,
+}
+
+impl Object for CmPort {
+    const KIND: Kind = Kind::CM_PORT;
+    al::object_table!(CmPort);
+}
+
+impl CmPort {
+    /// The port number.
+    pub fn port(&self) -> u8 {
+        self.port.0.agent.port()
+    }
+    /// The agent's counters.
+    pub fn stats(&self) -> crate::agent::AgentStats {
+        self.port.0.agent.stats()
+    }
+}
+
+impl fmt::Debug for CmPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmPort")
+            .field("port", &self.port())
+            .finish()
+    }
+}
+
+/// Attach the connection manager to every port of `ca` (what opening a CA
+/// through the `ibal` facade does). Returns one handle per port.
+pub fn attach_ca(al: &std::sync::Arc<AlInstance>, ca: Handle<Ca>) -> Result<Vec<Handle<CmPort>>> {
+    let ca = al.resolve(ca)?.to_arc();
+    ca.core().check_live()?;
+    let mut ports = Vec::new();
+    for port in 1..=ca.attr().num_ports {
+        let port_use = PortUse::acquire(&ca, port)?;
+        let obj = create(al, Some(ca.core()), |_| Ok(CmPort { port: port_use }))?;
+        ports.push(obj.handle());
+    }
+    Ok(ports)
+}
+
+// ---------------------------------------------------------------- listens --
+
+/// A listen on a service id on one port.
+pub struct Listen {
+    port: PortUse,
+    conn: ConnId,
+    service_id: u64,
+    on_request: ListenHandler,
+    cep_handler: CmHandler,
+}
+
+impl Object for Listen {
+    const KIND: Kind = Kind::LISTEN;
+    al::object_table!(Listen);
+
+    fn teardown(obj: &Arc<Obj<Self>>) {
+        let _ = obj.port.0.agent.cancel_listen(obj.conn);
+    }
+}
+
+impl Listen {
+    /// The service id listened on.
+    pub fn service_id(&self) -> u64 {
+        self.service_id
+    }
+}
+
+impl fmt::Debug for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listen")
+            .field("service_id", &format_args!("{:#x}", self.service_id))
+            .finish()
+    }
+}
+
+/// Listen for REQs (and SIDR_REQs) for `service_id` on `port` of `ca`.
+/// `on_request` gets each new CEP; `handler` gets the CEP's later events.
+/// Cancel with `al.destroy(listen, ..)`.
+pub fn listen(
+    al: &std::sync::Arc<AlInstance>,
+    ca: Handle<Ca>,
+    port: u8,
+    service_id: u64,
+    on_request: ListenHandler,
+    handler: CmHandler,
+) -> Result<Handle<Listen>> {
+    let ca = al.resolve(ca)?.to_arc();
+    ca.core().check_live()?;
+    let port_use = PortUse::acquire(&ca, port)?;
+    let routes = port_use.0.routes.clone();
+    // Hold the routes lock across listen + registration so no REQ for the
+    // new listener can be looked up before it is routed.
+    let mut table = routes.inner.lock();
+    let conn = port_use.0.agent.listen(service_id)?;
+    let obj = create(al, None, |_| {
+        Ok(Listen {
+            port: port_use.clone(),
+            conn,
+            service_id,
+            on_request,
+            cep_handler: handler,
+        })
+    });
+    match obj {
+        Ok(obj) => {
+            table.routes.insert(conn, Route::Listen(obj.handle()));
+            Ok(obj.handle())
+        }
+        Err(e) => {
+            drop(table);
+            let _ = port_use.0.agent.cancel_listen(conn);
+            Err(e)
+        }
+    }
+}
+
+// ------------------------------------------------------------------- CEPs --
+
+#[derive(Default)]
+struct CepState {
+    /// The protocol's id for this connection, once known.
+    conn: Option<ConnId>,
+    /// Set by teardown: nothing may start on this CEP any more.
+    closed: bool,
+    passive: bool,
+    /// The QP bound to this CEP (its CID slot names this CEP).
+    qp: Option<Arc<Obj<Qp>>>,
+    req: Option<Req>,
+    rep: Option<Rep>,
+    peer: Option<PeerAddr>,
+    port: u8,
+}
+
+/// A connection endpoint.
+pub struct Cep {
+    port: PortUse,
+    handler: CmHandler,
+    state: Mutex<CepState>,
+}
+
+impl Object for Cep {
+    const KIND: Kind = Kind::CEP;
+    al::object_table!(Cep);
+
+    /// Close the CEP to new calls, tell the agent (which sends the REJ or
+    /// DREQ the connection's state calls for and keeps the id through
+    /// timewait), forget the route, and free the QP.
+    fn teardown(obj: &Arc<Obj<Self>>) {
+        let (conn, qp) = {
+            let mut st = obj.state.lock();
+            st.closed = true;
+            (st.conn.take(), st.qp.take())
+        };
+        if let Some(conn) = conn {
+            obj.port.0.routes.inner.lock().routes.remove(&conn);
+            let _ = obj.port.0.agent.destroy(conn);
+        }
+        if let Some(qp) = qp {
+            // We are being destroyed already: only the binding goes.
+            binding::release(qp.cid(), obj.core().handle(), |_| {});
+            let _ = qp.modify(&QpModify::to(QpState::Err));
+        }
+    }
+}
+
+impl fmt::Debug for Cep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.state.lock();
+        f.debug_struct("Cep")
+            .field("conn", &st.conn)
+            .field("passive", &st.passive)
+            .field("bound", &st.qp.is_some())
+            .finish()
+    }
+}
+
+impl Cep {
+    /// The protocol state of the connection, if it still has one.
+    pub fn protocol_state(&self) -> Option<crate::proto::State> {
+        let conn = self.state.lock().conn?;
+        self.port.0.agent.state(conn)
+    }
+
+    fn conn(&self) -> Result<ConnId> {
+        let st = self.state.lock();
+        if st.closed {
+            return Err(Error::invalid_state("the CEP is being destroyed"));
+        }
+        st.conn
+            .ok_or_else(|| Error::invalid_state("the CEP has no connection"))
+    }
+
+    /// Protocol reactions that touch the QP, before the user sees the event.
+    fn react(&self, ev: &Event) {
+        if let Event::ReplyReceived { rep, .. } = ev {
+            self.state.lock().rep = Some(**rep);
+        }
+        let qp = self.state.lock().qp.clone();
+        let Some(qp) = qp else { return };
+        match ev {
+            Event::Established { .. } => {
+                let st = self.state.lock();
+                if st.passive {
+                    if let (Some(req), Some(rep)) = (st.req, st.rep) {
+                        let _ = qp.modify(&rts_attrs(
+                            rep.starting_psn,
+                            &req,
+                            req.rnr_retry_count,
+                            rep.initiator_depth.min(req.responder_resources),
+                        ));
+                    }
+                }
+            }
+            Event::Rejected { .. }
+            | Event::Timeout { .. }
+            | Event::DisconnectRequest { .. }
+            | Event::Disconnected { .. }
+            | Event::StaleConnection { .. } => {
+                let _ = qp.modify(&QpModify::to(QpState::Err));
+            }
+            _ => {}
+        }
+    }
+
+    /// The connection is over: free the QP and destroy this CEP. Whoever
+    /// took the binding (this, or a racing QP destroy) destroys the CEP.
+    fn finish(this: &Obj<Self>) {
+        let h = this.core().handle();
+        let qp = this.state.lock().qp.take();
+        match qp {
+            Some(qp) => {
+                binding::release(qp.cid(), h, destroy_cep);
+            }
+            None => destroy_cep(h),
+        }
+    }
+}
+
+fn destroy_cep(h: RawHandle) {
+    let _ = al::destroy_raw(h);
+}
+
+fn ibta_mtu(code: u8) -> Mtu {
+    match code {
+        1 => Mtu::Mtu256,
+        2 => Mtu::Mtu512,
+        3 => Mtu::Mtu1024,
+        4 => Mtu::Mtu2048,
+        _ => Mtu::Mtu4096,
+    }
+}
+
+fn mtu_code(mtu: Mtu) -> u8 {
+    match mtu {
+        Mtu::Mtu256 => 1,
+        Mtu::Mtu512 => 2,
+        Mtu::Mtu1024 => 3,
+        Mtu::Mtu2048 => 4,
+        Mtu::Mtu4096 => 5,
+    }
+}
+
+fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> QpModify {
+    QpModify::to(QpState::Rts)
+        .sq_psn(sq_psn)
+        .timeout(req.primary_path.local_ack_timeout)
+        .retry_cnt(req.retry_count)
+        .rnr_retry(rnr_retry)
+        .max_rd_atomic(max_rd_atomic)
+}
+
+/// Bring `qp` to INIT for a connection on `port` (from RESET or ERR).
+fn qp_to_init(qp: &Obj<Qp>, port: u8, access: Access) -> Result<()> {
+    let state = qp.query()?.state;
+    if state == QpState::Init {
+        return Ok(());
+    }
+    if state != QpState::Reset {
+        qp.modify(&QpModify::to(QpState::Reset))?;
+    }
+    qp.modify(
+        &QpModify::to(QpState::Init)
+            .pkey_index(0)
+            .port(port)
+            .access(access),
+    )
+}
+
+fn psn_seed(qpn: u32) -> u32 {
+    // Any 24-bit value works; vary it per QP so reconnects differ.
+    (qpn.wrapping_mul(0x9e37_79b9) ^ 0x5a5a5a) & 0xff_ffff
+}
+
+/// Why a bind on a QP failed, in the words the caller can act on.
+fn bind_error(qp: &Obj<Qp>, e: Error) -> Error {
+    if let (Error::AlreadyConnected, CidState::Bound(other)) = (&e, qp.cid().load()) {
+        if let Ok(c) = Cep::table().get(other) {
+            if c.protocol_state() == Some(crate::proto::State::Timewait) {
+                return Error::QpInTimewait;
+            }
+        }
+    }
+    e
+}
+
+/// What [`connect`] sends.
+#[derive(Clone, Debug)]
+pub struct ConnectRequest {
+    /// The service to connect to.
+    pub service_id: u64,
+    /// The local port.
+    pub port: u8,
+    /// The remote port's LID.
+    pub remote_lid: u16,
+    /// The remote port's GID, when routing by GID.
+    pub remote_gid: Option<[u8; 16]>,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// RDMA READ/atomic requests we accept from the peer.
+    pub responder_resources: u8,
+    /// RDMA READ/atomic requests we may have outstanding at the peer.
+    pub initiator_depth: u8,
+    /// Transport retries.
+    pub retry_count: u8,
+    /// RNR retries the peer should use towards us (7 = forever).
+    pub rnr_retry_count: u8,
+    /// CM response timeout (4.096 us x 2^t) for both sides.
+    pub cm_response_timeout: u8,
+    /// REQ retries.
+    pub max_cm_retries: u8,
+    /// Local ACK timeout (also the PacketLifeTime estimate).
+    pub local_ack_timeout: u8,
+    /// Access rights the QP grants the peer.
+    pub access: Access,
+    /// Up to 92 bytes.
+    pub private_data: Vec<u8>,
+}
+
+impl ConnectRequest {
+    /// A request with sensible defaults for `service_id` at `remote_lid`.
+    pub fn new(service_id: u64, remote_lid: u16) -> Self {
+        ConnectRequest {
+            service_id,
+            port: 1,
+            remote_lid,
+            remote_gid: None,
+            path_mtu: Mtu::Mtu4096,
+            responder_resources: 4,
+            initiator_depth: 4,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            cm_response_timeout: 16,
+            max_cm_retries: 4,
+            local_ack_timeout: 14,
+            access: Access::LOCAL_WRITE
+                .union(Access::REMOTE_WRITE)
+                .union(Access::REMOTE_READ)
+                .union(Access::REMOTE_ATOMIC),
+            private_data: Vec::new(),
+        }
+    }
+}
+
+/// Connect `qp` (RC or UC): send a REQ and return the new CEP. Its events
+/// (reply, reject, timeout, ...) go to `handler`; on the reply, call [`rtu`].
+pub fn connect(
+    al: &std::sync::Arc<AlInstance>,
+    qp: Handle<Qp>,
+    request: &ConnectRequest,
+    handler: CmHandler,
+) -> Result<Handle<Cep>> {
+    // The reference is taken before the CEP id is published, and held for
+    // the whole call.
+    let qp = al.resolve(qp)?.to_arc();
+    qp.core().check_live()?;
+    let transport = match qp.qp_type() {
+        hca::QpType::Rc => TransportType::Rc,
+        hca::QpType::Uc => TransportType::Uc,
+        other => {
+            return Err(Error::invalid_parameter(format!(
+                "connect needs an RC or UC QP, not {other:?}"
+            )))
+        }
+    };
+    let ca = qp.pd().ca().clone();
+    let port_attr = ca.port(request.port)?;
+    let port_use = PortUse::acquire(&ca, request.port)?;
+    let local_gid = port_attr.gid_table.first().copied().unwrap_or([0; 16]);
+    let req = Req {
+        service_id: request.service_id,
+        local_qpn: qp.qpn(),
+        local_qkey: 0,
+        starting_psn: psn_seed(qp.qpn()),
+        responder_resources: request.responder_resources,
+        initiator_depth: request.initiator_depth,
+        remote_cm_response_timeout: request.cm_response_timeout,
+        local_cm_response_timeout: request.cm_response_timeout,
+        transport_service_type: transport,
+        end_to_end_flow_control: false,
+        retry_count: request.retry_count & 7,
+        rnr_retry_count: request.rnr_retry_count & 7,
+        max_cm_retries: request.max_cm_retries & 0xf,
+        path_mtu: mtu_code(request.path_mtu),
+        pkey: port_attr.pkey_table.first().copied().unwrap_or(0xffff),
+        primary_path: PathInfo {
+            local_lid: port_attr.lid,
+            remote_lid: request.remote_lid,
+            local_gid,
+            remote_gid: request.remote_gid.unwrap_or([0; 16]),
+            hop_limit: 0xff,
+            subnet_local: request.remote_gid.is_none(),
+            local_ack_timeout: request.local_ack_timeout & 0x1f,
+            ..PathInfo::default()
+        },
+        private_data: PrivateData::new(&request.private_data)
+            .map_err(|e| Error::invalid_parameter(e.to_string()))?,
+        ..Req::default()
+    };
+    let peer = PeerAddr {
+        lid: request.remote_lid,
+        gid: request.remote_gid.unwrap_or([0; 16]),
+    };
+    let routes = port_use.0.routes.clone();
+    let cep = create(al, None, |_| {
+        Ok(Cep {
+            port: port_use,
+            handler,
+            state: Mutex::new(CepState {
+                port: request.port,
+                ..CepState::default()
+            }),
+        })
+    })?;
+    let h = cep.handle();
+    binding::bind_and_start(
+        qp.cid(),
+        h.raw(),
+        || {
+            qp_to_init(&qp, request.port, request.access)?;
+            let mut st = cep.state.lock();
+            if st.closed {
+                return Err(cep
+                    .core()
+                    .check_live()
+                    .err()
+                    .unwrap_or(Error::invalid_state("the CEP was destroyed during connect")));
+            }
+            let conn = cep.port.0.agent.connect(ConnectParams::new(peer, req))?;
+            st.conn = Some(conn);
+            st.qp = Some(qp.clone());
+            st.req = Some(req);
+            st.peer = Some(peer);
+            drop(st);
+            register(&routes, conn, h);
+            Ok(())
+        },
+        destroy_cep,
+    )
+    .map_err(|e| bind_error(&qp, e))?;
+    Ok(h)
+}
+
+/// What [`accept`] sends.
+#[derive(Clone, Debug)]
+pub struct AcceptReply {
+    /// RDMA READ/atomic requests we accept from the peer (bounded by its
+    /// initiator depth).
+    pub responder_resources: u8,
+    /// RDMA READ/atomic requests we may have outstanding (bounded by its
+    /// responder resources).
+    pub initiator_depth: u8,
+    /// RNR retries the peer should use towards us.
+    pub rnr_retry_count: u8,
+    /// Target ACK delay (timeout encoding).
+    pub target_ack_delay: u8,
+    /// Access rights the QP grants the peer.
+    pub access: Access,
+    /// Up to 196 bytes.
+    pub private_data: Vec<u8>,
+}
+
+impl Default for AcceptReply {
+    fn default() -> Self {
+        AcceptReply {
+            responder_resources: 4,
+            initiator_depth: 4,
+            rnr_retry_count: 7,
+            target_ack_delay: 10,
+            access: ConnectRequest::new(0, 0).access,
+            private_data: Vec::new(),
+        }
+    }
+}
+
+/// Accept the connection request of `cep` on `qp`: bind, move the QP to
+/// INIT and RTR from the negotiated attributes, and send the REP. The QP
+/// goes to RTS when the connection is established (RTU received).
+pub fn accept(
+    al: &AlInstance,
+    cep: Handle<Cep>,
+    qp: Handle<Qp>,
+    reply: &AcceptReply,
+) -> Result<()> {
+    let c = al.resolve(cep)?.to_arc();
+    let qp = al.resolve(qp)?.to_arc();
+    qp.core().check_live()?;
+    let (req, port) = {
+        let st = c.state.lock();
+        let req = st
+            .req
+            .ok_or_else(|| Error::invalid_state("no connection request to accept on this CEP"))?;
+        (req, c.port.0.agent.port())
+    };
+    let conn = c.conn()?;
+    if qp.pd().ca().device().instance_key() != c.port.0.key.0 {
+        return Err(Error::invalid_parameter(
+            "the QP is on another device than the connection request",
+        ));
+    }
+    let responder_resources = reply.responder_resources.min(req.initiator_depth);
+    let initiator_depth = reply.initiator_depth.min(req.responder_resources);
+    let rep = Rep {
+        local_qpn: qp.qpn(),
+        local_qkey: 0,
+        starting_psn: psn_seed(qp.qpn()),
+        responder_resources,
+        initiator_depth,
+        target_ack_delay: reply.target_ack_delay & 0x1f,
+        end_to_end_flow_control: false,
+        rnr_retry_count: reply.rnr_retry_count & 7,
+        srq: qp.has_srq(),
+        private_data: PrivateData::new(&reply.private_data)
+            .map_err(|e| Error::invalid_parameter(e.to_string()))?,
+        ..Rep::default()
+    };
+    let h = c.handle();
+    let result = binding::bind_and_start(
+        qp.cid(),
+        h.raw(),
+        || {
+            qp_to_init(&qp, port, reply.access)?;
+            qp.modify(
+                &QpModify::to(QpState::Rtr)
+                    .av(AvAttr::lid(port, req.primary_path.local_lid))
+                    .path_mtu(ibta_mtu(req.path_mtu))
+                    .dest_qpn(req.local_qpn)
+                    .rq_psn(req.starting_psn)
+                    .max_dest_rd_atomic(responder_resources)
+                    .min_rnr_timer(12),
+            )?;
+            let mut st = c.state.lock();
+            if st.closed {
+                return Err(Error::invalid_state("the CEP was destroyed during accept"));
+            }
+            st.qp = Some(qp.clone());
+            st.rep = Some(rep);
+            drop(st);
+            c.port.0.agent.accept(conn, rep).inspect_err(|_| {
+                c.state.lock().qp = None;
+            })
+        },
+        |_| {},
+    );
+    match result {
+        Ok(()) => Ok(()),
+        Err(e @ Error::Destroying { .. }) => {
+            // QP destroy won the race: this connection cannot go on.
+            let _ = al.destroy(cep, None);
+            Err(e)
+        }
+        Err(e) => Err(bind_error(&qp, e)),
+    }
+}
+
+/// Active side, after the reply: move the QP to RTR and RTS from the REP,
+/// and send the RTU.
+pub fn rtu(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()> {
+    let c = al.resolve(cep)?.to_arc();
+    let conn = c.conn()?;
+    let (qp, req, port) = {
+        let st = c.state.lock();
+        (st.qp.clone(), st.req, st.port)
+    };
+    let (Some(qp), Some(req)) = (qp, req) else {
+        return Err(Error::invalid_state("the CEP has no bound QP and REQ"));
+    };
+    let rep = match c.port.0.agent.state(conn) {
+        Some(crate::proto::State::RepRcvd) | Some(crate::proto::State::MraRepSent) => c
+            .state
+            .lock()
+            .rep
+            .ok_or_else(|| Error::invalid_state("no REP recorded"))?,
+        other => {
+            return Err(Error::invalid_state(format!(
+                "rtu needs a received REP, the connection is in {other:?}"
+            )))
+        }
+    };
+    qp.modify(
+        &QpModify::to(QpState::Rtr)
+            .av(AvAttr::lid(port, req.primary_path.remote_lid))
+            .path_mtu(ibta_mtu(req.path_mtu))
+            .dest_qpn(rep.local_qpn)
+            .rq_psn(rep.starting_psn)
+            .max_dest_rd_atomic(rep.initiator_depth)
+            .min_rnr_timer(12),
+    )?;
+    qp.modify(&rts_attrs(
+        req.starting_psn,
+        &req,
+        rep.rnr_retry_count,
+        rep.responder_resources,
+    ))?;
+    c.port.0.agent.send_rtu(conn, private_data)
+}
+
+/// Reject the request or reply of `cep`.
+pub fn reject(
+    al: &AlInstance,
+    cep: Handle<Cep>,
+    reason: RejectReason,
+    private_data: &[u8],
+) -> Result<()> {
+    let c = al.resolve(cep)?;
+    let conn = c.conn()?;
+    c.port.0.agent.reject(conn, reason, &[], private_data)
+}
+
+/// Acknowledge the peer's message and ask for more time.
+pub fn mra(
+    al: &AlInstance,
+    cep: Handle<Cep>,
+    service_timeout: u8,
+    private_data: &[u8],
+) -> Result<()> {
+    let c = al.resolve(cep)?;
+    let conn = c.conn()?;
+    c.port.0.agent.send_mra(conn, service_timeout, private_data)
+}
+
+/// Start a disconnect (DREQ).
+pub fn disconnect(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()> {
+    let c = al.resolve(cep)?;
+    let conn = c.conn()?;
+    c.port.0.agent.disconnect(conn, private_data)
+}
+
+/// Answer the peer's DREQ (DREP).
+pub fn disconnect_reply(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()> {
+    let c = al.resolve(cep)?;
+    let conn = c.conn()?;
+    c.port.0.agent.disconnect_reply(conn, private_data)
+}
+
+/// Propose an alternate path (LAP).
+pub fn lap(al: &AlInstance, cep: Handle<Cep>, params: LapParams) -> Result<()> {
+    let c = al.resolve(cep)?;
+    let conn = c.conn()?;
+    c.port.0.agent.lap(conn, params)
+}
+
+/// Answer the peer's LAP (APR).
+pub fn apr(al: &AlInstance, cep: Handle<Cep>, status: ApStatus, private_data: &[u8]) -> Result<()> {
+    let c = al.resolve(cep)?;
+    let conn = c.conn()?;
+    c.port.0.agent.apr(conn, status, &[], private_data)
+}
+
+/// Ask a UD service for its QP (SIDR_REQ) from `port` of `ca`; the answer
+/// arrives as [`Event::SidrReply`] to `handler`, after which the CEP goes.
+pub fn sidr_request(
+    al: &std::sync::Arc<AlInstance>,
+    ca: Handle<Ca>,
+    params: SidrParams,
+    port: u8,
+    handler: CmHandler,
+) -> Result<Handle<Cep>> {
+    let ca = al.resolve(ca)?.to_arc();
+    ca.core().check_live()?;
+    let port_use = PortUse::acquire(&ca, port)?;
+    let routes = port_use.0.routes.clone();
+    let cep = create(al, None, |_| {
+        Ok(Cep {
+            port: port_use,
+            handler,
+            state: Mutex::new(CepState {
+                port,
+                ..CepState::default()
+            }),
+        })
+    })?;
+    let h = cep.handle();
+    let mut st = cep.state.lock();
+    match cep.port.0.agent.sidr_request(params) {
+        Ok(conn) => {
+            st.conn = Some(conn);
+            drop(st);
+            register(&routes, conn, h);
+            Ok(h)
+        }
+        Err(e) => {
+            drop(st);
+            let _ = al.destroy(h, None);
+            Err(e)
+        }
+    }
+}
+
+/// Answer a SIDR request (the CEP from the listen callback).
+pub fn sidr_reply(al: &AlInstance, cep: Handle<Cep>, reply: SidrReplyParams) -> Result<()> {
+    let c = al.resolve(cep)?;
+    let conn = c.conn()?;
+    c.port.0.agent.sidr_reply(conn, reply)
+}
+
+/// Agents running in this process (one per device port in use).
+pub fn active_ports() -> usize {
+    registry().registry.lock().ports.len()
+}

@@ -1,0 +1,391 @@
+//! CEP and listen objects end to end on the soft fabric: connect, accept,
+//! RTU, data, disconnect, reconnect, reject, binding errors, QP destroy
+//! racing connect, and AL close reclaiming everything.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc as StdArc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use al::{Al, Error, Handle, Kind};
+use cep::cm::{self, AcceptReply, CmHandler, ConnectRequest, ListenHandler};
+use cep::proto::Event;
+use cep::wire::RejectReason;
+use hca::provider::{Access, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
+use hca::verbs::{self, Ca, Cq, Pd};
+use hca::{Fabric, HcaConfig, RegisteredBuffer, SoftProvider};
+use qp::{create_qp, post_recv, post_send, query_qp, CidState, Qp, QpCreate};
+
+const SERVICE: u64 = 0x1000_0000_0000_00aa;
+
+struct Side {
+    ca: Handle<Ca>,
+    pd: Handle<Pd>,
+    cq: Handle<Cq>,
+    qp: Handle<Qp>,
+}
+
+fn provider() -> SoftProvider {
+    let f = Fabric::new();
+    f.add_hca(HcaConfig::new(0xa000, &[1])).unwrap();
+    f.add_hca(HcaConfig::new(0xb000, &[2])).unwrap();
+    SoftProvider::new(f)
+}
+
+fn side(al: &Al, p: &SoftProvider, guid: u64) -> Side {
+    let ca = verbs::open_ca(al.instance(), p, guid).unwrap();
+    let pd = verbs::alloc_pd(al.instance(), ca).unwrap();
+    let cq = verbs::create_cq(al.instance(), ca, 256, None, None).unwrap();
+    let qp = new_qp(al, pd, cq);
+    Side { ca, pd, cq, qp }
+}
+
+fn new_qp(al: &Al, pd: Handle<Pd>, cq: Handle<Cq>) -> Handle<Qp> {
+    create_qp(
+        al.instance(),
+        pd,
+        QpCreate {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: Default::default(),
+            sq_sig_all: false,
+        },
+    )
+    .unwrap()
+}
+
+fn wait(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what} (ports {})",
+            cm::active_ports()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Every event each side saw, by name.
+#[derive(Default)]
+struct Log(StdMutex<Vec<String>>);
+
+impl Log {
+    fn push(&self, who: &str, ev: &Event) {
+        let name = format!("{ev:?}");
+        let name = name.split([' ', '{', '(']).next().unwrap_or("").to_string();
+        self.0.lock().unwrap().push(format!("{who}:{name}"));
+    }
+    fn count(&self, entry: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| *e == entry)
+            .count()
+    }
+}
+
+/// A passive side that accepts every request on `qp` and answers DREQs.
+fn accepting_listener(al: &Al, b: &Side, log: &StdArc<Log>) -> Handle<cm::Listen> {
+    let (inst, qp, l1, l2) = (al.instance().clone(), b.qp, log.clone(), log.clone());
+    let on_request: ListenHandler = StdArc::new(move |_l, cep, ev| {
+        l1.push("B", ev);
+        cm::accept(&inst, cep, qp, &AcceptReply::default()).unwrap();
+    });
+    let inst2 = al.instance().clone();
+    let handler: CmHandler = StdArc::new(move |cep, ev| {
+        l2.push("B", ev);
+        if let Event::DisconnectRequest { .. } = ev {
+            cm::disconnect_reply(&inst2, cep, b"bye").unwrap();
+        }
+    });
+    cm::listen(al.instance(), b.ca, 1, SERVICE, on_request, handler).unwrap()
+}
+
+/// An active-side handler that sends the RTU on the reply.
+fn active_handler(al: &Al, log: &StdArc<Log>) -> CmHandler {
+    let (inst, l) = (al.instance().clone(), log.clone());
+    StdArc::new(move |cep, ev| {
+        l.push("A", ev);
+        if let Event::ReplyReceived { .. } = ev {
+            cm::rtu(&inst, cep, b"rtu").unwrap();
+        }
+    })
+}
+
+fn send_and_check(al: &Al, a: &Side, b: &Side, byte: u8) {
+    let (ba, bb) = (RegisteredBuffer::new(256), RegisteredBuffer::new(256));
+    let ma = verbs::register_mr(al.instance(), a.pd, &ba, 0, 256, 0, Access::LOCAL_WRITE).unwrap();
+    let mb = verbs::register_mr(al.instance(), b.pd, &bb, 0, 256, 0, Access::LOCAL_WRITE).unwrap();
+    let (lka, lkb) = (
+        al.resolve(ma).unwrap().lkey(),
+        al.resolve(mb).unwrap().lkey(),
+    );
+    ba.fill(byte);
+    let rs = [Sge {
+        addr: 0,
+        length: 256,
+        lkey: lkb,
+    }];
+    post_recv(
+        al,
+        b.qp,
+        &[RecvWr {
+            wr_id: 7,
+            sg_list: &rs,
+        }],
+    )
+    .unwrap();
+    let ss = [Sge {
+        addr: 0,
+        length: 256,
+        lkey: lka,
+    }];
+    post_send(al, a.qp, &[SendWr::new(1, SendOp::Send, &ss)]).unwrap();
+    let mut wc = [Wc::default()];
+    wait("the receive completion", || {
+        verbs::poll_cq(al, b.cq, &mut wc).unwrap() == 1
+    });
+    assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
+    assert!(bb.to_vec().iter().all(|&x| x == byte));
+    while verbs::poll_cq(al, a.cq, &mut wc).unwrap() > 0 {}
+    al.destroy(ma, None).unwrap();
+    al.destroy(mb, None).unwrap();
+}
+
+#[test]
+fn connect_accept_rtu_data_disconnect_and_reconnect() {
+    let p = provider();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    let log = StdArc::new(Log::default());
+    accepting_listener(&al, &b, &log);
+
+    for round in 0..2u8 {
+        let cep = cm::connect(
+            al.instance(),
+            a.qp,
+            &ConnectRequest::new(SERVICE, 2),
+            active_handler(&al, &log),
+        )
+        .unwrap();
+        wait("established on both sides", || {
+            log.count("A:Established") == round as usize + 1
+                && log.count("B:Established") == round as usize + 1
+        });
+        assert_eq!(query_qp(&al, a.qp).unwrap().state, QpState::Rts);
+        assert_eq!(query_qp(&al, b.qp).unwrap().state, QpState::Rts);
+        assert!(
+            matches!(al.resolve(a.qp).unwrap().cid().load(), CidState::Bound(h) if h == cep.raw())
+        );
+        send_and_check(&al, &a, &b, 0x40 + round);
+
+        // A second connect on the bound QP fails and leaks nothing.
+        let before = al.stats().live(Kind::CEP);
+        let again = cm::connect(
+            al.instance(),
+            a.qp,
+            &ConnectRequest::new(SERVICE, 2),
+            active_handler(&al, &log),
+        );
+        assert!(matches!(again, Err(Error::AlreadyConnected)), "{again:?}");
+        al.run_callbacks();
+        wait("the losing CEP to be gone", || {
+            al.stats().live(Kind::CEP) == before
+        });
+
+        cm::disconnect(&al, cep, b"dreq").unwrap();
+        wait("both CEPs released", || {
+            log.count("A:Released") == round as usize + 1
+                && log.count("B:Released") == round as usize + 1
+        });
+        wait("CEP objects destroyed", || al.stats().live(Kind::CEP) == 0);
+        assert_eq!(al.resolve(a.qp).unwrap().cid().load(), CidState::Unbound);
+        assert_eq!(al.resolve(b.qp).unwrap().cid().load(), CidState::Unbound);
+        assert!(al.resolve(cep).is_err());
+    }
+    assert_eq!(log.count("A:Disconnected"), 2);
+    assert_eq!(log.count("B:DisconnectRequest"), 2);
+    let stats = al.close().unwrap();
+    assert!(stats.is_clean(), "{stats}");
+}
+
+#[test]
+fn a_rejected_request_frees_the_qp_and_reports_the_reason() {
+    let p = provider();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    let inst = al.instance().clone();
+    let on_request: ListenHandler = StdArc::new(move |_l, cep, _ev| {
+        cm::reject(&inst, cep, RejectReason::ConsumerReject, b"not today").unwrap();
+    });
+    let noop: CmHandler = StdArc::new(|_, _| {});
+    cm::listen(al.instance(), b.ca, 1, SERVICE, on_request, noop).unwrap();
+    let log = StdArc::new(Log::default());
+    let l = log.clone();
+    let reason = StdArc::new(StdMutex::new(None));
+    let r2 = reason.clone();
+    let handler: CmHandler = StdArc::new(move |_cep, ev| {
+        l.push("A", ev);
+        if let Event::Rejected { reason, rej, .. } = ev {
+            *r2.lock().unwrap() = Some((*reason, rej.private_data.as_bytes()[..9].to_vec()));
+        }
+    });
+    cm::connect(
+        al.instance(),
+        a.qp,
+        &ConnectRequest::new(SERVICE, 2),
+        handler,
+    )
+    .unwrap();
+    wait("the reject", || reason.lock().unwrap().is_some());
+    let (why, pd) = reason.lock().unwrap().take().unwrap();
+    assert_eq!(why, RejectReason::ConsumerReject);
+    assert_eq!(pd, b"not today");
+    wait("released", || log.count("A:Released") == 1);
+    wait("the QP unbound", || {
+        al.resolve(a.qp).unwrap().cid().load() == CidState::Unbound
+    });
+    wait("no CEP left", || al.stats().live(Kind::CEP) == 0);
+    assert!(al.close().unwrap().is_clean());
+}
+
+#[test]
+fn no_listener_means_invalid_service_id() {
+    let p = provider();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    // B's port answers CM MADs once the CM is attached, listener or not.
+    let ports = cm::attach_ca(al.instance(), b.ca).unwrap();
+    assert_eq!(ports.len(), 1);
+    let got = StdArc::new(StdMutex::new(None));
+    let g = got.clone();
+    let handler: CmHandler = StdArc::new(move |_cep, ev| {
+        if let Event::Rejected { reason, .. } = ev {
+            *g.lock().unwrap() = Some(*reason);
+        }
+    });
+    cm::connect(
+        al.instance(),
+        a.qp,
+        &ConnectRequest::new(0xdead, 2),
+        handler,
+    )
+    .unwrap();
+    wait("the reject", || got.lock().unwrap().is_some());
+    assert_eq!(got.lock().unwrap().unwrap(), RejectReason::InvalidServiceId);
+    assert!(al.close().unwrap().is_clean());
+}
+
+#[test]
+fn destroying_a_connected_qp_disconnects_and_reclaims_its_cep() {
+    let p = provider();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    let log = StdArc::new(Log::default());
+    accepting_listener(&al, &b, &log);
+    let cep = cm::connect(
+        al.instance(),
+        a.qp,
+        &ConnectRequest::new(SERVICE, 2),
+        active_handler(&al, &log),
+    )
+    .unwrap();
+    wait("established", || {
+        log.count("A:Established") == 1 && log.count("B:Established") == 1
+    });
+    al.destroy_sync(a.qp).unwrap();
+    assert!(
+        al.resolve(cep).is_err(),
+        "the QP's destroy destroyed its CEP"
+    );
+    // The peer hears the DREQ the CEP's teardown sent.
+    wait("B's disconnect request", || {
+        log.count("B:DisconnectRequest") == 1
+    });
+    wait("B released", || log.count("B:Released") == 1);
+    assert!(al.close().unwrap().is_clean());
+}
+
+#[test]
+fn connect_racing_qp_destroy_has_one_winner_and_leaks_nothing() {
+    let p = provider();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    let log = StdArc::new(Log::default());
+    accepting_listener(&al, &b, &log);
+    let outcomes = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    for _ in 0..30 {
+        let qp = new_qp(&al, a.pd, a.cq);
+        std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                cm::connect(
+                    al.instance(),
+                    qp,
+                    &ConnectRequest::new(SERVICE, 2),
+                    active_handler(&al, &log),
+                )
+            });
+            let d = s.spawn(|| al.destroy(qp, None));
+            let (c, d) = (h.join().unwrap(), d.join().unwrap());
+            d.unwrap();
+            match c {
+                Ok(cep) => {
+                    // Connect won the bind; the QP destroy then destroyed the CEP.
+                    outcomes[0].fetch_add(1, Ordering::SeqCst);
+                    wait("the CEP to go with its QP", || al.resolve(cep).is_err());
+                }
+                Err(e) => {
+                    assert!(
+                        matches!(e, Error::Destroying { .. } | Error::InvalidHandle { .. }),
+                        "{e}"
+                    );
+                    outcomes[1].fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+    }
+    wait("every CEP gone on A's side", || {
+        al.stats().live(Kind::QP) == 2 && al.stats().live(Kind::CEP) <= 1
+    });
+    let stats = al.close().unwrap();
+    assert!(stats.is_clean(), "{stats}");
+    assert_eq!(
+        outcomes[0].load(Ordering::SeqCst) + outcomes[1].load(Ordering::SeqCst),
+        30
+    );
+}
+
+#[test]
+fn closing_the_al_mid_connection_reclaims_every_cep() {
+    let p = provider();
+    let (al, al_b) = (Al::open().unwrap(), Al::open().unwrap());
+    let (a, b) = (side(&al, &p, 0xa000), side(&al_b, &p, 0xb000));
+    let log = StdArc::new(Log::default());
+    accepting_listener(&al_b, &b, &log);
+    // Several QPs connecting at once, then the AL goes.
+    for _ in 0..5 {
+        let qp = new_qp(&al, a.pd, a.cq);
+        cm::connect(
+            al.instance(),
+            qp,
+            &ConnectRequest::new(SERVICE, 2),
+            active_handler(&al, &log),
+        )
+        .unwrap();
+    }
+    cm::connect(
+        al.instance(),
+        a.qp,
+        &ConnectRequest::new(SERVICE, 2),
+        active_handler(&al, &log),
+    )
+    .unwrap();
+    let stats = al.close().unwrap();
+    assert!(stats.is_clean(), "{stats}");
+    // B's side sees its connections end (DREQ or REJ), and nothing stays.
+    wait("B's CEPs to end", || al_b.stats().live(Kind::CEP) == 0);
+    assert!(al_b.close().unwrap().is_clean());
+}
