@@ -17,3 +17,4 @@ pub use qp;
 pub mod devinfo;
 pub mod fuzzing;
 pub mod perf;
+pub mod pingpong;

@@ -17,7 +17,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print what this build contains and run a quick self-check (the default).
+    /// The main job (the default): two soft HCAs, a connection through the
+    /// CM, an RDMA WRITE + SEND ping-pong, disconnect, destroy, leak check.
+    Pingpong {
+        /// Run on the embedded in-process fabric (the only mode today).
+        #[arg(long, default_value_t = true)]
+        loopback: bool,
+        /// Round trips.
+        #[arg(long, default_value_t = 1000)]
+        iterations: u32,
+        /// Bytes written each way per round trip.
+        #[arg(long, default_value_t = 4096)]
+        size: usize,
+        /// Print one JSON object instead of the step list.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print what this build contains and run a quick self-check.
     Overview,
     /// List the devices and ports of the embedded soft fabric, like ibv_devinfo -v.
     Devinfo {
@@ -104,7 +120,18 @@ fn parse_size(s: &str) -> Result<usize, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Command::Overview) {
+    let result = match cli.command.unwrap_or(Command::Pingpong {
+        loopback: true,
+        iterations: 1000,
+        size: 4096,
+        json: false,
+    }) {
+        Command::Pingpong {
+            loopback,
+            iterations,
+            size,
+            json,
+        } => pingpong(loopback, iterations, size, json),
         Command::Overview => overview(),
         Command::Devinfo { json } => devinfo(json),
         Command::Perf { bench } => perf(bench),
@@ -116,6 +143,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn pingpong(loopback: bool, iterations: u32, size: usize, json: bool) -> Result<(), String> {
+    if !loopback {
+        return Err("only --loopback (the embedded in-process fabric) is available".into());
+    }
+    let report = ibal::pingpong::run(&ibal::pingpong::PingPongConfig { iterations, size })?;
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+        println!("\n`ibal overview` describes this build; `ibal --help` lists every command.");
+    }
+    Ok(())
 }
 
 fn perf(bench: PerfCommand) -> Result<(), String> {
@@ -215,6 +256,8 @@ fn overview() -> Result<(), String> {
     );
     println!();
     println!("Commands:");
+    println!("  ibal [pingpong --loopback] [--iterations N] [--size S] [--json]");
+    println!("                                                the main job: connect through the CM, WRITE+SEND ping-pong, disconnect, leak check");
     println!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
     println!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     println!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");

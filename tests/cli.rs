@@ -83,8 +83,41 @@ fn has_keys(keys: &[String], want: &[&str]) {
 }
 
 #[test]
-fn no_arguments_prints_the_overview_and_mentions_devinfo() {
+fn no_arguments_runs_the_pingpong_main_job() {
     let out = ok(&[]);
+    for step in [
+        "connect (REQ/REP/RTU)",
+        "ping-pong",
+        "disconnect",
+        "close AL",
+    ] {
+        assert!(out.contains(step), "missing {step}: {out}");
+    }
+    assert!(out.contains("nothing leaked"), "{out}");
+}
+
+#[test]
+fn pingpong_json_reports_zero_live_objects() {
+    let out = ok(&[
+        "pingpong",
+        "--loopback",
+        "--iterations",
+        "10",
+        "--size",
+        "256",
+        "--json",
+    ]);
+    let keys = one_json_object(&out);
+    has_keys(
+        &keys,
+        &["job", "rtt_median_us", "bandwidth_mb_s", "live_after_close"],
+    );
+    assert!(out.contains("\"live_after_close\":0"), "{out}");
+}
+
+#[test]
+fn overview_mentions_devinfo_and_the_benchmarks() {
+    let out = ok(&["overview"]);
     assert!(out.contains("Self-check"), "{out}");
     assert!(out.contains("ibal devinfo"), "{out}");
     assert!(out.contains("perf write-bw") && out.contains("perf send-rate"));
