@@ -9,7 +9,7 @@
 //! * A CEP is a top-level object of its AL (AL close reclaims it after its
 //!   teardown sent the REJ or DREQ its state calls for).
 //! * A CEP is bound to its QP only through the QP's [`qp::CidSlot`], with
-//!   the protocol of [`crate::binding`]: connecting or accepting on a bound
+//!   the protocol of [`qp::cid`]: connecting or accepting on a bound
 //!   QP fails (`AlreadyConnected`, or `QpInTimewait` while the old
 //!   connection is in timewait) and leaks nothing; connect or accept racing
 //!   QP destroy has one winner and the loser's CEP is destroyed; QP destroy
@@ -34,11 +34,11 @@ use hca::verbs::{Ca, Dev};
 use qp::{CidState, Qp};
 
 use crate::agent::{AgentConfig, CmAgent, EventSink};
-use crate::binding;
 use crate::proto::{
     ConnId, ConnectParams, Event, LapParams, PeerAddr, SidrParams, SidrReplyParams,
 };
 use crate::wire::{ApStatus, PathInfo, PrivateData, RejectReason, Rep, Req, TransportType};
+use qp::cid as binding;
 
 /// Called on the AL executor for every event of a CEP.
 pub type CmHandler = std::sync::Arc<dyn Fn(Handle<Cep>, &Event) + Send + Sync>;

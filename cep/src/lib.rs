@@ -6,7 +6,6 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
-pub mod binding;
 pub mod cm;
 pub mod proto;
 pub mod wire;

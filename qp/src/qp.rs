@@ -44,9 +44,9 @@ impl Object for Qp {
     /// one caller that got it back from the swap. Its destroy sends the
     /// DREQ or REJ its state calls for.
     fn teardown(obj: &Arc<Obj<Self>>) {
-        if let Some(cep) = obj.cid.tombstone() {
+        crate::cid::tombstone(&obj.cid, |cep| {
             let _ = destroy_raw(cep);
-        }
+        });
     }
 }
 

@@ -1,0 +1,277 @@
+//! loom models of connect / accept racing QP destroy, at the CEP level.
+//!
+//! They run the production binding protocol (`qp::cid::{bind_and_start,
+//! release, tombstone}` on the real `CidSlot`) with real access-layer
+//! objects (handle tables, destroy, `destroy_raw`, cascades, destroy
+//! callbacks). The QP and CEP bodies are stand-ins: the real ones own a
+//! provider QP and a CM agent with its own threads, which loom cannot run.
+//! Their teardowns do what the real ones do with the slot: QP teardown
+//! tombstones it and destroys the CEP it got back; CEP teardown releases
+//! its binding.
+#![cfg(ibal_loom)]
+
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+use al::sync::Mutex;
+use al::{
+    create, destroy_raw, Al, AlConfig, Error, ExecutorMode, Handle, Kind, Obj, Object, RawHandle,
+};
+use qp::cid::{self, CidSlot, CidState};
+
+mod common;
+use common::model;
+
+struct ModelQp {
+    cid: CidSlot,
+}
+impl Object for ModelQp {
+    const KIND: Kind = Kind::QP;
+    al::object_table!(ModelQp);
+    fn teardown(obj: &Arc<Obj<Self>>) {
+        cid::tombstone(&obj.cid, |cep| {
+            let _ = destroy_raw(cep);
+        });
+    }
+}
+
+struct ModelCep {
+    qp: Mutex<Option<Arc<Obj<ModelQp>>>>,
+}
+impl Object for ModelCep {
+    const KIND: Kind = Kind::CEP;
+    al::object_table!(ModelCep);
+    fn teardown(obj: &Arc<Obj<Self>>) {
+        if let Some(qp) = obj.qp.lock().take() {
+            cid::release(&qp.cid, obj.core().handle(), |_| {});
+        }
+    }
+}
+
+fn manual_al() -> Arc<Al> {
+    Arc::new(
+        Al::open_with(AlConfig {
+            executor: ExecutorMode::Manual,
+        })
+        .unwrap(),
+    )
+}
+
+fn finish(al: Arc<Al>) {
+    al.run_callbacks();
+    let al = Arc::try_unwrap(al).unwrap_or_else(|_| panic!("AL still shared"));
+    let stats = al.close().unwrap();
+    assert!(stats.is_clean(), "{stats}");
+}
+
+/// connect (create CEP, publish it in the slot, start) vs QP destroy: one
+/// winner; the CEP is destroyed exactly once either way and nothing leaks.
+#[test]
+fn connect_vs_qp_destroy() {
+    model("connect_vs_qp_destroy", || {
+        let al = manual_al();
+        let qp = create(al.instance(), None, |_| {
+            Ok(ModelQp {
+                cid: CidSlot::new(),
+            })
+        })
+        .unwrap();
+        let qh: Handle<ModelQp> = qp.handle();
+        let connector = {
+            let (al, qp) = (al.clone(), qp.clone());
+            thread::spawn(move || {
+                let cep = create(al.instance(), None, |_| {
+                    Ok(ModelCep {
+                        qp: Mutex::new(None),
+                    })
+                })
+                .unwrap();
+                let h = cep.core().handle();
+                let r = cid::bind_and_start(
+                    &qp.cid,
+                    h,
+                    || {
+                        *cep.qp.lock() = Some(qp.clone());
+                        Ok(())
+                    },
+                    |c| {
+                        let _ = destroy_raw(c);
+                    },
+                );
+                (h, r)
+            })
+        };
+        al.destroy(qh, None).unwrap();
+        drop(qp);
+        let (cep, r) = connector.join().unwrap();
+        match r {
+            Ok(()) => {}
+            Err(e) => assert!(matches!(e, Error::Destroying { .. }), "{e}"),
+        }
+        // Either way the CEP is gone: the loser destroyed its own, or the
+        // QP destroy destroyed the one it found bound.
+        let cep: Handle<ModelCep> = Handle::from_raw(cep);
+        assert!(al.resolve(cep).is_err(), "CEP left behind");
+        finish(al);
+    });
+}
+
+/// accept (bind an existing CEP, start) vs QP destroy: if the QP destroy
+/// wins the bind, accept fails and destroys the CEP; if accept wins, the QP
+/// destroy destroys it. Exactly once.
+#[test]
+fn accept_vs_qp_destroy() {
+    model("accept_vs_qp_destroy", || {
+        let al = manual_al();
+        let qp = create(al.instance(), None, |_| {
+            Ok(ModelQp {
+                cid: CidSlot::new(),
+            })
+        })
+        .unwrap();
+        let qh: Handle<ModelQp> = qp.handle();
+        let destroyed = Arc::new(AtomicUsize::new(0));
+        let cep = create(al.instance(), None, |_| {
+            Ok(ModelCep {
+                qp: Mutex::new(None),
+            })
+        })
+        .unwrap();
+        let ch: Handle<ModelCep> = cep.handle();
+        let acceptor = {
+            let (al, qp, destroyed) = (al.clone(), qp.clone(), destroyed.clone());
+            thread::spawn(move || {
+                let r = cid::bind_and_start(
+                    &qp.cid,
+                    ch.raw(),
+                    || {
+                        *cep.qp.lock() = Some(qp.clone());
+                        Ok(())
+                    },
+                    |_| {},
+                );
+                if let Err(e) = &r {
+                    assert!(matches!(e, Error::Destroying { .. }), "{e}");
+                    // QP destroy won: accept destroys the connection's CEP.
+                    if al.destroy(ch, None).is_ok() {
+                        destroyed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                r.is_ok()
+            })
+        };
+        al.destroy(qh, None).unwrap();
+        drop(qp);
+        let accepted = acceptor.join().unwrap();
+        assert!(al.resolve(ch).is_err(), "CEP left behind");
+        if accepted {
+            assert_eq!(
+                destroyed.load(Ordering::SeqCst),
+                0,
+                "accept won: only QP destroy destroys"
+            );
+        } else {
+            assert_eq!(destroyed.load(Ordering::SeqCst), 1);
+        }
+        finish(al);
+    });
+}
+
+/// Two connects on one QP, then the QP is destroyed: exactly one binds,
+/// the loser's CEP is destroyed by the loser, the winner's by QP destroy.
+#[test]
+fn two_connects_on_one_qp() {
+    model("two_connects_on_one_qp", || {
+        let al = manual_al();
+        let qp = create(al.instance(), None, |_| {
+            Ok(ModelQp {
+                cid: CidSlot::new(),
+            })
+        })
+        .unwrap();
+        let qh: Handle<ModelQp> = qp.handle();
+        let connect = |al: Arc<Al>, qp: Arc<Obj<ModelQp>>| {
+            thread::spawn(move || {
+                let cep = create(al.instance(), None, |_| {
+                    Ok(ModelCep {
+                        qp: Mutex::new(None),
+                    })
+                })
+                .unwrap();
+                let h = cep.core().handle();
+                let r = cid::bind_and_start(
+                    &qp.cid,
+                    h,
+                    || {
+                        *cep.qp.lock() = Some(qp.clone());
+                        Ok(())
+                    },
+                    |c| {
+                        let _ = destroy_raw(c);
+                    },
+                );
+                (h, r.is_ok())
+            })
+        };
+        let a = connect(al.clone(), qp.clone());
+        let b = connect(al.clone(), qp.clone());
+        let (ha, oka) = a.join().unwrap();
+        let (hb, okb) = b.join().unwrap();
+        assert!(oka ^ okb, "exactly one connect binds");
+        let (winner, loser): (RawHandle, RawHandle) = if oka { (ha, hb) } else { (hb, ha) };
+        assert_eq!(qp.cid.load(), CidState::Bound(winner));
+        let loser: Handle<ModelCep> = Handle::from_raw(loser);
+        assert!(al.resolve(loser).is_err(), "the loser's CEP leaked");
+        al.destroy(qh, None).unwrap();
+        let winner: Handle<ModelCep> = Handle::from_raw(winner);
+        assert!(al.resolve(winner).is_err(), "QP destroy left its CEP");
+        assert_eq!(qp.cid.load(), CidState::Tombstone);
+        drop(qp);
+        finish(al);
+    });
+}
+
+/// A connection ending (release) races QP destroy: the slot ends
+/// Tombstone, and the CEP is destroyed exactly once.
+#[test]
+fn release_vs_qp_destroy() {
+    model("release_vs_qp_destroy", || {
+        let al = manual_al();
+        let qp = create(al.instance(), None, |_| {
+            Ok(ModelQp {
+                cid: CidSlot::new(),
+            })
+        })
+        .unwrap();
+        let qh: Handle<ModelQp> = qp.handle();
+        let cep = create(al.instance(), None, |_| {
+            Ok(ModelCep {
+                qp: Mutex::new(None),
+            })
+        })
+        .unwrap();
+        let ch: Handle<ModelCep> = cep.handle();
+        cid::bind_and_start(&qp.cid, ch.raw(), || Ok(()), |_| {}).unwrap();
+        *cep.qp.lock() = Some(qp.clone());
+        drop(cep);
+        let ender = {
+            let qp = qp.clone();
+            thread::spawn(move || {
+                cid::release(&qp.cid, ch.raw(), |c| {
+                    let _ = destroy_raw(c);
+                })
+            })
+        };
+        al.destroy(qh, None).unwrap();
+        ender.join().unwrap();
+        assert_eq!(
+            qp.cid.load(),
+            CidState::Tombstone,
+            "a release undid the tombstone"
+        );
+        assert!(al.resolve(ch).is_err(), "CEP left behind");
+        drop(qp);
+        finish(al);
+    });
+}
