@@ -68,6 +68,9 @@ struct Queue {
     /// Bumped on every post and completion; waiters compare it to know
     /// whether anything happened since they last looked.
     events: u64,
+    /// A thread is draining a manual executor: others must not, or two
+    /// callbacks (of one object, even) could run at once.
+    draining: bool,
 }
 
 struct Shared {
@@ -94,6 +97,7 @@ impl Executor {
                 executed: 0,
                 panicked: 0,
                 events: 0,
+                draining: false,
             }),
             changed: Condvar::new(),
         });
@@ -139,8 +143,23 @@ impl Executor {
             return 0;
         }
         let mut ran = 0;
+        {
+            let mut q = self.shared.queue.lock();
+            if q.draining && !cfg!(ibal_mutant = "executor_parallel_drain") {
+                // Someone else is running callbacks; they will run ours too.
+                return 0;
+            }
+            q.draining = true;
+        }
         loop {
-            let job = self.shared.queue.lock().jobs.pop_front();
+            let job = {
+                let mut q = self.shared.queue.lock();
+                let job = q.jobs.pop_front();
+                if job.is_none() {
+                    q.draining = false;
+                }
+                job
+            };
             let Some(job) = job else { return ran };
             run_job(&self.shared, job);
             ran += 1;
@@ -161,7 +180,9 @@ impl Executor {
                 return Ok(());
             }
             let mut q = self.shared.queue.lock();
-            if q.events != seen || (self.mode == ExecutorMode::Manual && !q.jobs.is_empty()) {
+            let runnable_here =
+                self.mode == ExecutorMode::Manual && !q.jobs.is_empty() && !q.draining;
+            if q.events != seen || runnable_here {
                 continue;
             }
             self.shared.changed.wait(&mut q);

@@ -275,3 +275,112 @@ fn release_vs_qp_destroy() {
         finish(al);
     });
 }
+
+/// Timewait expiry (the `Released` path: release the binding, destroy the
+/// CEP) races the user destroying the CEP (whose teardown releases the
+/// binding): the CEP's destroy callback runs exactly once and the QP ends
+/// unbound.
+#[test]
+fn timewait_expiry_vs_destroy() {
+    model("timewait_expiry_vs_destroy", || {
+        let al = manual_al();
+        let qp = create(al.instance(), None, |_| {
+            Ok(ModelQp {
+                cid: CidSlot::new(),
+            })
+        })
+        .unwrap();
+        let cep = create(al.instance(), None, |_| {
+            Ok(ModelCep {
+                qp: Mutex::new(None),
+            })
+        })
+        .unwrap();
+        let ch: Handle<ModelCep> = cep.handle();
+        cid::bind_and_start(&qp.cid, ch.raw(), || Ok(()), |_| {}).unwrap();
+        *cep.qp.lock() = Some(qp.clone());
+        drop(cep);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let expiry = {
+            let qp = qp.clone();
+            thread::spawn(move || {
+                cid::release(&qp.cid, ch.raw(), |c| {
+                    let _ = destroy_raw(c);
+                });
+            })
+        };
+        let c = calls.clone();
+        let user = al.destroy(
+            ch,
+            Some(Box::new(move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+            })),
+        );
+        expiry.join().unwrap();
+        if let Err(e) = &user {
+            assert!(
+                matches!(e, Error::InvalidHandle { .. } | Error::Destroying { .. }),
+                "{e}"
+            );
+        }
+        al.run_callbacks();
+        assert!(al.resolve(ch).is_err());
+        assert_eq!(qp.cid.load(), CidState::Unbound);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            usize::from(user.is_ok()),
+            "the user's destroy callback runs once if its destroy won"
+        );
+        drop(qp);
+        finish(al);
+    });
+}
+
+/// AL close races a connect in progress on another thread: whatever the
+/// interleaving, the close reclaims the CEP (creation fails with
+/// `Destroying`, or the cascade destroys it). The QP belongs to another
+/// AL instance here, so QP destroy cannot mask a CEP that escaped the
+/// close: only the close's own sealing and cascade are checked.
+#[test]
+fn al_close_vs_connect() {
+    model("al_close_vs_connect", || {
+        let al = manual_al();
+        let other = manual_al();
+        let qp = create(other.instance(), None, |_| {
+            Ok(ModelQp {
+                cid: CidSlot::new(),
+            })
+        })
+        .unwrap();
+        let connector = {
+            let (inst, qp) = (al.instance().clone(), qp.clone());
+            thread::spawn(move || {
+                let cep = create(&inst, None, |_| {
+                    Ok(ModelCep {
+                        qp: Mutex::new(None),
+                    })
+                });
+                let Ok(cep) = cep else { return };
+                let _ = cid::bind_and_start(
+                    &qp.cid,
+                    cep.core().handle(),
+                    || {
+                        *cep.qp.lock() = Some(qp.clone());
+                        Ok(())
+                    },
+                    |c| {
+                        let _ = destroy_raw(c);
+                    },
+                );
+            })
+        };
+        al.instance().close_async(None).unwrap();
+        connector.join().unwrap();
+        al.run_callbacks();
+        let stats = al.stats();
+        assert!(stats.is_clean(), "AL close left {stats}");
+        drop(al);
+        drop(qp);
+        finish(other);
+    });
+}
