@@ -9,6 +9,9 @@ pub fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(3);
     }
+    // Models over real verbs objects build a whole soft HCA first, which
+    // is thousands of (single-threaded) loom operations.
+    builder.max_branches = builder.max_branches.max(100_000);
     builder.check(move || {
         EXECUTIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         f()
