@@ -18,3 +18,4 @@ pub mod devinfo;
 pub mod fuzzing;
 pub mod perf;
 pub mod pingpong;
+pub mod stress;

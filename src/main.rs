@@ -46,6 +46,40 @@ enum Command {
         #[command(subcommand)]
         bench: PerfCommand,
     },
+    /// Many threads doing random connect/accept/reject/disconnect/destroy/close
+    /// on a soft fabric with CM fault injection; fails on any leak or broken invariant.
+    Stress {
+        /// How long the workers run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Worker threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Probability a CM MAD (any UD/GSI/UC packet) is dropped.
+        #[arg(long, default_value_t = 0.0)]
+        drop: f64,
+        /// Probability a CM MAD is delivered twice.
+        #[arg(long, default_value_t = 0.0)]
+        dup: f64,
+        /// Probability a CM MAD overtakes the one queued before it.
+        #[arg(long, default_value_t = 0.0)]
+        reorder: f64,
+        /// Probability a CM MAD is held for 1..=3 fabric ticks.
+        #[arg(long, default_value_t = 0.0)]
+        delay: f64,
+        /// Seed of the workers, the callbacks and the faults.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Soft HCAs on the fabric (one port each).
+        #[arg(long, default_value_t = 4)]
+        hcas: usize,
+        /// Listen on every service once, before the workers start, instead of at random.
+        #[arg(long)]
+        static_listens: bool,
+        /// Print one JSON object instead of the summary table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -98,6 +132,21 @@ enum PerfCommand {
         #[arg(long)]
         json: bool,
     },
+    /// CM connect latency (to ESTABLISHED on both sides) and rate against a 256-byte MAD round trip.
+    ConnRate {
+        /// Serial connections (median and p99; also the REQ->REJ probes).
+        #[arg(long, default_value_t = 500)]
+        connections: usize,
+        /// Connections in flight at once in the throughput phase.
+        #[arg(long, default_value_t = 64)]
+        in_flight: usize,
+        /// Batches of --in-flight connections in the throughput phase.
+        #[arg(long, default_value_t = 8)]
+        batches: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// A byte count: digits with an optional K/KiB or M/MiB suffix.
@@ -135,6 +184,31 @@ fn main() -> ExitCode {
         Command::Overview => overview(),
         Command::Devinfo { json } => devinfo(json),
         Command::Perf { bench } => perf(bench),
+        Command::Stress {
+            seconds,
+            threads,
+            drop,
+            dup,
+            reorder,
+            delay,
+            seed,
+            hcas,
+            static_listens,
+            json,
+        } => ibal::stress::main(
+            &ibal::stress::StressConfig {
+                seconds,
+                threads,
+                drop,
+                duplicate: dup,
+                reorder,
+                delay,
+                seed,
+                hcas,
+                static_listens,
+            },
+            json,
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -207,6 +281,20 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             let report = ibal::perf::verbs::run_send_rate(&ibal::perf::verbs::SendRateConfig {
                 msgs,
                 rounds,
+            })?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::ConnRate {
+            connections,
+            in_flight,
+            batches,
+            json,
+        } => {
+            let report = ibal::perf::conn::run(&ibal::perf::conn::ConnRateConfig {
+                connections,
+                in_flight,
+                batches,
             })?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())

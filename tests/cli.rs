@@ -278,3 +278,33 @@ fn bad_arguments_fail_with_a_message_on_stderr() {
         assert!(!err.trim().is_empty(), "ibal {args:?}: empty stderr");
     }
 }
+
+#[test]
+fn perf_conn_rate_json() {
+    let out = ok(&[
+        "perf",
+        "conn-rate",
+        "--connections",
+        "20",
+        "--in-flight",
+        "4",
+        "--json",
+    ]);
+    let keys = one_json_object(&out);
+    has_keys(
+        &keys,
+        &[
+            "benchmark",
+            "connect_median_us",
+            "connect_p99_us",
+            "conns_per_sec",
+            "mad_rtt_median_us",
+            "ratio_connect_vs_mad_rtt",
+            "target_met",
+            "rej_rtt_median_us",
+            "ratio_connect_vs_krcore",
+        ],
+    );
+    assert!(out.contains("\"benchmark\":\"conn-rate\""));
+    assert!(out.contains("\"connections\":20") && out.contains("\"in_flight\":4"));
+}

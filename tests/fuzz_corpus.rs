@@ -68,6 +68,31 @@ fn cm_protocol_survives_random_inputs() {
     }
 }
 
+#[test]
+fn al_api_corpus_replays_clean() {
+    let n = replay("al_api", ibal::fuzzing::al_api);
+    assert!(n > 0, "the al_api seed corpus is missing");
+}
+
+/// A short stable-toolchain sweep of random inputs through the AL/CM API
+/// harness.
+#[test]
+fn al_api_survives_random_inputs() {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..40 {
+        let len = 2 + (x % 120) as usize;
+        let data: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        ibal::fuzzing::al_api(&data);
+    }
+}
+
 /// Rewrites the seed corpora: `cargo test --test fuzz_corpus -- --ignored`.
 /// Seeds are one well-formed MAD of every CM message (plus a few malformed
 /// ones), and a few handle-table operation scripts.
@@ -160,4 +185,80 @@ fn regenerate_seed_corpora() {
     std::fs::write(cm_dir.join("seed-lost-req"), &lossy).unwrap();
     let no_listener: Vec<u8> = [op(1, 0, 3), op(11, 0, 0), op(11, 0, 0), op(15, 0, 36)].concat();
     std::fs::write(cm_dir.join("seed-no-listener"), &no_listener).unwrap();
+    // al_api: byte 0 faults (2 bits each: drop, dup, reorder, delay, x5%),
+    // byte 1 fault seed, then (op, arg) pairs; op % 24 is the call, op / 24
+    // picks the AL. Calls: 0 open AL, 1 close AL, 2 open CA (+CM), 4 PD,
+    // 5 CQ, 6 QP, 7 destroy QP, 3 close CA, 10 listen, 12 connect,
+    // 13 accept, 16 rtu, 17 disconnect, 18 DREP, 21 wait, 22 foreign handle.
+    let api_dir = root.join("al_api");
+    std::fs::create_dir_all(&api_dir).unwrap();
+    let setup: Vec<[u8; 2]> = vec![
+        [0, 0],  // open AL
+        [2, 0],  // CA on HCA 0, CM attached
+        [2, 1],  // CA on HCA 1, CM attached
+        [4, 0],  // PD on CA 0
+        [4, 1],  // PD on CA 1
+        [5, 0],  // CQ on CA 0
+        [5, 1],  // CQ on CA 1
+        [6, 0],  // RC QP on HCA 0
+        [6, 1],  // RC QP on HCA 1
+        [10, 1], // listen on HCA 1, service 0
+    ];
+    let connect = vec![[12, 0x50], [21, 7]]; // QP 0 -> HCA 1 service 0; wait for the REQ
+    let accept = vec![[13, 0], [21, 7], [16, 0], [21, 7]]; // accept on QP 1; RTU
+    let disconnect = vec![[17, 1], [21, 7], [18, 0], [21, 0x87]];
+    let script = |faults: u8, parts: &[&[[u8; 2]]]| -> Vec<u8> {
+        let mut v = vec![faults, 1];
+        for p in parts {
+            v.extend(p.iter().flatten());
+        }
+        v
+    };
+    let seeds: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "handshake",
+            script(0, &[&setup, &connect, &accept, &disconnect]),
+        ),
+        (
+            "handshake-lossy",
+            script(
+                0x56,
+                &[&setup, &connect, &accept, &[[21, 0x87]], &disconnect],
+            ),
+        ),
+        (
+            "close-al-mid-connection",
+            script(0, &[&setup, &connect, &accept, &[[1, 0], [0, 0], [2, 0]]]),
+        ),
+        (
+            "close-ca-cascade",
+            script(0x15, &[&setup, &connect, &accept, &[[3, 0], [21, 0x87]]]),
+        ),
+        (
+            "destroy-qp-while-connecting",
+            script(0, &[&setup, &[[12, 0x50], [7, 0], [21, 0x87], [13, 0]]]),
+        ),
+        (
+            "two-als",
+            script(
+                0x05,
+                &[
+                    &setup,
+                    &[[0, 0], [2 + 24, 0], [4 + 24, 0], [5 + 24, 0], [6 + 24, 0]],
+                    &[
+                        [12 + 24, 0x50],
+                        [21, 7],
+                        [13, 0],
+                        [21, 7],
+                        [22, 0],
+                        [22 + 24, 0],
+                    ],
+                    &[[16 + 24, 0], [21, 7], [1, 1]],
+                ],
+            ),
+        ),
+    ];
+    for (name, bytes) in seeds {
+        std::fs::write(api_dir.join(format!("seed-{name}")), bytes).unwrap();
+    }
 }

@@ -166,50 +166,102 @@ impl Drop for PortUse {
     }
 }
 
+/// What routing decided to do once the routes lock is released: these
+/// call the agent or destroy a CEP (whose teardown takes the routes lock).
+enum After {
+    /// Refuse a request whose listen is gone or closing.
+    Refuse(Handle<Listen>, ConnId),
+    /// End a request whose listen was cancelled after it was routed.
+    DestroyCep(Handle<Cep>),
+}
+
+impl After {
+    fn run(self) {
+        match self {
+            After::Refuse(listen, conn) => refuse(listen, conn),
+            After::DestroyCep(cep) => destroy_cep(cep.raw()),
+        }
+    }
+}
+
 /// The agent's event sink: route each event to its object, in order.
 fn deliver(routes: &Routes, ev: Event) {
-    // A request names the new connection, but belongs to its listener.
-    let conn = match &ev {
+    let after = {
+        let mut table = routes.inner.lock();
+        route_event(&mut table, ev)
+    };
+    if let Some(after) = after {
+        after.run();
+    }
+}
+
+/// The routing key of an event: a request names the new connection but
+/// belongs to its listener.
+fn route_key(ev: &Event) -> ConnId {
+    match ev {
         Event::ConnectRequest { listener, .. } | Event::SidrRequest { listener, .. } => *listener,
         other => other.conn(),
-    };
-    let mut table = routes.inner.lock();
-    match table.routes.get(&conn).copied() {
+    }
+}
+
+/// Route one event with the routes lock held (the caller's `table`).
+/// Returns what to do once the lock is released.
+fn route_event(table: &mut RouteTable, ev: Event) -> Option<After> {
+    let key = route_key(&ev);
+    match table.routes.get(&key).copied() {
         Some(Route::Cep(cep)) => {
             if matches!(ev, Event::Released { .. }) {
-                table.routes.remove(&conn);
+                table.routes.remove(&key);
             }
             dispatch_cep(cep, ev);
+            None
         }
         Some(Route::Listen(listen)) => match ev {
             Event::ConnectRequest { conn: new, .. } | Event::SidrRequest { conn: new, .. } => {
                 match new_passive_cep(listen, new) {
                     Some(cep) => {
                         table.routes.insert(new, Route::Cep(cep));
-                        dispatch_request(listen, cep, ev);
+                        dispatch_request(listen, cep, ev)
                     }
-                    None => {
-                        // The listen is gone or its AL is closing: the
-                        // request is refused once we are off the lock.
-                        drop(table);
-                        refuse(listen, new);
-                    }
+                    // The listen is gone or its AL is closing.
+                    None => Some(After::Refuse(listen, new)),
                 }
             }
             Event::Released { .. } => {
-                table.routes.remove(&conn);
+                table.routes.remove(&key);
+                None
             }
-            _ => {}
+            _ => None,
         },
         None => {
             // Not registered (yet). The end of a connection nobody holds is
             // dropped; anything else waits for its registration.
             if !matches!(ev, Event::Released { .. } | Event::TimewaitExited { .. }) {
-                table.parked.entry(conn).or_default().push(ev);
+                table.parked.entry(key).or_default().push(ev);
             } else {
-                table.parked.remove(&conn);
+                table.parked.remove(&key);
             }
+            None
         }
+    }
+}
+
+/// Record `key -> route` and route, in order, what arrived before. The
+/// agent must not be called with the routes lock held (it may deliver
+/// events on the calling thread, into `deliver`, which takes that lock), so
+/// registrations happen after the agent call that produced the id.
+fn register(routes: &Routes, key: ConnId, route: Route) {
+    let after: Vec<After> = {
+        let mut table = routes.inner.lock();
+        table.routes.insert(key, route);
+        let parked = table.parked.remove(&key).unwrap_or_default();
+        parked
+            .into_iter()
+            .filter_map(|ev| route_event(&mut table, ev))
+            .collect()
+    };
+    for a in after {
+        a.run();
     }
 }
 
@@ -243,18 +295,32 @@ fn new_passive_cep(listen: Handle<Listen>, conn: ConnId) -> Option<Handle<Cep>> 
     Some(obj.handle())
 }
 
-fn dispatch_request(listen: Handle<Listen>, cep: Handle<Cep>, ev: Event) {
+fn dispatch_request(listen: Handle<Listen>, cep: Handle<Cep>, ev: Event) -> Option<After> {
     let Ok(l) = Listen::table().get(listen.raw()) else {
-        return;
+        // The listen was cancelled between routing and now: nobody will
+        // answer this request, so end it (the CEP's teardown sends the
+        // REJ) rather than leave the peer to time out.
+        return Some(After::DestroyCep(cep));
     };
     let l = l.to_arc();
     // Remember the REQ on the CEP (accept derives the QP attributes from it).
+    // Taking a CEP's state lock under the routes lock inverts the usual
+    // order, but this CEP was created just now under that same lock and no
+    // one else can name it yet.
     if let (Event::ConnectRequest { req, peer, .. }, Ok(c)) = (&ev, Cep::table().get(cep.raw())) {
         let mut st = c.state.lock();
         st.req = Some(**req);
         st.peer = Some(*peer);
     }
-    post_callback(&l, move |l| (l.on_request)(l.handle(), cep, &ev));
+    post_callback(&l, move |l| {
+        if l.core().is_destroying() {
+            // Cancelled while this request waited for the executor.
+            destroy_cep(cep.raw());
+            return;
+        }
+        (l.on_request)(l.handle(), cep, &ev)
+    });
+    None
 }
 
 fn dispatch_cep(cep: Handle<Cep>, ev: Event) {
@@ -269,18 +335,6 @@ fn dispatch_cep(cep: Handle<Cep>, ev: Event) {
             Cep::finish(c);
         }
     });
-}
-
-/// Record `conn -> cep` and deliver, in order, what arrived before.
-fn register(routes: &Routes, conn: ConnId, cep: Handle<Cep>) {
-    let mut table = routes.inner.lock();
-    table.routes.insert(conn, Route::Cep(cep));
-    for ev in table.parked.remove(&conn).unwrap_or_default() {
-        if matches!(ev, Event::Released { .. }) {
-            table.routes.remove(&conn);
-        }
-        dispatch_cep(cep, ev);
-    }
 }
 
 // -------------------------------------------------------------- CM ports --
@@ -381,9 +435,6 @@ pub fn listen(
     ca.core().check_live()?;
     let port_use = PortUse::acquire(&ca, port)?;
     let routes = port_use.0.routes.clone();
-    // Hold the routes lock across listen + registration so no REQ for the
-    // new listener can be looked up before it is routed.
-    let mut table = routes.inner.lock();
     let conn = port_use.0.agent.listen(service_id)?;
     let obj = create(al, None, |_| {
         Ok(Listen {
@@ -396,11 +447,12 @@ pub fn listen(
     });
     match obj {
         Ok(obj) => {
-            table.routes.insert(conn, Route::Listen(obj.handle()));
+            // Requests that beat this registration were parked under the
+            // listener's id; registering routes them now, in order.
+            register(&routes, conn, Route::Listen(obj.handle()));
             Ok(obj.handle())
         }
         Err(e) => {
-            drop(table);
             let _ = port_use.0.agent.cancel_listen(conn);
             Err(e)
         }
@@ -744,7 +796,7 @@ pub fn connect(
             st.req = Some(req);
             st.peer = Some(peer);
             drop(st);
-            register(&routes, conn, h);
+            register(&routes, conn, Route::Cep(h));
             Ok(())
         },
         destroy_cep,
@@ -988,7 +1040,7 @@ pub fn sidr_request(
         Ok(conn) => {
             st.conn = Some(conn);
             drop(st);
-            register(&routes, conn, h);
+            register(&routes, conn, Route::Cep(h));
             Ok(h)
         }
         Err(e) => {

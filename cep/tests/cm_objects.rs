@@ -389,3 +389,41 @@ fn closing_the_al_mid_connection_reclaims_every_cep() {
     wait("B's CEPs to end", || al_b.stats().live(Kind::CEP) == 0);
     assert!(al_b.close().unwrap().is_clean());
 }
+
+#[test]
+fn a_request_racing_listen_cancel_is_refused_not_left_hanging() {
+    let p = provider();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    cm::attach_ca(al.instance(), b.ca).unwrap();
+    for _ in 0..20 {
+        let requests = StdArc::new(AtomicUsize::new(0));
+        let r = requests.clone();
+        let on_request: ListenHandler = StdArc::new(move |_l, _cep, _ev| {
+            r.fetch_add(1, Ordering::SeqCst);
+        });
+        let noop: CmHandler = StdArc::new(|_, _| {});
+        let listen = cm::listen(al.instance(), b.ca, 1, SERVICE, on_request, noop).unwrap();
+        let ended = StdArc::new(AtomicUsize::new(0));
+        let e = ended.clone();
+        let handler: CmHandler = StdArc::new(move |_cep, ev| {
+            if let Event::Released { .. } = ev {
+                e.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let qp = new_qp(&al, a.pd, a.cq);
+        cm::connect(al.instance(), qp, &ConnectRequest::new(SERVICE, 2), handler).unwrap();
+        al.destroy(listen, None).unwrap();
+        // Accepted by nobody: either refused at once (REJ) or, if the
+        // listener's callback already ran and did nothing, left to the CM
+        // timers; the connect side always ends.
+        if requests.load(Ordering::SeqCst) == 0 {
+            wait("the refused connect to end", || {
+                ended.load(Ordering::SeqCst) == 1
+            });
+        }
+        al.destroy(qp, None).unwrap();
+    }
+    let stats = al.close().unwrap();
+    assert!(stats.is_clean(), "{stats}");
+}

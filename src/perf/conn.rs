@@ -1,0 +1,1063 @@
+//! `ibal perf conn-rate`: how fast the connection manager connects two RC
+//! QPs on the embedded in-process fabric, against the round trip of one
+//! 256-byte MAD through the same fabric, measured in the same run.
+//!
+//! One AL instance on [`crate::devinfo::default_provider`] (two soft HCAs,
+//! LIDs 1 and 2); both CAs opened with the CM attached to their port
+//! ([`cm::attach_ca`]: one CM agent thread per port, on QP1); a listen on
+//! HCA 1 whose request callback accepts ([`cm::accept`]) on the passive QP
+//! reserved for the requesting active QP; the active handler answers the
+//! REP with [`cm::rtu`]. Every CM message is a real 256-byte MAD on QP1.
+//!
+//! # Serial connect latency
+//!
+//! `connections` connections, one at a time, each on a fresh RC QP pair
+//! (created before the timed window). The time runs from just before
+//! [`cm::connect`] to the later of the two `Established` events, each
+//! stamped with `Instant::now()` inside its callback (so the main thread's
+//! own wake-up is not counted). The connection stays up until the end of
+//! its round; then the QPs are destroyed (which disconnects, DREQ/DREP) and
+//! the run waits until both agents hold no connection (timewait over), so
+//! no teardown traffic or timewait timer lands inside a timed window.
+//! Reported: median and p99, and the median of each leg: `connect` (REQ)
+//! to the listener's callback; the listener's callback (accept, REP) to the
+//! active side's `ReplyReceived` callback; from that (rtu, RTU) to the
+//! passive `Established`, and to the active `Established` (a local event of
+//! the `rtu` call, delivered through the executor).
+//!
+//! # Throughput
+//!
+//! `batches` batches of `in_flight` connections: the QP pairs are created,
+//! then `in_flight` `connect` calls are issued back to back and the batch
+//! ends when every connection is `Established` on both sides. Connections
+//! per second = connections / (sum of batch times); the best batch is
+//! reported too.
+//!
+//! # The floor: one 256-byte MAD round trip
+//!
+//! The CM agents own QP1 of both ports, so the floor uses a pair of UD QPs
+//! on the same two soft HCAs (Q_Key checked by the fabric, an AV per side
+//! from [`verbs::create_av`]). One round trip, all on the calling thread:
+//! post a receive (40-byte GRH area + 256 bytes) on each side, SEND 256
+//! bytes A -> B, poll A's send and B's receive completion (byte count
+//! checked), SEND 256 bytes B -> A, poll B's send and A's receive
+//! completion. This is what the fabric and the verbs layer cost for a MAD
+//! each way; it has no thread switch and no CM encode/decode.
+//!
+//! Also measured in the same rounds, for context:
+//! * **REQ -> REJ**: a `connect` to a service nobody listens on; the peer's
+//!   agent answers with a REJ. Time from before `connect` to the active
+//!   handler's `Rejected` callback: two real MADs through both agent
+//!   threads and one executor hop, i.e. the MAD round trip *with* the CM's
+//!   thread wake-ups.
+//! * **thread echo**: a `std::sync::mpsc` round trip through an echo thread
+//!   (two thread wake-ups, nothing else), the unit the CM path is made of.
+//!
+//! Target (from the issue): median connect < 3x the MAD round trip floor.
+//! The KRCore figure (USENIX ATC 2022: about 10 us per RDMA connection) is
+//! printed as context. At the end the AL is closed and must report no live
+//! object.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc as StdArc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use al::{Al, AlInstance, Handle};
+use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ListenHandler};
+use cep::proto::Event;
+use hca::provider::{
+    Access, AvAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
+    WcStatus,
+};
+use hca::verbs::{self, Av, Ca, Cq, Pd};
+use hca::{RegisteredBuffer, SoftProvider};
+use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
+
+use crate::devinfo;
+
+/// Errors are reported as text (they end up on the command line).
+pub type BenchResult<T> = Result<T, String>;
+
+/// The service the passive side listens on.
+pub const SERVICE_ID: u64 = 0x0000_0000_1ba1_0c01;
+/// A service nobody listens on (the REQ -> REJ probe).
+pub const UNLISTENED_SERVICE_ID: u64 = 0x0000_0000_1ba1_0c02;
+/// Target: median connect / MAD round trip below this.
+pub const TARGET_RATIO: f64 = 3.0;
+/// KRCore (USENIX ATC 2022): about 10 us to establish an RDMA connection.
+pub const KRCORE_CONNECT_US: f64 = 10.0;
+/// Bytes of a MAD.
+pub const MAD_SIZE: usize = 256;
+/// GRH area in front of every UD receive.
+const GRH_SIZE: usize = 40;
+/// Serial connections (and REJ probes) per round; between rounds the run
+/// waits for the agents to go quiet.
+const ROUND: usize = 100;
+/// UD round trips per serial connection (all timed individually).
+const MAD_RTTS_PER_CONNECTION: usize = 20;
+/// How long any wait may take before the run fails.
+const WAIT: Duration = Duration::from_secs(30);
+/// Polls per expected completion (the soft provider completes inline).
+const POLL_LIMIT: u32 = 1_000_000;
+
+fn al_err(what: &'static str) -> impl FnOnce(al::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+// --------------------------------------------------------------- settings --
+
+/// Settings of one `perf conn-rate` run.
+#[derive(Clone, Debug)]
+pub struct ConnRateConfig {
+    /// Serial connections (also the number of REQ -> REJ probes).
+    pub connections: usize,
+    /// Connections in flight at once in the throughput phase.
+    pub in_flight: usize,
+    /// Batches of `in_flight` connections.
+    pub batches: usize,
+}
+
+impl Default for ConnRateConfig {
+    fn default() -> Self {
+        ConnRateConfig {
+            connections: 500,
+            in_flight: 64,
+            batches: 8,
+        }
+    }
+}
+
+impl ConnRateConfig {
+    fn validate(&self) -> BenchResult<()> {
+        if self.connections == 0 || self.in_flight == 0 || self.batches == 0 {
+            return Err("--connections, --in-flight and --batches must be at least 1".into());
+        }
+        if self.connections > 100_000 || self.in_flight > 4096 {
+            return Err("--connections is at most 100000 and --in-flight at most 4096".into());
+        }
+        Ok(())
+    }
+}
+
+// ----------------------------------------------------------------- report --
+
+/// Median and p99 of a sample, in microseconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Dist {
+    /// Samples.
+    pub n: usize,
+    /// Median.
+    pub median_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+}
+
+impl Dist {
+    fn of(mut v: Vec<f64>) -> Dist {
+        if v.is_empty() {
+            return Dist::default();
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        Dist {
+            n: v.len(),
+            median_us: v[v.len() / 2],
+            p99_us: v[((v.len() * 99) / 100).min(v.len() - 1)],
+        }
+    }
+}
+
+/// Everything one conn-rate run measured.
+#[derive(Clone, Debug)]
+pub struct ConnRateReport {
+    /// The settings.
+    pub config: ConnRateConfig,
+    /// Serial connect, `connect` to both sides `Established`.
+    pub connect: Dist,
+    /// Legs of the serial connect (medians of each leg, in order).
+    pub legs: [(&'static str, f64); 4],
+    /// Throughput: connections per second over all batches.
+    pub conns_per_sec: f64,
+    /// Throughput of the fastest batch.
+    pub best_batch_conns_per_sec: f64,
+    /// The floor: 256-byte UD SEND round trip, same thread.
+    pub mad_rtt: Dist,
+    /// Context: REQ to an unlistened service -> REJ, through both agents.
+    pub rej_rtt: Dist,
+    /// Context: mpsc round trip through an echo thread.
+    pub thread_echo_rtt: Dist,
+    /// MADs the CM agents sent during the run (both ports).
+    pub cm_mads_sent: u64,
+    /// Datagrams the fabric dropped for want of a receive buffer (whole
+    /// run, including teardown bursts).
+    pub dropped_no_recv: u64,
+    /// Of those, dropped inside a timed connect window or batch (each is a
+    /// CM retry inside a measurement).
+    pub dropped_no_recv_timed: u64,
+}
+
+impl ConnRateReport {
+    /// Median connect over the MAD round trip floor.
+    pub fn ratio(&self) -> f64 {
+        self.connect.median_us / self.mad_rtt.median_us
+    }
+    /// Whether [`Self::ratio`] is below [`TARGET_RATIO`].
+    pub fn target_met(&self) -> bool {
+        self.ratio() < TARGET_RATIO
+    }
+    /// Median connect over the REQ -> REJ round trip.
+    pub fn ratio_vs_rej(&self) -> f64 {
+        self.connect.median_us / self.rej_rtt.median_us
+    }
+    /// Median connect over KRCore's 10 us.
+    pub fn ratio_vs_krcore(&self) -> f64 {
+        self.connect.median_us / KRCORE_CONNECT_US
+    }
+    /// What the serial median alone would allow, in connections per second.
+    pub fn serial_conns_per_sec(&self) -> f64 {
+        1e6 / self.connect.median_us
+    }
+
+    /// Human-readable table.
+    pub fn to_text(&self) -> String {
+        let c = &self.config;
+        let mut out = format!(
+            "perf conn-rate: RC connect through the CM (REQ, REP, RTU as 256-byte MADs on QP1)\n\
+             between two soft HCAs, vs one 256-byte MAD round trip through the same fabric\n\
+             ({} serial connections, {} batches of {} in flight)\n\n",
+            c.connections, c.batches, c.in_flight
+        );
+        out.push_str(&format!(
+            "{:<52} {:>8} {:>11} {:>11}\n",
+            "measurement", "samples", "median us", "p99 us"
+        ));
+        let row = |name: &str, d: &Dist| {
+            format!(
+                "{:<52} {:>8} {:>11.2} {:>11.2}\n",
+                name, d.n, d.median_us, d.p99_us
+            )
+        };
+        out.push_str(&row("connect -> ESTABLISHED on both sides", &self.connect));
+        out.push_str(&row(
+            "floor: 256-byte UD SEND round trip (same thread)",
+            &self.mad_rtt,
+        ));
+        out.push_str(&row(
+            "context: REQ -> REJ through both CM agents",
+            &self.rej_rtt,
+        ));
+        out.push_str(&row(
+            "context: mpsc round trip via an echo thread",
+            &self.thread_echo_rtt,
+        ));
+        out.push_str("\nlegs of a serial connect (median of each leg):\n");
+        for (name, us) in &self.legs {
+            out.push_str(&format!("  {name:<70} {us:>9.2} us\n"));
+        }
+        out.push_str(&format!(
+            "\nthroughput: {:.0} connections/s with {} in flight (best batch {:.0}/s; serial median alone: {:.0}/s)\n",
+            self.conns_per_sec,
+            c.in_flight,
+            self.best_batch_conns_per_sec,
+            self.serial_conns_per_sec()
+        ));
+        out.push_str(&format!(
+            "\nmedian connect / MAD round trip: {:.1}x (target < {TARGET_RATIO:.1}x): {}\n",
+            self.ratio(),
+            if self.target_met() { "met" } else { "NOT met" }
+        ));
+        out.push_str(&format!(
+            "median connect / REQ->REJ round trip: {:.2}x (context)\n",
+            self.ratio_vs_rej()
+        ));
+        out.push_str(&format!(
+            "median connect / KRCore's ~{KRCORE_CONNECT_US:.0} us: {:.2}x (context; real NICs, not this fabric)\n",
+            self.ratio_vs_krcore()
+        ));
+        out.push_str(&format!(
+            "CM MADs sent: {}; datagrams dropped for want of a receive: {} ({} inside timed windows)\n",
+            self.cm_mads_sent, self.dropped_no_recv, self.dropped_no_recv_timed
+        ));
+        out
+    }
+
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        let c = &self.config;
+        let legs: Vec<String> = self
+            .legs
+            .iter()
+            .map(|(name, us)| format!("\"{}\":{}", name_key(name), json_f64(*us)))
+            .collect();
+        format!(
+            "{{\"benchmark\":\"conn-rate\",\"connections\":{},\"in_flight\":{},\"batches\":{},\
+             \"connect_median_us\":{},\"connect_p99_us\":{},\"legs_median_us\":{{{}}},\
+             \"conns_per_sec\":{},\"best_batch_conns_per_sec\":{},\"serial_conns_per_sec\":{},\
+             \"mad_rtt_median_us\":{},\"mad_rtt_p99_us\":{},\"mad_rtt_samples\":{},\
+             \"ratio_connect_vs_mad_rtt\":{},\"target_ratio\":{},\"target_met\":{},\
+             \"rej_rtt_median_us\":{},\"rej_rtt_p99_us\":{},\"ratio_connect_vs_rej_rtt\":{},\
+             \"thread_echo_rtt_median_us\":{},\"thread_echo_rtt_p99_us\":{},\
+             \"krcore_connect_us\":{},\"ratio_connect_vs_krcore\":{},\
+             \"cm_mads_sent\":{},\"dropped_no_recv\":{},\"dropped_no_recv_timed\":{}}}",
+            c.connections,
+            c.in_flight,
+            c.batches,
+            json_f64(self.connect.median_us),
+            json_f64(self.connect.p99_us),
+            legs.join(","),
+            json_f64(self.conns_per_sec),
+            json_f64(self.best_batch_conns_per_sec),
+            json_f64(self.serial_conns_per_sec()),
+            json_f64(self.mad_rtt.median_us),
+            json_f64(self.mad_rtt.p99_us),
+            self.mad_rtt.n,
+            json_f64(self.ratio()),
+            json_f64(TARGET_RATIO),
+            self.target_met(),
+            json_f64(self.rej_rtt.median_us),
+            json_f64(self.rej_rtt.p99_us),
+            json_f64(self.ratio_vs_rej()),
+            json_f64(self.thread_echo_rtt.median_us),
+            json_f64(self.thread_echo_rtt.p99_us),
+            json_f64(KRCORE_CONNECT_US),
+            json_f64(self.ratio_vs_krcore()),
+            self.cm_mads_sent,
+            self.dropped_no_recv,
+            self.dropped_no_recv_timed
+        )
+    }
+}
+
+/// The JSON key of a leg: its name up to the first ':'.
+fn name_key(name: &str) -> &str {
+    name.split(':').next().unwrap_or(name)
+}
+
+fn json_f64(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.3}")
+    } else {
+        "null".into()
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+// ---------------------------------------------------------------- tracker --
+
+/// Instants of one connection (or probe), stamped in the callbacks.
+#[derive(Clone, Copy, Debug, Default)]
+struct Times {
+    start: Option<Instant>,
+    /// The listener's request callback ran.
+    request: Option<Instant>,
+    /// The active side's `ReplyReceived` callback ran.
+    reply: Option<Instant>,
+    active_established: Option<Instant>,
+    passive_established: Option<Instant>,
+    rejected: Option<Instant>,
+}
+
+impl Times {
+    fn established(&self) -> Option<Instant> {
+        Some(self.active_established?.max(self.passive_established?))
+    }
+}
+
+#[derive(Default)]
+struct TrackState {
+    slots: Vec<Times>,
+    /// Active QPN -> (slot, the passive QP reserved for it).
+    reserved: HashMap<u32, (usize, Handle<Qp>)>,
+    /// Passive CEP -> slot.
+    passive: HashMap<Handle<Cep>, usize>,
+    /// Connections established on both sides.
+    completed: usize,
+    /// Probes rejected.
+    rejected: usize,
+    errors: Vec<String>,
+}
+
+/// What the callbacks record and the main thread waits on. Only a finished
+/// connection, a rejection or an error wakes the main thread.
+#[derive(Default)]
+struct Tracker {
+    state: Mutex<TrackState>,
+    changed: Condvar,
+}
+
+impl Tracker {
+    fn with<R>(&self, f: impl FnOnce(&mut TrackState) -> R) -> R {
+        f(&mut self.state.lock().unwrap())
+    }
+
+    fn error(&self, e: String) {
+        self.with(|s| s.errors.push(e));
+        self.changed.notify_all();
+    }
+
+    fn established(&self, slot: usize, active: bool, at: Instant) {
+        let done = self.with(|s| {
+            let t = &mut s.slots[slot];
+            if active {
+                t.active_established = Some(at);
+            } else {
+                t.passive_established = Some(at);
+            }
+            let done = t.established().is_some();
+            if done {
+                s.completed += 1;
+            }
+            done
+        });
+        if done {
+            self.changed.notify_all();
+        }
+    }
+
+    fn rejected(&self, slot: usize, at: Instant) {
+        self.with(|s| {
+            s.slots[slot].rejected = Some(at);
+            s.rejected += 1;
+        });
+        self.changed.notify_all();
+    }
+
+    /// Wait until `done` holds (or a callback reported an error).
+    fn wait(&self, what: &str, done: impl Fn(&TrackState) -> bool) -> BenchResult<()> {
+        let deadline = Instant::now() + WAIT;
+        let mut st = self.state.lock().unwrap();
+        loop {
+            if let Some(e) = st.errors.first() {
+                return Err(e.clone());
+            }
+            if done(&st) {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!("timed out waiting for {what}"));
+            }
+            st = self.changed.wait_timeout(st, deadline - now).unwrap().0;
+        }
+    }
+}
+
+fn active_handler(inst: StdArc<AlInstance>, track: StdArc<Tracker>, slot: usize) -> CmHandler {
+    StdArc::new(move |cep, ev| {
+        let now = Instant::now();
+        match ev {
+            Event::ReplyReceived { .. } => {
+                track.with(|s| s.slots[slot].reply = Some(now));
+                if let Err(e) = cm::rtu(&inst, cep, &[]) {
+                    track.error(format!("connection {slot}: rtu failed: {e}"));
+                }
+            }
+            Event::Established { .. } => track.established(slot, true, now),
+            Event::Rejected { reason, .. } => {
+                let probe = track.with(|s| s.slots[slot].request.is_none());
+                if probe {
+                    track.rejected(slot, now);
+                } else {
+                    track.error(format!("connection {slot} was rejected: {reason:?}"));
+                }
+            }
+            Event::Timeout { .. } => track.error(format!("connection {slot} timed out")),
+            _ => {}
+        }
+    })
+}
+
+// ------------------------------------------------------------------ bench --
+
+/// The AL, both CAs with the CM attached, the listen, and per-HCA PD + CQ.
+struct Bench {
+    al: Al,
+    provider: SoftProvider,
+    pds: [Handle<Pd>; 2],
+    cqs: [Handle<Cq>; 2],
+    ports: Vec<Handle<CmPort>>,
+    track: StdArc<Tracker>,
+    /// `live_connections` of the agents with nothing but the listen.
+    idle_connections: usize,
+}
+
+impl Bench {
+    fn open() -> BenchResult<Bench> {
+        let provider = devinfo::default_provider();
+        let al = Al::open().map_err(al_err("opening the AL"))?;
+        let mut cas: Vec<Handle<Ca>> = Vec::new();
+        let mut pds = Vec::new();
+        let mut cqs = Vec::new();
+        let mut ports = Vec::new();
+        for guid in devinfo::DEFAULT_NODE_GUIDS {
+            let ca = verbs::open_ca(al.instance(), &provider, guid).map_err(al_err("open_ca"))?;
+            ports.extend(cm::attach_ca(al.instance(), ca).map_err(al_err("attach the CM"))?);
+            pds.push(verbs::alloc_pd(al.instance(), ca).map_err(al_err("alloc_pd"))?);
+            cqs.push(
+                verbs::create_cq(al.instance(), ca, 1024, None, None)
+                    .map_err(al_err("create_cq"))?,
+            );
+            cas.push(ca);
+        }
+        let track = StdArc::new(Tracker::default());
+        let (inst, t) = (al.instance().clone(), track.clone());
+        let on_request: ListenHandler = StdArc::new(move |_l, cep, ev| {
+            let now = Instant::now();
+            let Event::ConnectRequest { req, .. } = ev else {
+                return;
+            };
+            let found = t.with(|s| {
+                let found = s.reserved.get(&req.local_qpn).copied();
+                if let Some((slot, _)) = found {
+                    s.slots[slot].request = Some(now);
+                    s.passive.insert(cep, slot);
+                }
+                found
+            });
+            match found {
+                Some((slot, qp)) => {
+                    if let Err(e) = cm::accept(&inst, cep, qp, &AcceptReply::default()) {
+                        t.error(format!("connection {slot}: accept failed: {e}"));
+                    }
+                }
+                None => t.error(format!("a REQ from unknown QPN {:#x}", req.local_qpn)),
+            }
+        });
+        let (inst, t) = (al.instance().clone(), track.clone());
+        let passive: CmHandler = StdArc::new(move |cep, ev| {
+            let now = Instant::now();
+            match ev {
+                Event::Established { .. } => {
+                    if let Some(slot) = t.with(|s| s.passive.get(&cep).copied()) {
+                        t.established(slot, false, now);
+                    }
+                }
+                Event::DisconnectRequest { .. } => {
+                    let _ = cm::disconnect_reply(&inst, cep, &[]);
+                }
+                _ => {}
+            }
+        });
+        cm::listen(al.instance(), cas[1], 1, SERVICE_ID, on_request, passive)
+            .map_err(al_err("listen"))?;
+        let mut bench = Bench {
+            al,
+            provider,
+            pds: [pds[0], pds[1]],
+            cqs: [cqs[0], cqs[1]],
+            ports,
+            track,
+            idle_connections: 0,
+        };
+        bench.idle_connections = bench.live_connections();
+        Ok(bench)
+    }
+
+    fn live_connections(&self) -> usize {
+        self.ports
+            .iter()
+            .filter_map(|p| self.al.resolve(*p).ok().map(|p| p.stats().live_connections))
+            .sum()
+    }
+
+    fn mads_sent(&self) -> u64 {
+        self.ports
+            .iter()
+            .filter_map(|p| self.al.resolve(*p).ok().map(|p| p.stats().mads_sent))
+            .sum()
+    }
+
+    fn rc_qp(&self, side: usize) -> BenchResult<Handle<Qp>> {
+        create_qp(
+            self.al.instance(),
+            self.pds[side],
+            QpCreate {
+                qp_type: QpType::Rc,
+                send_cq: self.cqs[side],
+                recv_cq: self.cqs[side],
+                srq: None,
+                caps: QpCaps {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                },
+                sq_sig_all: false,
+            },
+        )
+        .map_err(al_err("create_qp"))
+    }
+
+    /// A new slot; with `pair`, an active QP whose REQ the listener accepts
+    /// on a passive QP reserved for it. Returns (slot, active QP).
+    fn prepare(&self, qps: &mut Vec<Handle<Qp>>, pair: bool) -> BenchResult<(usize, Handle<Qp>)> {
+        let active = self.rc_qp(0)?;
+        qps.push(active);
+        let slot = self.track.with(|s| {
+            s.slots.push(Times::default());
+            s.slots.len() - 1
+        });
+        if pair {
+            let passive = self.rc_qp(1)?;
+            qps.push(passive);
+            let qpn = self
+                .al
+                .resolve(active)
+                .map_err(al_err("resolving a QP"))?
+                .qpn();
+            self.track.with(|s| s.reserved.insert(qpn, (slot, passive)));
+        }
+        Ok((slot, active))
+    }
+
+    /// Stamp the start and send the REQ.
+    fn connect(&self, slot: usize, qp: Handle<Qp>, service_id: u64) -> BenchResult<()> {
+        let handler = active_handler(self.al.instance().clone(), self.track.clone(), slot);
+        let req = ConnectRequest::new(service_id, devinfo::DEFAULT_LIDS[1]);
+        self.track
+            .with(|s| s.slots[slot].start = Some(Instant::now()));
+        cm::connect(self.al.instance(), qp, &req, handler).map_err(al_err("connect"))?;
+        Ok(())
+    }
+
+    fn times(&self, slot: usize) -> Times {
+        self.track.with(|s| s.slots[slot])
+    }
+
+    /// Destroy `qps` (which tears their connections down) and wait until
+    /// the agents hold nothing but the listen: no timewait timer or
+    /// teardown MAD may land in the next timed window.
+    fn teardown(&self, qps: &mut Vec<Handle<Qp>>) -> BenchResult<()> {
+        for qp in qps.drain(..) {
+            self.al
+                .destroy_sync(qp)
+                .map_err(al_err("destroying a QP"))?;
+        }
+        self.track.with(|s| {
+            s.reserved.clear();
+            s.passive.clear();
+        });
+        let deadline = Instant::now() + WAIT;
+        while self.live_connections() > self.idle_connections {
+            if Instant::now() > deadline {
+                return Err("the CM agents did not release the connections".into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
+    fn close(self) -> BenchResult<()> {
+        let Bench { al, provider, .. } = self;
+        let stats = al.close().map_err(al_err("closing the AL"))?;
+        drop(provider);
+        if stats.is_clean() {
+            Ok(())
+        } else {
+            Err(format!("the AL closed with live objects: {stats}"))
+        }
+    }
+}
+
+// -------------------------------------------------------------- the floor --
+
+/// A UD QP on each HCA, with a buffer ([0, 256): send; then GRH + 256:
+/// receive) and an AV to the other side.
+struct UdPair {
+    qps: [Handle<Qp>; 2],
+    cqs: [Handle<Cq>; 2],
+    avs: [Handle<Av>; 2],
+    qpns: [u32; 2],
+    lkeys: [u32; 2],
+    bufs: [RegisteredBuffer; 2],
+}
+
+const UD_QKEY: u32 = 0x1ba1_0c0d;
+
+impl UdPair {
+    fn open(b: &Bench) -> BenchResult<UdPair> {
+        let inst = b.al.instance();
+        let mut qps = Vec::new();
+        let mut cqs = Vec::new();
+        let mut avs = Vec::new();
+        let mut qpns = Vec::new();
+        let mut lkeys = Vec::new();
+        let mut bufs = Vec::new();
+        for side in 0..2 {
+            let ca =
+                b.al.resolve(b.pds[side])
+                    .map_err(al_err("resolving a PD"))?
+                    .ca()
+                    .handle();
+            let cq = verbs::create_cq(inst, ca, 64, None, None).map_err(al_err("create_cq"))?;
+            let qp = create_qp(
+                inst,
+                b.pds[side],
+                QpCreate {
+                    qp_type: QpType::Ud,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    caps: QpCaps::default(),
+                    sq_sig_all: true,
+                },
+            )
+            .map_err(al_err("create a UD QP"))?;
+            for m in [
+                QpModify::to(QpState::Init)
+                    .pkey_index(0)
+                    .port(1)
+                    .qkey(UD_QKEY),
+                QpModify::to(QpState::Rtr),
+                QpModify::to(QpState::Rts).sq_psn(0),
+            ] {
+                modify_qp(&b.al, qp, &m).map_err(al_err("modify a UD QP"))?;
+            }
+            let av = verbs::create_av(
+                inst,
+                b.pds[side],
+                AvAttr::lid(1, devinfo::DEFAULT_LIDS[1 - side]),
+            )
+            .map_err(al_err("create_av"))?;
+            let buf = RegisteredBuffer::from_vec(
+                (0..MAD_SIZE + GRH_SIZE + MAD_SIZE)
+                    .map(|i| (i as u8).wrapping_mul(7).wrapping_add(side as u8))
+                    .collect(),
+            );
+            let mr = verbs::register_mr(
+                inst,
+                b.pds[side],
+                &buf,
+                0,
+                buf.len(),
+                0,
+                Access::LOCAL_WRITE,
+            )
+            .map_err(al_err("register_mr"))?;
+            lkeys.push(b.al.resolve(mr).map_err(al_err("resolving an MR"))?.lkey());
+            qpns.push(b.al.resolve(qp).map_err(al_err("resolving a QP"))?.qpn());
+            qps.push(qp);
+            cqs.push(cq);
+            avs.push(av);
+            bufs.push(buf);
+        }
+        let [b0, b1]: [RegisteredBuffer; 2] =
+            bufs.try_into().map_err(|_| "two buffers".to_string())?;
+        Ok(UdPair {
+            qps: [qps[0], qps[1]],
+            cqs: [cqs[0], cqs[1]],
+            avs: [avs[0], avs[1]],
+            qpns: [qpns[0], qpns[1]],
+            lkeys: [lkeys[0], lkeys[1]],
+            bufs: [b0, b1],
+        })
+    }
+
+    /// One 256-byte SEND from `from` to the other side, received there.
+    fn one_way(&self, al: &Al, from: usize, wc: &mut [Wc; 1]) -> BenchResult<()> {
+        let to = 1 - from;
+        let rsge = [Sge {
+            addr: MAD_SIZE as u64,
+            length: (GRH_SIZE + MAD_SIZE) as u32,
+            lkey: self.lkeys[to],
+        }];
+        post_recv(
+            al,
+            self.qps[to],
+            &[RecvWr {
+                wr_id: 2,
+                sg_list: &rsge,
+            }],
+        )
+        .map_err(al_err("post_recv"))?;
+        let ssge = [Sge {
+            addr: 0,
+            length: MAD_SIZE as u32,
+            lkey: self.lkeys[from],
+        }];
+        let av = al
+            .resolve(self.avs[from])
+            .map_err(al_err("resolving an AV"))?;
+        let wr = SendWr::new(1, SendOp::Send, &ssge).to(UdDest {
+            av: av.provider(),
+            remote_qpn: self.qpns[to],
+            remote_qkey: UD_QKEY,
+            pkey_index: 0,
+        });
+        post_send(al, self.qps[from], &[wr]).map_err(al_err("post_send"))?;
+        drop(av);
+        poll_one(al, self.cqs[from], wc)?;
+        let r = poll_one(al, self.cqs[to], wc)?;
+        if r.byte_len as usize != GRH_SIZE + MAD_SIZE {
+            return Err(format!(
+                "a UD receive of {} bytes, expected {}",
+                r.byte_len,
+                GRH_SIZE + MAD_SIZE
+            ));
+        }
+        Ok(())
+    }
+
+    fn round_trip(&self, al: &Al, wc: &mut [Wc; 1]) -> BenchResult<Duration> {
+        let t0 = Instant::now();
+        self.one_way(al, 0, wc)?;
+        self.one_way(al, 1, wc)?;
+        Ok(t0.elapsed())
+    }
+}
+
+fn poll_one(al: &Al, cq: Handle<Cq>, wc: &mut [Wc; 1]) -> BenchResult<Wc> {
+    for _ in 0..POLL_LIMIT {
+        if verbs::poll_cq(al, cq, wc).map_err(al_err("poll_cq"))? == 1 {
+            if wc[0].status != WcStatus::Success {
+                return Err(format!(
+                    "work request {} completed with {:?}",
+                    wc[0].wr_id, wc[0].status
+                ));
+            }
+            return Ok(wc[0]);
+        }
+    }
+    Err(format!("no completion after {POLL_LIMIT} polls"))
+}
+
+// -------------------------------------------------------------------- run --
+
+/// Run conn-rate.
+pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
+    cfg.validate()?;
+    let bench = Bench::open()?;
+    let ud = UdPair::open(&bench)?;
+    let mut wc = [Wc::default()];
+    // Warm up the UD pair and check that the payload arrived whole.
+    ud.round_trip(&bench.al, &mut wc)?;
+    let got = ud.bufs[1].to_vec();
+    if got[MAD_SIZE + GRH_SIZE..] != ud.bufs[0].to_vec()[..MAD_SIZE] {
+        return Err("the UD SEND did not deliver its 256 bytes".into());
+    }
+    // The echo thread.
+    let (ping_tx, ping_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
+    let (pong_tx, pong_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
+    let echo = std::thread::Builder::new()
+        .name("ibal-perf-echo".into())
+        .spawn(move || {
+            while let Ok(m) = ping_rx.recv() {
+                if pong_tx.send(m).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| format!("spawning the echo thread: {e}"))?;
+    let echo_rtt = || -> BenchResult<Duration> {
+        let t0 = Instant::now();
+        ping_tx
+            .send([0x5a; MAD_SIZE])
+            .map_err(|_| "echo thread gone".to_string())?;
+        pong_rx.recv().map_err(|_| "echo thread gone".to_string())?;
+        Ok(t0.elapsed())
+    };
+    let mads_before = bench.mads_sent();
+    let drops = || bench.provider.fabric().stats().dropped_no_recv;
+    let drops_before = drops();
+    let mut drops_timed = 0;
+
+    // Serial rounds, interleaving the contenders.
+    let (mut connect, mut rej, mut mad, mut echo_v) = (vec![], vec![], vec![], vec![]);
+    let mut legs: [Vec<f64>; 4] = Default::default();
+    let mut qps = Vec::new();
+    let mut done = 0;
+    while done < cfg.connections {
+        let n = ROUND.min(cfg.connections - done);
+        let mut pairs = Vec::with_capacity(n);
+        let mut probes = Vec::with_capacity(n);
+        for _ in 0..n {
+            pairs.push(bench.prepare(&mut qps, true)?);
+            probes.push(bench.prepare(&mut qps, false)?);
+        }
+        for &(slot, qp) in &pairs {
+            let d0 = drops();
+            bench.connect(slot, qp, SERVICE_ID)?;
+            bench.track.wait("both sides ESTABLISHED", |s| {
+                s.slots[slot].established().is_some()
+            })?;
+            drops_timed += drops() - d0;
+            let t = bench.times(slot);
+            let (Some(start), Some(req), Some(rep), Some(a), Some(b)) = (
+                t.start,
+                t.request,
+                t.reply,
+                t.active_established,
+                t.passive_established,
+            ) else {
+                return Err(format!("connection {slot}: a callback left no time"));
+            };
+            connect.push(us(a.max(b) - start));
+            legs[0].push(us(req.saturating_duration_since(start)));
+            legs[1].push(us(rep.saturating_duration_since(req)));
+            legs[2].push(us(b.saturating_duration_since(rep)));
+            legs[3].push(us(a.saturating_duration_since(rep)));
+        }
+        for &(slot, qp) in &probes {
+            bench.connect(slot, qp, UNLISTENED_SERVICE_ID)?;
+            bench
+                .track
+                .wait("the REJ", |s| s.slots[slot].rejected.is_some())?;
+            let t = bench.times(slot);
+            match (t.start, t.rejected) {
+                (Some(s), Some(r)) => rej.push(us(r - s)),
+                _ => return Err(format!("probe {slot}: a callback left no time")),
+            }
+        }
+        for _ in 0..n * MAD_RTTS_PER_CONNECTION {
+            mad.push(us(ud.round_trip(&bench.al, &mut wc)?));
+        }
+        for _ in 0..n {
+            echo_v.push(us(echo_rtt()?));
+        }
+        bench.teardown(&mut qps)?;
+        done += n;
+    }
+
+    // Throughput.
+    let mut total = Duration::ZERO;
+    let mut best = Duration::MAX;
+    for _ in 0..cfg.batches {
+        let mut batch = Vec::with_capacity(cfg.in_flight);
+        for _ in 0..cfg.in_flight {
+            batch.push(bench.prepare(&mut qps, true)?);
+        }
+        let target = bench.track.with(|s| s.completed) + cfg.in_flight;
+        let d0 = drops();
+        let t0 = Instant::now();
+        for &(slot, qp) in &batch {
+            bench.connect(slot, qp, SERVICE_ID)?;
+        }
+        bench
+            .track
+            .wait("a batch ESTABLISHED", |s| s.completed >= target)?;
+        drops_timed += drops() - d0;
+        let last = batch
+            .iter()
+            .filter_map(|&(slot, _)| bench.times(slot).established())
+            .max()
+            .ok_or("a batch with no connection")?;
+        let t = last - t0;
+        total += t;
+        best = best.min(t);
+        bench.teardown(&mut qps)?;
+    }
+
+    drop(ping_tx);
+    echo.join()
+        .map_err(|_| "the echo thread panicked".to_string())?;
+    let cm_mads_sent = bench.mads_sent() - mads_before;
+    let dropped_no_recv = drops() - drops_before;
+    drop(ud);
+    bench.close()?;
+    let k = (cfg.batches * cfg.in_flight) as f64;
+    let [l0, l1, l2, l3] = legs;
+    Ok(ConnRateReport {
+        config: cfg.clone(),
+        connect: Dist::of(connect),
+        legs: [
+            (
+                "req_to_listener: connect (REQ) -> listener callback",
+                Dist::of(l0).median_us,
+            ),
+            (
+                "listener_to_reply: accept (REP) -> active ReplyReceived callback",
+                Dist::of(l1).median_us,
+            ),
+            (
+                "reply_to_passive_established: rtu (RTU) -> passive Established",
+                Dist::of(l2).median_us,
+            ),
+            (
+                "reply_to_active_established: rtu -> active Established (local event)",
+                Dist::of(l3).median_us,
+            ),
+        ],
+        conns_per_sec: k / total.as_secs_f64().max(1e-12),
+        best_batch_conns_per_sec: cfg.in_flight as f64 / best.as_secs_f64().max(1e-12),
+        mad_rtt: Dist::of(mad),
+        rej_rtt: Dist::of(rej),
+        thread_echo_rtt: Dist::of(echo_v),
+        cm_mads_sent,
+        dropped_no_recv,
+        dropped_no_recv_timed: drops_timed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn balanced(json: &str) -> bool {
+        let mut depth = 0i32;
+        for c in json.chars() {
+            match c {
+                '{' | '[' => depth += 1,
+                '}' | ']' => depth -= 1,
+                _ => {}
+            }
+            if depth < 0 {
+                return false;
+            }
+        }
+        depth == 0
+    }
+
+    #[test]
+    fn a_tiny_run_connects_everything_and_reports_the_floor() {
+        let cfg = ConnRateConfig {
+            connections: 6,
+            in_flight: 3,
+            batches: 2,
+        };
+        let r = run(&cfg).unwrap();
+        assert_eq!(r.connect.n, 6);
+        assert_eq!(r.rej_rtt.n, 6);
+        assert_eq!(r.mad_rtt.n, 6 * MAD_RTTS_PER_CONNECTION);
+        assert!(r.connect.median_us > 0.0 && r.connect.p99_us >= r.connect.median_us);
+        assert!(r.mad_rtt.median_us > 0.0 && r.conns_per_sec > 0.0);
+        // REQ, REP, RTU per connection at least, a REQ per probe.
+        assert!(r.cm_mads_sent >= 3 * (6 + 6) + 6, "{}", r.cm_mads_sent);
+        let json = r.to_json();
+        assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
+        for key in [
+            "\"connect_median_us\":",
+            "\"connect_p99_us\":",
+            "\"conns_per_sec\":",
+            "\"mad_rtt_median_us\":",
+            "\"ratio_connect_vs_mad_rtt\":",
+            "\"ratio_connect_vs_krcore\":",
+            "\"req_to_listener\":",
+        ] {
+            assert!(json.contains(key), "{key} missing from {json}");
+        }
+        assert!(r.to_text().contains("median connect / MAD round trip"));
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        for cfg in [
+            ConnRateConfig {
+                connections: 0,
+                ..ConnRateConfig::default()
+            },
+            ConnRateConfig {
+                in_flight: 0,
+                ..ConnRateConfig::default()
+            },
+            ConnRateConfig {
+                batches: 0,
+                ..ConnRateConfig::default()
+            },
+        ] {
+            assert!(run(&cfg).is_err());
+        }
+    }
+}
