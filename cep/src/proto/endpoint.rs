@@ -521,8 +521,46 @@ impl Endpoint {
         from: PeerAddr,
         bytes: &[u8],
     ) -> Result<Disposition, crate::wire::WireError> {
-        let mad = crate::wire::decode(bytes)?;
-        Ok(self.handle_mad(now, from, mad))
+        match crate::wire::decode(bytes) {
+            Ok(mad) => Ok(self.handle_mad(now, from, mad)),
+            Err(e @ crate::wire::WireError::BadClassVersion(_)) => {
+                self.reject_class_version(from, bytes);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A REQ of a CM class version we do not speak gets REJ "invalid class
+    /// version", with the highest version we support in the ARI (IBTA
+    /// 12.6.7.1), so the peer can retry at that version instead of timing
+    /// out. Anything else of an unknown version is dropped.
+    fn reject_class_version(&mut self, from: PeerAddr, bytes: &[u8]) {
+        let field = |at: usize, n: usize| bytes.get(at..at + n);
+        let is_cm = bytes.len() == crate::wire::MAD_LEN
+            && bytes[0] == crate::wire::BASE_VERSION
+            && bytes[1] == crate::wire::MGMT_CLASS_CM
+            && field(16, 2) == Some(&crate::wire::attr::REQ.to_be_bytes()[..]);
+        let (Some(tid), Some(comm)) = (field(8, 8), field(24, 4)) else {
+            return;
+        };
+        if !is_cm {
+            return;
+        }
+        let tid = u64::from_be_bytes(tid.try_into().unwrap_or([0; 8]));
+        let remote_comm_id = u32::from_be_bytes(comm.try_into().unwrap_or([0; 4]));
+        let mut ari = [0u8; crate::wire::INFO_LEN];
+        ari[0] = crate::wire::CM_CLASS_VERSION;
+        let rej = Rej {
+            local_comm_id: 0,
+            remote_comm_id,
+            message_rejected: MessageRejected::Req,
+            rejected_info_length: 1,
+            reason: RejectReason::InvalidClassVersion,
+            ari,
+            ..Rej::default()
+        };
+        self.send(from, None, CmMad::new(tid, rej));
     }
 
     fn on_req(&mut self, now: Nanos, from: PeerAddr, tid: u64, req: Req) -> Disposition {

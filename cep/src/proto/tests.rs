@@ -1818,3 +1818,28 @@ fn deterministic() {
     };
     assert_eq!(run(17), run(17));
 }
+
+#[test]
+fn a_req_of_another_class_version_is_rejected_with_ours_in_the_ari() {
+    let mut ep = Endpoint::new(config(1));
+    let req = CmMad::new(0x77, req_for(SVC, 0x10));
+    let mut bytes = wire::encode(&req).unwrap();
+    bytes[2] = 3; // ClassVersion 3
+    let got = ep.handle_datagram(Nanos(0), addr(0), &bytes);
+    assert!(matches!(got, Err(wire::WireError::BadClassVersion(3))));
+    let t = ep.poll_transmit().expect("a REJ");
+    assert_eq!(t.to, addr(0));
+    assert_eq!(t.mad.transaction_id, 0x77);
+    let CmMessage::Rej(rej) = t.mad.message else {
+        panic!("not a REJ: {:?}", t.mad.message)
+    };
+    assert_eq!(rej.reason, RejectReason::InvalidClassVersion);
+    assert_eq!(rej.ari_bytes(), &[2]);
+    assert_eq!(ep.live_connections(), 0);
+    // Other messages of an unknown version are dropped silently.
+    let mut rtu = wire::encode(&CmMad::new(1, wire::Rtu::default())).unwrap();
+    rtu[2] = 3;
+    assert!(ep.handle_datagram(Nanos(0), addr(0), &rtu).is_err());
+    assert!(ep.poll_transmit().is_none());
+    ep.check_invariants().unwrap();
+}
