@@ -350,6 +350,9 @@ fn overview() -> Result<(), String> {
     println!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     println!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
     println!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
+    println!("  ibal perf conn-rate [--json]                  CM connect latency and rate vs a 256-byte MAD round trip");
+    println!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P]");
+    println!("                                                random API races with CM fault injection; fails on any leak");
     println!("  ibal --help                                   everything else");
     println!();
     println!(
