@@ -79,11 +79,12 @@ fn page_len(page: usize) -> usize {
     (FIRST_PAGE_SLOTS as usize) << page
 }
 
-/// One slot, aligned to 128 bytes so that lookups of neighbouring objects
-/// from different threads share neither a cache line nor the adjacent line
-/// that x86 prefetchers fetch in pairs (the same choice as crossbeam's
-/// `CachePadded`).
-#[repr(align(128))]
+/// One slot, alone on its cache line, so that lookups of neighbouring
+/// objects from different threads do not share a line. (128-byte padding,
+/// against adjacent-line prefetch, measured worse on the 2-vCPU machines
+/// here: it doubles the footprint the two threads share in cache; see
+/// docs/benchmarks.md.)
+#[repr(align(64))]
 struct Slot<T> {
     state: AtomicU64,
     /// Written only by the inserter before `PRESENT` is published, and taken
