@@ -427,3 +427,106 @@ fn a_request_racing_listen_cancel_is_refused_not_left_hanging() {
     let stats = al.close().unwrap();
     assert!(stats.is_clean(), "{stats}");
 }
+
+#[test]
+fn sidr_request_and_reply_through_the_objects() {
+    use cep::proto::{SidrParams, SidrReplyParams};
+    use cep::wire::{PrivateData, SidrStatus};
+    let p = provider();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    let inst = al.instance().clone();
+    let on_request: ListenHandler = StdArc::new(move |_l, cep, ev| {
+        assert!(matches!(ev, Event::SidrRequest { .. }), "{ev:?}");
+        let reply = SidrReplyParams {
+            status: SidrStatus::Success,
+            qpn: 0x4242,
+            qkey: 0x1111_2222,
+            ..SidrReplyParams::default()
+        };
+        cm::sidr_reply(&inst, cep, reply).unwrap();
+    });
+    let noop: CmHandler = StdArc::new(|_, _| {});
+    cm::listen(al.instance(), b.ca, 1, SERVICE, on_request, noop).unwrap();
+    let got = StdArc::new(StdMutex::new(None));
+    let g = got.clone();
+    let handler: CmHandler = StdArc::new(move |_cep, ev| {
+        if let Event::SidrReply { rep, .. } = ev {
+            *g.lock().unwrap() = Some((rep.status, rep.qpn, rep.qkey));
+        }
+    });
+    let params = SidrParams {
+        peer: cep::proto::PeerAddr {
+            lid: 2,
+            gid: [0; 16],
+        },
+        service_id: SERVICE,
+        pkey: 0xffff,
+        timeout: 14,
+        packet_life_time: 10,
+        max_retries: 3,
+        private_data: PrivateData::new(b"which qp?").unwrap(),
+    };
+    cm::sidr_request(al.instance(), a.ca, params, 1, handler).unwrap();
+    wait("the SIDR reply", || got.lock().unwrap().is_some());
+    assert_eq!(
+        got.lock().unwrap().unwrap(),
+        (SidrStatus::Success, 0x4242, 0x1111_2222)
+    );
+    wait("SIDR CEPs gone", || al.stats().live(Kind::CEP) == 0);
+    let _ = (a.qp, b.qp);
+    assert!(al.close().unwrap().is_clean());
+}
+
+#[test]
+fn lap_and_apr_through_the_objects() {
+    use cep::proto::LapParams;
+    use cep::wire::{ApStatus, PathInfo, PrivateData};
+    let p = provider();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    let log = StdArc::new(Log::default());
+    // B accepts, answers DREQs, and answers a LAP with an APR.
+    let (inst, qp_b, l1) = (al.instance().clone(), b.qp, log.clone());
+    let on_request: ListenHandler = StdArc::new(move |_l, cep, ev| {
+        l1.push("B", ev);
+        cm::accept(&inst, cep, qp_b, &AcceptReply::default()).unwrap();
+    });
+    let (inst2, l2) = (al.instance().clone(), log.clone());
+    let handler_b: CmHandler = StdArc::new(move |cep, ev| {
+        l2.push("B", ev);
+        match ev {
+            Event::LapReceived { .. } => cm::apr(&inst2, cep, ApStatus::Success, b"ok").unwrap(),
+            Event::DisconnectRequest { .. } => cm::disconnect_reply(&inst2, cep, &[]).unwrap(),
+            _ => {}
+        }
+    });
+    cm::listen(al.instance(), b.ca, 1, SERVICE, on_request, handler_b).unwrap();
+    let cep = cm::connect(
+        al.instance(),
+        a.qp,
+        &ConnectRequest::new(SERVICE, 2),
+        active_handler(&al, &log),
+    )
+    .unwrap();
+    wait("established", || {
+        log.count("A:Established") == 1 && log.count("B:Established") == 1
+    });
+    let params = LapParams {
+        alternate_path: PathInfo {
+            local_lid: 1,
+            remote_lid: 2,
+            local_ack_timeout: 14,
+            ..PathInfo::default()
+        },
+        private_data: PrivateData::new(b"alt").unwrap(),
+    };
+    cm::lap(&al, cep, params).unwrap();
+    wait("the APR", || log.count("A:AprReceived") == 1);
+    assert_eq!(log.count("B:LapReceived"), 1);
+    cm::disconnect(&al, cep, &[]).unwrap();
+    wait("both released", || {
+        log.count("A:Released") == 1 && log.count("B:Released") == 1
+    });
+    assert!(al.close().unwrap().is_clean());
+}
