@@ -371,6 +371,8 @@ fn mads_failing_pkey_or_qkey_checks_never_reach_the_endpoint() {
         max_cm_retries: RETRIES,
         remote_cm_response_timeout: RESP,
         local_cm_response_timeout: RESP,
+        // A valid path MTU code (4096): code 0 names no MTU and is rejected.
+        path_mtu: 5,
         ..Req::default()
     };
     let bytes = CmMad::new(7, req).encode().unwrap();

@@ -572,6 +572,10 @@ impl Endpoint {
             self.stateless_rej(from, tid, &req, RejectReason::InvalidServiceId);
             return Disposition::Answered;
         };
+        if let Some(reason) = unsupported_req(&req) {
+            self.stateless_rej(from, tid, &req, reason);
+            return Disposition::Answered;
+        }
         let qpn_key = (req.local_qpn, req.local_ca_guid);
         if let Some(&old) = self.remote_qpns.get(&qpn_key) {
             self.stateless_rej(from, tid, &req, RejectReason::StaleConnection);
@@ -1593,4 +1597,18 @@ impl Endpoint {
         }
         Ok(())
     }
+}
+
+/// What of a REQ this CM cannot honour, as the REJ reason the spec gives
+/// for it (IBTA 12.6.7): the extended (XRC) transport and reliable
+/// datagram are not offered, and a path MTU code outside 256..4096 bytes
+/// (codes 1..=5) names no MTU.
+fn unsupported_req(req: &Req) -> Option<RejectReason> {
+    if req.transport_service_type == crate::wire::TransportType::Extended {
+        return Some(RejectReason::InvalidTransportType);
+    }
+    if !(1..=5).contains(&req.path_mtu) {
+        return Some(RejectReason::InvalidMtu);
+    }
+    None
 }

@@ -36,7 +36,7 @@
 //! let now = Nanos(0);
 //!
 //! b.listen(0x1000).unwrap();
-//! let req = Req { service_id: 0x1000, local_qpn: 0x11, max_cm_retries: 3, ..Req::default() };
+//! let req = Req { service_id: 0x1000, local_qpn: 0x11, max_cm_retries: 3, path_mtu: 5, ..Req::default() };
 //! let conn = a.connect(now, ConnectParams::new(b_addr, req)).unwrap();
 //! let tx = a.poll_transmit().unwrap();
 //! b.handle_mad(now, a_addr, tx.mad);

@@ -1843,3 +1843,31 @@ fn a_req_of_another_class_version_is_rejected_with_ours_in_the_ari() {
     assert!(ep.poll_transmit().is_none());
     ep.check_invariants().unwrap();
 }
+
+#[test]
+fn unsupported_transport_and_mtu_are_rejected_with_their_reasons() {
+    for (tweak, reason) in [
+        (
+            (|r: &mut Req| r.transport_service_type = wire::TransportType::Extended)
+                as fn(&mut Req),
+            RejectReason::InvalidTransportType,
+        ),
+        (|r: &mut Req| r.path_mtu = 0, RejectReason::InvalidMtu),
+        (|r: &mut Req| r.path_mtu = 6, RejectReason::InvalidMtu),
+    ] {
+        let mut ep = Endpoint::new(config(1));
+        ep.listen(SVC).unwrap();
+        let mut req = req_for(SVC, 0x10);
+        tweak(&mut req);
+        ep.handle_mad(Nanos(0), addr(0), CmMad::new(9, req));
+        let t = ep.poll_transmit().expect("a REJ");
+        let CmMessage::Rej(rej) = t.mad.message else {
+            panic!("not a REJ: {:?}", t.mad.message)
+        };
+        assert_eq!(rej.reason, reason);
+        assert_eq!(rej.remote_comm_id, req.local_comm_id);
+        assert!(ep.poll_event().is_none(), "no connect request for the user");
+        assert_eq!(ep.live_connections(), 0);
+        ep.check_invariants().unwrap();
+    }
+}
