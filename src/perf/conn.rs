@@ -68,7 +68,6 @@ use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ListenH
 use cep::proto::Event;
 use hca::provider::{
     Access, AvAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
-    WcStatus,
 };
 use hca::verbs::{self, Av, Ca, Cq, Pd};
 use hca::{RegisteredBuffer, SoftProvider};
@@ -76,8 +75,8 @@ use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
 
 use crate::devinfo;
 
-/// Errors are reported as text (they end up on the command line).
-pub type BenchResult<T> = Result<T, String>;
+pub use super::BenchResult;
+use super::{al_err, json_f64, poll_one};
 
 /// The service the passive side listens on.
 pub const SERVICE_ID: u64 = 0x0000_0000_1ba1_0c01;
@@ -98,12 +97,6 @@ const ROUND: usize = 100;
 const MAD_RTTS_PER_CONNECTION: usize = 20;
 /// How long any wait may take before the run fails.
 const WAIT: Duration = Duration::from_secs(30);
-/// Polls per expected completion (the soft provider completes inline).
-const POLL_LIMIT: u32 = 1_000_000;
-
-fn al_err(what: &'static str) -> impl FnOnce(al::Error) -> String {
-    move |e| format!("{what}: {e}")
-}
 
 // --------------------------------------------------------------- settings --
 
@@ -287,7 +280,7 @@ impl ConnRateReport {
         let legs: Vec<String> = self
             .legs
             .iter()
-            .map(|(name, us)| format!("\"{}\":{}", name_key(name), json_f64(*us)))
+            .map(|(name, us)| format!("\"{}\":{}", name_key(name), json_f64(*us, 3)))
             .collect();
         format!(
             "{{\"benchmark\":\"conn-rate\",\"connections\":{},\"in_flight\":{},\"batches\":{},\
@@ -302,25 +295,25 @@ impl ConnRateReport {
             c.connections,
             c.in_flight,
             c.batches,
-            json_f64(self.connect.median_us),
-            json_f64(self.connect.p99_us),
+            json_f64(self.connect.median_us, 3),
+            json_f64(self.connect.p99_us, 3),
             legs.join(","),
-            json_f64(self.conns_per_sec),
-            json_f64(self.best_batch_conns_per_sec),
-            json_f64(self.serial_conns_per_sec()),
-            json_f64(self.mad_rtt.median_us),
-            json_f64(self.mad_rtt.p99_us),
+            json_f64(self.conns_per_sec, 3),
+            json_f64(self.best_batch_conns_per_sec, 3),
+            json_f64(self.serial_conns_per_sec(), 3),
+            json_f64(self.mad_rtt.median_us, 3),
+            json_f64(self.mad_rtt.p99_us, 3),
             self.mad_rtt.n,
-            json_f64(self.ratio()),
-            json_f64(TARGET_RATIO),
+            json_f64(self.ratio(), 3),
+            json_f64(TARGET_RATIO, 3),
             self.target_met(),
-            json_f64(self.rej_rtt.median_us),
-            json_f64(self.rej_rtt.p99_us),
-            json_f64(self.ratio_vs_rej()),
-            json_f64(self.thread_echo_rtt.median_us),
-            json_f64(self.thread_echo_rtt.p99_us),
-            json_f64(KRCORE_CONNECT_US),
-            json_f64(self.ratio_vs_krcore()),
+            json_f64(self.rej_rtt.median_us, 3),
+            json_f64(self.rej_rtt.p99_us, 3),
+            json_f64(self.ratio_vs_rej(), 3),
+            json_f64(self.thread_echo_rtt.median_us, 3),
+            json_f64(self.thread_echo_rtt.p99_us, 3),
+            json_f64(KRCORE_CONNECT_US, 3),
+            json_f64(self.ratio_vs_krcore(), 3),
             self.cm_mads_sent,
             self.dropped_no_recv,
             self.dropped_no_recv_timed
@@ -331,14 +324,6 @@ impl ConnRateReport {
 /// The JSON key of a leg: its name up to the first ':'.
 fn name_key(name: &str) -> &str {
     name.split(':').next().unwrap_or(name)
-}
-
-fn json_f64(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v:.3}")
-    } else {
-        "null".into()
-    }
 }
 
 fn us(d: Duration) -> f64 {
@@ -809,21 +794,6 @@ impl UdPair {
     }
 }
 
-fn poll_one(al: &Al, cq: Handle<Cq>, wc: &mut [Wc; 1]) -> BenchResult<Wc> {
-    for _ in 0..POLL_LIMIT {
-        if verbs::poll_cq(al, cq, wc).map_err(al_err("poll_cq"))? == 1 {
-            if wc[0].status != WcStatus::Success {
-                return Err(format!(
-                    "work request {} completed with {:?}",
-                    wc[0].wr_id, wc[0].status
-                ));
-            }
-            return Ok(wc[0]);
-        }
-    }
-    Err(format!("no completion after {POLL_LIMIT} polls"))
-}
-
 // -------------------------------------------------------------------- run --
 
 /// Run conn-rate.
@@ -993,22 +963,8 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::balanced;
     use super::*;
-
-    fn balanced(json: &str) -> bool {
-        let mut depth = 0i32;
-        for c in json.chars() {
-            match c {
-                '{' | '[' => depth += 1,
-                '}' | ']' => depth -= 1,
-                _ => {}
-            }
-            if depth < 0 {
-                return false;
-            }
-        }
-        depth == 0
-    }
 
     #[test]
     fn a_tiny_run_connects_everything_and_reports_the_floor() {

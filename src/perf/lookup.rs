@@ -13,6 +13,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use al::{HandleTable, Kind, RawHandle};
+
+use super::json_f64;
 use parking_lot::RwLock;
 
 /// The object every contender stores: a cache line, like a small verbs object.
@@ -250,17 +252,12 @@ impl LookupReport {
         s.push_str("],");
         s.push_str(&format!(
             "\"ibal_vs_sharded_slab_single_thread\":{},\"ibal_scaling\":{}}}",
-            json_f64(self.single_thread_ratio_vs_sharded_slab()),
-            json_f64(self.ibal_scaling())
+            self.single_thread_ratio_vs_sharded_slab()
+                .map_or("null".into(), |r| json_f64(r, 4)),
+            self.ibal_scaling()
+                .map_or("null".into(), |r| json_f64(r, 4))
         ));
         s
-    }
-}
-
-fn json_f64(v: Option<f64>) -> String {
-    match v {
-        Some(v) if v.is_finite() => format!("{v:.4}"),
-        _ => "null".into(),
     }
 }
 

@@ -54,7 +54,6 @@ use std::time::{Duration, Instant};
 use al::{Al, Handle};
 use hca::provider::{
     Access, AvAttr, Mtu, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc,
-    WcStatus,
 };
 use hca::verbs::{self, Cq, Pd};
 use hca::{RegisteredBuffer, SoftProvider};
@@ -62,8 +61,8 @@ use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
 
 use crate::devinfo;
 
-/// Errors are reported as text (they end up on the command line).
-pub type BenchResult<T> = Result<T, String>;
+pub use super::BenchResult;
+use super::{al_err, json_f64, poll_one};
 
 /// The write-bw target: ibal bandwidth at least this fraction of memcpy's.
 pub const WRITE_BW_TARGET: f64 = 0.8;
@@ -77,14 +76,6 @@ pub const SQ_DEPTH: u32 = 64;
 pub const AUTO_BYTES_PER_ROUND: u64 = 256 << 20;
 /// Largest message size accepted (the MR and `Sge::length` limit is u32).
 pub const MAX_SIZE: usize = 1 << 30;
-
-/// Polls per expected completion before giving up (the soft provider
-/// completes synchronously, so one poll suffices unless something is wrong).
-const POLL_LIMIT: u32 = 1_000_000;
-
-fn al_err(what: &'static str) -> impl FnOnce(al::Error) -> String {
-    move |e| format!("{what}: {e}")
-}
 
 // ------------------------------------------------------------ the RC pair --
 
@@ -215,35 +206,10 @@ fn to_rts(
     Ok(())
 }
 
-/// Poll `cq` until one completion arrives; it must be a success.
-#[inline]
-fn poll_one(al: &Al, cq: Handle<Cq>, wc: &mut [Wc; 1]) -> BenchResult<Wc> {
-    for _ in 0..POLL_LIMIT {
-        if verbs::poll_cq(al, cq, wc).map_err(al_err("poll_cq"))? == 1 {
-            if wc[0].status != WcStatus::Success {
-                return Err(format!(
-                    "work request {} completed with {:?}",
-                    wc[0].wr_id, wc[0].status
-                ));
-            }
-            return Ok(wc[0]);
-        }
-    }
-    Err(format!("no completion after {POLL_LIMIT} polls"))
-}
-
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
-}
-
-fn json_f64(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v:.4}")
-    } else {
-        "null".into()
-    }
 }
 
 fn gb_per_sec(bytes: u64, t: Duration) -> f64 {
@@ -399,15 +365,15 @@ impl WriteBwReport {
                 "{{\"size\":{},\"iters\":{},\"ibal_gbps\":{},\"memcpy_gbps\":{},\"ratio\":{}}}",
                 p.size,
                 p.iters,
-                json_f64(p.ibal_gbps),
-                json_f64(p.memcpy_gbps),
-                json_f64(p.ratio())
+                json_f64(p.ibal_gbps, 4),
+                json_f64(p.memcpy_gbps, 4),
+                json_f64(p.ratio(), 4)
             ));
         }
         s.push_str(&format!(
             "],\"min_ratio\":{},\"target_ratio\":{},\"target_met\":{}}}",
-            json_f64(self.min_ratio()),
-            json_f64(WRITE_BW_TARGET),
+            json_f64(self.min_ratio(), 4),
+            json_f64(WRITE_BW_TARGET, 4),
             self.target_met()
         ));
         s
@@ -639,15 +605,15 @@ impl SendRateReport {
              \"pingpong_round_trips\":{},\"mpsc_pingpong_ns_per_round_trip\":{}}}",
             self.config.msgs,
             self.config.rounds,
-            json_f64(self.ibal_ns_per_msg),
-            json_f64(self.ibal_msgs_per_sec()),
-            json_f64(self.mpsc_ns_per_msg),
-            json_f64(self.mpsc_msgs_per_sec()),
-            json_f64(self.ratio()),
-            json_f64(SEND_RATE_TARGET),
+            json_f64(self.ibal_ns_per_msg, 4),
+            json_f64(self.ibal_msgs_per_sec(), 4),
+            json_f64(self.mpsc_ns_per_msg, 4),
+            json_f64(self.mpsc_msgs_per_sec(), 4),
+            json_f64(self.ratio(), 4),
+            json_f64(SEND_RATE_TARGET, 4),
             self.target_met(),
             self.config.pingpong_round_trips(),
-            json_f64(self.pingpong_ns_per_round_trip)
+            json_f64(self.pingpong_ns_per_round_trip, 4)
         )
     }
 }
@@ -772,22 +738,8 @@ pub fn run_send_rate(cfg: &SendRateConfig) -> BenchResult<SendRateReport> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::balanced;
     use super::*;
-
-    fn balanced(json: &str) -> bool {
-        let mut depth = 0i32;
-        for c in json.chars() {
-            match c {
-                '{' | '[' => depth += 1,
-                '}' | ']' => depth -= 1,
-                _ => {}
-            }
-            if depth < 0 {
-                return false;
-            }
-        }
-        depth == 0
-    }
 
     #[test]
     fn a_tiny_write_bw_run_moves_data_and_reports_every_size() {
