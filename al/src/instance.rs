@@ -168,6 +168,15 @@ impl AlInstance {
         crate::object::resolve(self, h)
     }
 
+    /// Resolve one of this instance's handles and keep the object (an
+    /// `Arc`) for the rest of the call; fails with `Destroying` once its
+    /// destroy has started, so nothing new is hung on a dying object.
+    pub fn resolve_live<T: Object>(&self, h: Handle<T>) -> Result<Arc<Obj<T>>> {
+        let obj = self.resolve(h)?.to_arc();
+        obj.core().check_live()?;
+        Ok(obj)
+    }
+
     /// Destroy one of this instance's objects without blocking.
     pub fn destroy<T: Object>(
         &self,

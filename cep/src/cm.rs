@@ -374,8 +374,7 @@ impl fmt::Debug for CmPort {
 /// Attach the connection manager to every port of `ca` (what opening a CA
 /// through the `ibal` facade does). Returns one handle per port.
 pub fn attach_ca(al: &std::sync::Arc<AlInstance>, ca: Handle<Ca>) -> Result<Vec<Handle<CmPort>>> {
-    let ca = al.resolve(ca)?.to_arc();
-    ca.core().check_live()?;
+    let ca = al.resolve_live(ca)?;
     let mut ports = Vec::new();
     for port in 1..=ca.attr().num_ports {
         let port_use = PortUse::acquire(&ca, port)?;
@@ -431,8 +430,7 @@ pub fn listen(
     on_request: ListenHandler,
     handler: CmHandler,
 ) -> Result<Handle<Listen>> {
-    let ca = al.resolve(ca)?.to_arc();
-    ca.core().check_live()?;
+    let ca = al.resolve_live(ca)?;
     let port_use = PortUse::acquire(&ca, port)?;
     let routes = port_use.0.routes.clone();
     let conn = port_use.0.agent.listen(service_id)?;
@@ -716,8 +714,7 @@ pub fn connect(
 ) -> Result<Handle<Cep>> {
     // The reference is taken before the CEP id is published, and held for
     // the whole call.
-    let qp = al.resolve(qp)?.to_arc();
-    qp.core().check_live()?;
+    let qp = al.resolve_live(qp)?;
     let transport = match qp.qp_type() {
         hca::QpType::Rc => TransportType::Rc,
         hca::QpType::Uc => TransportType::Uc,
@@ -847,8 +844,7 @@ pub fn accept(
     reply: &AcceptReply,
 ) -> Result<()> {
     let c = al.resolve(cep)?.to_arc();
-    let qp = al.resolve(qp)?.to_arc();
-    qp.core().check_live()?;
+    let qp = al.resolve_live(qp)?;
     let (req, port) = {
         let st = c.state.lock();
         let req = st
@@ -1020,8 +1016,7 @@ pub fn sidr_request(
     port: u8,
     handler: CmHandler,
 ) -> Result<Handle<Cep>> {
-    let ca = al.resolve(ca)?.to_arc();
-    ca.core().check_live()?;
+    let ca = al.resolve_live(ca)?;
     let port_use = PortUse::acquire(&ca, port)?;
     let routes = port_use.0.routes.clone();
     let cep = create(al, None, |_| {

@@ -56,12 +56,6 @@ pub type CompletionCallback = std::sync::Arc<dyn Fn(Handle<Cq>) + Send + Sync>;
 /// Called on the AL executor for a CQ's asynchronous events (overflow).
 pub type CqEventCallback = std::sync::Arc<dyn Fn(Handle<Cq>, AsyncEvent) + Send + Sync>;
 
-fn resolve_live<T: Object>(al: &AlInstance, h: Handle<T>) -> Result<Arc<Obj<T>>> {
-    let obj = al.resolve(h)?.to_arc();
-    obj.core().check_live()?;
-    Ok(obj)
-}
-
 // ---------------------------------------------------------------- bindings --
 
 /// How many QPs use a CQ or SRQ, and whether it is closed to new ones: one
@@ -206,7 +200,7 @@ impl fmt::Debug for Pd {
 
 /// Allocate a protection domain on `ca`.
 pub fn alloc_pd(al: &Arc<AlInstance>, ca: Handle<Ca>) -> Result<Handle<Pd>> {
-    let ca = resolve_live(al, ca)?;
+    let ca = al.resolve_live(ca)?;
     let obj = create(al, Some(ca.core()), |_| {
         Ok(Pd {
             pd: ca.device.alloc_pd()?,
@@ -276,7 +270,7 @@ pub fn create_cq(
     on_completion: Option<CompletionCallback>,
     on_event: Option<CqEventCallback>,
 ) -> Result<Handle<Cq>> {
-    let ca = resolve_live(al, ca)?;
+    let ca = al.resolve_live(ca)?;
     let obj = create(al, Some(ca.core()), |core| {
         let h: Handle<Cq> = Handle::from_raw(core.handle());
         // The provider calls these on the thread that produced the event;
@@ -406,7 +400,7 @@ pub fn register_mr(
     iova: u64,
     access: Access,
 ) -> Result<Handle<Mr>> {
-    let pd = resolve_live(al, pd)?;
+    let pd = al.resolve_live(pd)?;
     let obj = create(al, Some(pd.core()), |_| {
         let device = &pd.ca.device;
         let mr = device.register_mr(&pd.pd, buf, offset, len, iova, access)?;
@@ -432,7 +426,7 @@ pub fn register_region(
     region: RawRegion,
     access: Access,
 ) -> Result<Handle<Mr>> {
-    let pd = resolve_live(al, pd)?;
+    let pd = al.resolve_live(pd)?;
     let len = region.len();
     let obj = create(al, Some(pd.core()), |_| {
         let device = &pd.ca.device;
@@ -493,7 +487,7 @@ impl fmt::Debug for Srq {
 
 /// Create a shared receive queue in `pd`.
 pub fn create_srq(al: &Arc<AlInstance>, pd: Handle<Pd>, init: SrqInit) -> Result<Handle<Srq>> {
-    let pd = resolve_live(al, pd)?;
+    let pd = al.resolve_live(pd)?;
     let obj = create(al, Some(pd.core()), |_| {
         Ok(Srq {
             srq: pd.ca.device.create_srq(&pd.pd, init)?,
@@ -548,7 +542,7 @@ impl fmt::Debug for Av {
 
 /// Create an address vector in `pd`.
 pub fn create_av(al: &Arc<AlInstance>, pd: Handle<Pd>, attr: AvAttr) -> Result<Handle<Av>> {
-    let pd = resolve_live(al, pd)?;
+    let pd = al.resolve_live(pd)?;
     let obj = create(al, Some(pd.core()), |_| {
         Ok(Av {
             av: pd.ca.device.create_av(&pd.pd, &attr)?,

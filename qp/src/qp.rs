@@ -157,8 +157,7 @@ impl Drop for BindGuard<'_> {
 
 /// Create a queue pair in `pd`, in RESET.
 pub fn create_qp(al: &Arc<AlInstance>, pd: Handle<Pd>, init: QpCreate) -> Result<Handle<Qp>> {
-    let pd = al.resolve(pd)?.to_arc();
-    pd.core().check_live()?;
+    let pd = al.resolve_live(pd)?;
     let send_cq = al.resolve(init.send_cq)?.to_arc();
     let recv_cq = al.resolve(init.recv_cq)?.to_arc();
     let srq = match init.srq {
