@@ -58,6 +58,46 @@ fn manual_al() -> Arc<Al> {
     )
 }
 
+fn new_qp(inst: &Arc<al::AlInstance>) -> Arc<Obj<ModelQp>> {
+    create(inst, None, |_| {
+        Ok(ModelQp {
+            cid: CidSlot::new(),
+        })
+    })
+    .unwrap()
+}
+
+fn new_cep(inst: &Arc<al::AlInstance>) -> al::Result<Arc<Obj<ModelCep>>> {
+    create(inst, None, |_| {
+        Ok(ModelCep {
+            qp: Mutex::new(None),
+        })
+    })
+}
+
+/// What `cep::cm::connect` does with the slot: create the CEP, publish it
+/// with `bind_and_start` (the start records the QP on the CEP), and let the
+/// loser destroy its own CEP. `None` if the CEP could not be created.
+fn connect(
+    inst: &Arc<al::AlInstance>,
+    qp: &Arc<Obj<ModelQp>>,
+) -> Option<(RawHandle, al::Result<()>)> {
+    let cep = new_cep(inst).ok()?;
+    let h = cep.core().handle();
+    let r = cid::bind_and_start(
+        &qp.cid,
+        h,
+        || {
+            *cep.qp.lock() = Some(qp.clone());
+            Ok(())
+        },
+        |c| {
+            let _ = destroy_raw(c);
+        },
+    );
+    Some((h, r))
+}
+
 fn finish(al: Arc<Al>) {
     al.run_callbacks();
     let al = Arc::try_unwrap(al).unwrap_or_else(|_| panic!("AL still shared"));
@@ -71,36 +111,11 @@ fn finish(al: Arc<Al>) {
 fn connect_vs_qp_destroy() {
     model("connect_vs_qp_destroy", || {
         let al = manual_al();
-        let qp = create(al.instance(), None, |_| {
-            Ok(ModelQp {
-                cid: CidSlot::new(),
-            })
-        })
-        .unwrap();
+        let qp = new_qp(al.instance());
         let qh: Handle<ModelQp> = qp.handle();
         let connector = {
             let (al, qp) = (al.clone(), qp.clone());
-            thread::spawn(move || {
-                let cep = create(al.instance(), None, |_| {
-                    Ok(ModelCep {
-                        qp: Mutex::new(None),
-                    })
-                })
-                .unwrap();
-                let h = cep.core().handle();
-                let r = cid::bind_and_start(
-                    &qp.cid,
-                    h,
-                    || {
-                        *cep.qp.lock() = Some(qp.clone());
-                        Ok(())
-                    },
-                    |c| {
-                        let _ = destroy_raw(c);
-                    },
-                );
-                (h, r)
-            })
+            thread::spawn(move || connect(al.instance(), &qp).expect("AL open"))
         };
         al.destroy(qh, None).unwrap();
         drop(qp);
@@ -124,20 +139,10 @@ fn connect_vs_qp_destroy() {
 fn accept_vs_qp_destroy() {
     model("accept_vs_qp_destroy", || {
         let al = manual_al();
-        let qp = create(al.instance(), None, |_| {
-            Ok(ModelQp {
-                cid: CidSlot::new(),
-            })
-        })
-        .unwrap();
+        let qp = new_qp(al.instance());
         let qh: Handle<ModelQp> = qp.handle();
         let destroyed = Arc::new(AtomicUsize::new(0));
-        let cep = create(al.instance(), None, |_| {
-            Ok(ModelCep {
-                qp: Mutex::new(None),
-            })
-        })
-        .unwrap();
+        let cep = new_cep(al.instance()).unwrap();
         let ch: Handle<ModelCep> = cep.handle();
         let acceptor = {
             let (al, qp, destroyed) = (al.clone(), qp.clone(), destroyed.clone());
@@ -184,33 +189,11 @@ fn accept_vs_qp_destroy() {
 fn two_connects_on_one_qp() {
     model("two_connects_on_one_qp", || {
         let al = manual_al();
-        let qp = create(al.instance(), None, |_| {
-            Ok(ModelQp {
-                cid: CidSlot::new(),
-            })
-        })
-        .unwrap();
+        let qp = new_qp(al.instance());
         let qh: Handle<ModelQp> = qp.handle();
         let connect = |al: Arc<Al>, qp: Arc<Obj<ModelQp>>| {
             thread::spawn(move || {
-                let cep = create(al.instance(), None, |_| {
-                    Ok(ModelCep {
-                        qp: Mutex::new(None),
-                    })
-                })
-                .unwrap();
-                let h = cep.core().handle();
-                let r = cid::bind_and_start(
-                    &qp.cid,
-                    h,
-                    || {
-                        *cep.qp.lock() = Some(qp.clone());
-                        Ok(())
-                    },
-                    |c| {
-                        let _ = destroy_raw(c);
-                    },
-                );
+                let (h, r) = connect(al.instance(), &qp).expect("AL open");
                 (h, r.is_ok())
             })
         };
@@ -238,19 +221,9 @@ fn two_connects_on_one_qp() {
 fn release_vs_qp_destroy() {
     model("release_vs_qp_destroy", || {
         let al = manual_al();
-        let qp = create(al.instance(), None, |_| {
-            Ok(ModelQp {
-                cid: CidSlot::new(),
-            })
-        })
-        .unwrap();
+        let qp = new_qp(al.instance());
         let qh: Handle<ModelQp> = qp.handle();
-        let cep = create(al.instance(), None, |_| {
-            Ok(ModelCep {
-                qp: Mutex::new(None),
-            })
-        })
-        .unwrap();
+        let cep = new_cep(al.instance()).unwrap();
         let ch: Handle<ModelCep> = cep.handle();
         cid::bind_and_start(&qp.cid, ch.raw(), || Ok(()), |_| {}).unwrap();
         *cep.qp.lock() = Some(qp.clone());
@@ -284,18 +257,8 @@ fn release_vs_qp_destroy() {
 fn timewait_expiry_vs_destroy() {
     model("timewait_expiry_vs_destroy", || {
         let al = manual_al();
-        let qp = create(al.instance(), None, |_| {
-            Ok(ModelQp {
-                cid: CidSlot::new(),
-            })
-        })
-        .unwrap();
-        let cep = create(al.instance(), None, |_| {
-            Ok(ModelCep {
-                qp: Mutex::new(None),
-            })
-        })
-        .unwrap();
+        let qp = new_qp(al.instance());
+        let cep = new_cep(al.instance()).unwrap();
         let ch: Handle<ModelCep> = cep.handle();
         cid::bind_and_start(&qp.cid, ch.raw(), || Ok(()), |_| {}).unwrap();
         *cep.qp.lock() = Some(qp.clone());
@@ -346,32 +309,13 @@ fn al_close_vs_connect() {
     model("al_close_vs_connect", || {
         let al = manual_al();
         let other = manual_al();
-        let qp = create(other.instance(), None, |_| {
-            Ok(ModelQp {
-                cid: CidSlot::new(),
-            })
-        })
-        .unwrap();
+        let qp = new_qp(other.instance());
         let connector = {
             let (inst, qp) = (al.instance().clone(), qp.clone());
             thread::spawn(move || {
-                let cep = create(&inst, None, |_| {
-                    Ok(ModelCep {
-                        qp: Mutex::new(None),
-                    })
-                });
-                let Ok(cep) = cep else { return };
-                let _ = cid::bind_and_start(
-                    &qp.cid,
-                    cep.core().handle(),
-                    || {
-                        *cep.qp.lock() = Some(qp.clone());
-                        Ok(())
-                    },
-                    |c| {
-                        let _ = destroy_raw(c);
-                    },
-                );
+                // Creation fails once the close has started; either way the
+                // model only checks what the close leaves behind.
+                let _ = connect(&inst, &qp);
             })
         };
         al.instance().close_async(None).unwrap();
