@@ -53,6 +53,7 @@ pub type ListenHandler = std::sync::Arc<dyn Fn(Handle<Listen>, Handle<Cep>, &Eve
 /// agent's events to CEP and listen objects.
 pub struct PortCm {
     key: (usize, u8),
+    drive: CmDrive,
     agent: CmAgent<Dev>,
     routes: std::sync::Arc<Routes>,
 }
@@ -104,11 +105,31 @@ fn registry() -> &'static RegistryCell {
     &REGISTRY
 }
 
+/// How a port's CM agent is driven. Chosen by whoever attaches the port
+/// first ([`attach_ca_with`]); it holds until the last user of the port is
+/// gone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CmDrive {
+    /// An agent thread per port wakes on every received MAD and timer.
+    /// Nothing to do for the application; each MAD costs a thread wake-up.
+    #[default]
+    Thread,
+    /// No agent thread: the application calls [`poll`] (as it polls its
+    /// CQs) and every received MAD is handled on that thread. With an AL in
+    /// [`al::ExecutorMode::Manual`], a connection can be set up with no
+    /// thread hand-off at all. Retries and timewait advance only while the
+    /// port is polled.
+    Poll,
+}
+
 /// A counted use of a port's CM; the last use shuts the agent down.
 struct PortUse(std::sync::Arc<PortCm>);
 
 impl PortUse {
-    fn acquire(ca: &Obj<Ca>, port: u8) -> Result<PortUse> {
+    /// A use of `port`'s CM, starting its agent if it has none. `drive`
+    /// `None` takes the port as it is (a new one is threaded); `Some` must
+    /// match how the port already runs.
+    fn acquire(ca: &Obj<Ca>, port: u8, drive: Option<CmDrive>) -> Result<PortUse> {
         let key = (ca.device().instance_key(), port);
         let cell = registry();
         let mut reg = cell.registry.lock();
@@ -116,16 +137,39 @@ impl PortUse {
             cell.closed.wait(&mut reg);
         }
         if let Some((pcm, users)) = reg.ports.get_mut(&key) {
+            if drive.is_some_and(|d| d != pcm.drive) {
+                return Err(Error::InvalidSetting(
+                    format!(
+                        "port {port}'s CM already runs in {:?} mode; detach it everywhere first",
+                        pcm.drive
+                    )
+                    .into(),
+                ));
+            }
             *users += 1;
             return Ok(PortUse(pcm.clone()));
         }
+        let drive = drive.unwrap_or_default();
         let agent = CmAgent::new(ca.device().clone(), port, AgentConfig::default())?;
         let routes = std::sync::Arc::new(Routes::default());
         let sink_routes = routes.clone();
         let sink: EventSink = std::sync::Arc::new(move |ev| deliver(&sink_routes, ev));
         agent.set_event_sink(Some(sink));
-        agent.spawn()?;
-        let pcm = std::sync::Arc::new(PortCm { key, agent, routes });
+        match drive {
+            CmDrive::Thread => agent.spawn()?,
+            // Under loom time stands still (timers never fire), so every
+            // explored execution sees the same clock.
+            #[cfg(not(ibal_loom))]
+            CmDrive::Poll => agent.use_monotonic_clock()?,
+            #[cfg(ibal_loom)]
+            CmDrive::Poll => {}
+        }
+        let pcm = std::sync::Arc::new(PortCm {
+            key,
+            drive,
+            agent,
+            routes,
+        });
         reg.ports.insert(key, (pcm.clone(), 1));
         Ok(PortUse(pcm))
     }
@@ -361,6 +405,10 @@ impl CmPort {
     pub fn stats(&self) -> crate::agent::AgentStats {
         self.port.0.agent.stats()
     }
+    /// How the port's agent is driven.
+    pub fn drive(&self) -> CmDrive {
+        self.port.0.drive
+    }
 }
 
 impl fmt::Debug for CmPort {
@@ -373,15 +421,45 @@ impl fmt::Debug for CmPort {
 
 /// Attach the connection manager to every port of `ca` (what opening a CA
 /// through the `ibal` facade does). Returns one handle per port.
-pub fn attach_ca(al: &std::sync::Arc<AlInstance>, ca: Handle<Ca>) -> Result<Vec<Handle<CmPort>>> {
+pub fn attach_ca(al: &Arc<AlInstance>, ca: Handle<Ca>) -> Result<Vec<Handle<CmPort>>> {
     let ca = al.resolve_live(ca)?;
+    attach_ports(al, &ca, None)
+}
+
+/// [`attach_ca`] with the agents driven as `drive` says. A port already
+/// attached (by any AL) in the other mode fails with `InvalidSetting`.
+pub fn attach_ca_with(
+    al: &Arc<AlInstance>,
+    ca: Handle<Ca>,
+    drive: CmDrive,
+) -> Result<Vec<Handle<CmPort>>> {
+    let ca = al.resolve_live(ca)?;
+    attach_ports(al, &ca, Some(drive))
+}
+
+fn attach_ports(
+    al: &Arc<AlInstance>,
+    ca: &Arc<Obj<Ca>>,
+    drive: Option<CmDrive>,
+) -> Result<Vec<Handle<CmPort>>> {
     let mut ports = Vec::new();
     for port in 1..=ca.attr().num_ports {
-        let port_use = PortUse::acquire(&ca, port)?;
+        let port_use = PortUse::acquire(ca, port, drive)?;
         let obj = create(al, Some(ca.core()), |_| Ok(CmPort { port: port_use }))?;
         ports.push(obj.handle());
     }
     Ok(ports)
+}
+
+/// Serve `port`'s CM agent once on this thread: take every MAD QP1 has
+/// received, run it through the protocol, send the answers, fire due
+/// timers (retries, timewait), and route the events (callbacks still run
+/// on the AL executor). This is how a [`CmDrive::Poll`] port makes
+/// progress; on a threaded port it is allowed and only takes some of the
+/// agent thread's work.
+pub fn poll(al: &AlInstance, port: Handle<CmPort>) -> Result<crate::agent::PollOutcome> {
+    let p = al.resolve_live(port)?;
+    p.port.0.agent.serve()
 }
 
 // ---------------------------------------------------------------- listens --
@@ -423,7 +501,7 @@ impl fmt::Debug for Listen {
 /// `on_request` gets each new CEP; `handler` gets the CEP's later events.
 /// Cancel with `al.destroy(listen, ..)`.
 pub fn listen(
-    al: &std::sync::Arc<AlInstance>,
+    al: &Arc<AlInstance>,
     ca: Handle<Ca>,
     port: u8,
     service_id: u64,
@@ -431,7 +509,7 @@ pub fn listen(
     handler: CmHandler,
 ) -> Result<Handle<Listen>> {
     let ca = al.resolve_live(ca)?;
-    let port_use = PortUse::acquire(&ca, port)?;
+    let port_use = PortUse::acquire(&ca, port, None)?;
     let routes = port_use.0.routes.clone();
     let conn = port_use.0.agent.listen(service_id)?;
     let obj = create(al, None, |_| {
@@ -707,7 +785,7 @@ impl ConnectRequest {
 /// Connect `qp` (RC or UC): send a REQ and return the new CEP. Its events
 /// (reply, reject, timeout, ...) go to `handler`; on the reply, call [`rtu`].
 pub fn connect(
-    al: &std::sync::Arc<AlInstance>,
+    al: &Arc<AlInstance>,
     qp: Handle<Qp>,
     request: &ConnectRequest,
     handler: CmHandler,
@@ -726,7 +804,7 @@ pub fn connect(
     };
     let ca = qp.pd().ca().clone();
     let port_attr = ca.port(request.port)?;
-    let port_use = PortUse::acquire(&ca, request.port)?;
+    let port_use = PortUse::acquire(&ca, request.port, None)?;
     let local_gid = port_attr.gid_table.first().copied().unwrap_or([0; 16]);
     let req = Req {
         service_id: request.service_id,
@@ -1010,14 +1088,14 @@ pub fn apr(al: &AlInstance, cep: Handle<Cep>, status: ApStatus, private_data: &[
 /// Ask a UD service for its QP (SIDR_REQ) from `port` of `ca`; the answer
 /// arrives as [`Event::SidrReply`] to `handler`, after which the CEP goes.
 pub fn sidr_request(
-    al: &std::sync::Arc<AlInstance>,
+    al: &Arc<AlInstance>,
     ca: Handle<Ca>,
     params: SidrParams,
     port: u8,
     handler: CmHandler,
 ) -> Result<Handle<Cep>> {
     let ca = al.resolve_live(ca)?;
-    let port_use = PortUse::acquire(&ca, port)?;
+    let port_use = PortUse::acquire(&ca, port, None)?;
     let routes = port_use.0.routes.clone();
     let cep = create(al, None, |_| {
         Ok(Cep {

@@ -530,3 +530,79 @@ fn lap_and_apr_through_the_objects() {
     });
     assert!(al.close().unwrap().is_clean());
 }
+
+#[test]
+fn a_polled_port_connects_on_one_thread_with_no_agent_thread() {
+    let p = provider();
+    let al = Al::open_with(al::AlConfig {
+        executor: al::ExecutorMode::Manual,
+    })
+    .unwrap();
+    let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
+    let mut ports = cm::attach_ca_with(al.instance(), a.ca, cm::CmDrive::Poll).unwrap();
+    ports.extend(cm::attach_ca_with(al.instance(), b.ca, cm::CmDrive::Poll).unwrap());
+    for &port in &ports {
+        assert_eq!(al.resolve(port).unwrap().drive(), cm::CmDrive::Poll);
+    }
+    // The same ports cannot also be threaded while these uses live.
+    let clash = cm::attach_ca_with(al.instance(), a.ca, cm::CmDrive::Thread);
+    assert!(matches!(clash, Err(Error::InvalidSetting(_))), "{clash:?}");
+
+    let me = std::thread::current().id();
+    let log = StdArc::new(Log::default());
+    let on_this_thread = StdArc::new(AtomicUsize::new(0));
+    let (inst, qp, l1, t1) = (
+        al.instance().clone(),
+        b.qp,
+        log.clone(),
+        on_this_thread.clone(),
+    );
+    let on_request: ListenHandler = StdArc::new(move |_l, cep, ev| {
+        l1.push("B", ev);
+        if std::thread::current().id() == me {
+            t1.fetch_add(1, Ordering::Relaxed);
+        }
+        cm::accept(&inst, cep, qp, &AcceptReply::default()).unwrap();
+    });
+    let (inst, l2) = (al.instance().clone(), log.clone());
+    let handler: CmHandler = StdArc::new(move |cep, ev| {
+        l2.push("B", ev);
+        if let Event::DisconnectRequest { .. } = ev {
+            cm::disconnect_reply(&inst, cep, &[]).unwrap();
+        }
+    });
+    cm::listen(al.instance(), b.ca, 1, SERVICE, on_request, handler).unwrap();
+    let pump = |until: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !until() {
+            assert!(Instant::now() < deadline, "no progress: {:?}", log.0);
+            for &port in &ports {
+                cm::poll(&al, port).unwrap();
+            }
+            al.run_callbacks();
+        }
+    };
+
+    // Nothing moves until the ports are polled and the callbacks run.
+    let cep = cm::connect(
+        al.instance(),
+        a.qp,
+        &ConnectRequest::new(SERVICE, 2),
+        active_handler(&al, &log),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(log.count("B:ConnectRequest"), 0, "{:?}", log.0);
+    pump(&|| log.count("A:Established") == 1 && log.count("B:Established") == 1);
+    assert_eq!(on_this_thread.load(Ordering::Relaxed), 1);
+    assert_eq!(query_qp(&al, a.qp).unwrap().state, QpState::Rts);
+    assert_eq!(query_qp(&al, b.qp).unwrap().state, QpState::Rts);
+    send_and_check(&al, &a, &b, 0x77);
+
+    cm::disconnect(&al, cep, &[]).unwrap();
+    pump(&|| log.count("A:Released") == 1 && log.count("B:Released") == 1);
+    pump(&|| al.stats().live(Kind::CEP) == 0);
+    assert_eq!(al.resolve(a.qp).unwrap().cid().load(), CidState::Unbound);
+    let stats = al.close().unwrap();
+    assert!(stats.is_clean(), "{stats}");
+}

@@ -63,8 +63,8 @@ use std::sync::mpsc;
 use std::sync::{Arc as StdArc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use al::{Al, AlInstance, Handle};
-use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ListenHandler};
+use al::{Al, AlConfig, AlInstance, ExecutorMode, Handle};
+use cep::cm::{self, AcceptReply, Cep, CmDrive, CmHandler, CmPort, ConnectRequest, ListenHandler};
 use cep::proto::Event;
 use hca::provider::{
     Access, AvAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
@@ -160,11 +160,11 @@ impl Dist {
     }
 }
 
-/// Everything one conn-rate run measured.
+/// What one drive mode of the CM measured.
 #[derive(Clone, Debug)]
-pub struct ConnRateReport {
-    /// The settings.
-    pub config: ConnRateConfig,
+pub struct ModeFigures {
+    /// How the CM agents ran.
+    pub drive: CmDrive,
     /// Serial connect, `connect` to both sides `Established`.
     pub connect: Dist,
     /// Legs of the serial connect (medians of each leg, in order).
@@ -173,13 +173,9 @@ pub struct ConnRateReport {
     pub conns_per_sec: f64,
     /// Throughput of the fastest batch.
     pub best_batch_conns_per_sec: f64,
-    /// The floor: 256-byte UD SEND round trip, same thread.
-    pub mad_rtt: Dist,
-    /// Context: REQ to an unlistened service -> REJ, through both agents.
+    /// REQ to an unlistened service -> REJ, through both agents.
     pub rej_rtt: Dist,
-    /// Context: mpsc round trip through an echo thread.
-    pub thread_echo_rtt: Dist,
-    /// MADs the CM agents sent during the run (both ports).
+    /// MADs the CM agents sent (both ports).
     pub cm_mads_sent: u64,
     /// Datagrams the fabric dropped for want of a receive buffer (whole
     /// run, including teardown bursts).
@@ -189,26 +185,120 @@ pub struct ConnRateReport {
     pub dropped_no_recv_timed: u64,
 }
 
+impl ModeFigures {
+    /// What the serial median alone would allow, in connections per second.
+    pub fn serial_conns_per_sec(&self) -> f64 {
+        1e6 / self.connect.median_us
+    }
+
+    fn name(&self) -> &'static str {
+        match self.drive {
+            CmDrive::Thread => "threaded",
+            CmDrive::Poll => "polled",
+        }
+    }
+
+    fn to_text(&self, c: &ConnRateConfig, mad_rtt: &Dist) -> String {
+        let mut out = match self.drive {
+            CmDrive::Thread => String::from(
+                "threaded CM (the default: an agent thread per port, callbacks on the AL's\n\
+                 executor thread; every MAD and every callback is a thread wake-up)\n",
+            ),
+            CmDrive::Poll => String::from(
+                "polled CM (CmDrive::Poll ports and a manual-executor AL, all driven by the\n\
+                 measuring thread: cm::poll on both ports, then run_callbacks; no thread hand-off)\n",
+            ),
+        };
+        out.push_str(&row("connect -> ESTABLISHED on both sides", &self.connect));
+        out.push_str(&row("REQ -> REJ through both CM agents", &self.rej_rtt));
+        out.push_str("  legs of a serial connect (median of each leg):\n");
+        for (name, us) in &self.legs {
+            out.push_str(&format!("    {name:<70} {us:>9.2} us\n"));
+        }
+        out.push_str(&format!(
+            "  throughput: {:.0} connections/s with {} in flight (best batch {:.0}/s; serial median alone: {:.0}/s)\n",
+            self.conns_per_sec,
+            c.in_flight,
+            self.best_batch_conns_per_sec,
+            self.serial_conns_per_sec()
+        ));
+        out.push_str(&format!(
+            "  median connect / MAD round trip: {:.1}x; / REQ->REJ: {:.2}x; / KRCore's ~{KRCORE_CONNECT_US:.0} us: {:.2}x\n",
+            self.connect.median_us / mad_rtt.median_us,
+            self.connect.median_us / self.rej_rtt.median_us,
+            self.connect.median_us / KRCORE_CONNECT_US,
+        ));
+        out.push_str(&format!(
+            "  CM MADs sent: {}; datagrams dropped for want of a receive: {} ({} inside timed windows)\n",
+            self.cm_mads_sent, self.dropped_no_recv, self.dropped_no_recv_timed
+        ));
+        out
+    }
+
+    fn json_fields(&self, mad_rtt: &Dist) -> String {
+        let p = self.name();
+        let legs: Vec<String> = self
+            .legs
+            .iter()
+            .map(|(name, us)| format!("\"{}\":{}", name_key(name), json_f64(*us, 3)))
+            .collect();
+        format!(
+            "\"{p}_connect_median_us\":{},\"{p}_connect_p99_us\":{},\"{p}_legs_median_us\":{{{}}},\
+             \"{p}_conns_per_sec\":{},\"{p}_best_batch_conns_per_sec\":{},\"{p}_serial_conns_per_sec\":{},\
+             \"{p}_ratio_connect_vs_mad_rtt\":{},\"{p}_rej_rtt_median_us\":{},\"{p}_rej_rtt_p99_us\":{},\
+             \"{p}_cm_mads_sent\":{},\"{p}_dropped_no_recv\":{},\"{p}_dropped_no_recv_timed\":{}",
+            json_f64(self.connect.median_us, 3),
+            json_f64(self.connect.p99_us, 3),
+            legs.join(","),
+            json_f64(self.conns_per_sec, 3),
+            json_f64(self.best_batch_conns_per_sec, 3),
+            json_f64(self.serial_conns_per_sec(), 3),
+            json_f64(self.connect.median_us / mad_rtt.median_us, 3),
+            json_f64(self.rej_rtt.median_us, 3),
+            json_f64(self.rej_rtt.p99_us, 3),
+            self.cm_mads_sent,
+            self.dropped_no_recv,
+            self.dropped_no_recv_timed
+        )
+    }
+}
+
+fn row(name: &str, d: &Dist) -> String {
+    format!(
+        "  {:<52} {:>8} {:>11.2} {:>11.2}\n",
+        name, d.n, d.median_us, d.p99_us
+    )
+}
+
+/// Everything one conn-rate run measured.
+#[derive(Clone, Debug)]
+pub struct ConnRateReport {
+    /// The settings.
+    pub config: ConnRateConfig,
+    /// The default CM: agent threads and an executor thread.
+    pub threaded: ModeFigures,
+    /// The busy-polling CM: one thread drives agents and callbacks.
+    pub polled: ModeFigures,
+    /// The floor: 256-byte UD SEND round trip, same thread (both phases'
+    /// samples together).
+    pub mad_rtt: Dist,
+    /// Context: mpsc round trip through an echo thread.
+    pub thread_echo_rtt: Dist,
+}
+
 impl ConnRateReport {
-    /// Median connect over the MAD round trip floor.
+    /// Median polled connect over the MAD round trip floor: like against
+    /// like, both on one thread with no hand-off. The target applies here.
     pub fn ratio(&self) -> f64 {
-        self.connect.median_us / self.mad_rtt.median_us
+        self.polled.connect.median_us / self.mad_rtt.median_us
+    }
+    /// Median threaded connect over the MAD round trip floor.
+    pub fn ratio_threaded(&self) -> f64 {
+        self.threaded.connect.median_us / self.mad_rtt.median_us
     }
     /// Whether [`Self::ratio`] is below [`TARGET_RATIO`].
     pub fn target_met(&self) -> bool {
         self.ratio() < TARGET_RATIO
-    }
-    /// Median connect over the REQ -> REJ round trip.
-    pub fn ratio_vs_rej(&self) -> f64 {
-        self.connect.median_us / self.rej_rtt.median_us
-    }
-    /// Median connect over KRCore's 10 us.
-    pub fn ratio_vs_krcore(&self) -> f64 {
-        self.connect.median_us / KRCORE_CONNECT_US
-    }
-    /// What the serial median alone would allow, in connections per second.
-    pub fn serial_conns_per_sec(&self) -> f64 {
-        1e6 / self.connect.median_us
     }
 
     /// Human-readable table.
@@ -217,59 +307,35 @@ impl ConnRateReport {
         let mut out = format!(
             "perf conn-rate: RC connect through the CM (REQ, REP, RTU as 256-byte MADs on QP1)\n\
              between two soft HCAs, vs one 256-byte MAD round trip through the same fabric\n\
-             ({} serial connections, {} batches of {} in flight)\n\n",
+             ({} serial connections, {} batches of {} in flight, per drive mode)\n\n",
             c.connections, c.batches, c.in_flight
         );
         out.push_str(&format!(
-            "{:<52} {:>8} {:>11} {:>11}\n",
+            "  {:<52} {:>8} {:>11} {:>11}\n",
             "measurement", "samples", "median us", "p99 us"
         ));
-        let row = |name: &str, d: &Dist| {
-            format!(
-                "{:<52} {:>8} {:>11.2} {:>11.2}\n",
-                name, d.n, d.median_us, d.p99_us
-            )
-        };
-        out.push_str(&row("connect -> ESTABLISHED on both sides", &self.connect));
         out.push_str(&row(
             "floor: 256-byte UD SEND round trip (same thread)",
             &self.mad_rtt,
         ));
         out.push_str(&row(
-            "context: REQ -> REJ through both CM agents",
-            &self.rej_rtt,
-        ));
-        out.push_str(&row(
             "context: mpsc round trip via an echo thread",
             &self.thread_echo_rtt,
         ));
-        out.push_str("\nlegs of a serial connect (median of each leg):\n");
-        for (name, us) in &self.legs {
-            out.push_str(&format!("  {name:<70} {us:>9.2} us\n"));
-        }
+        out.push('\n');
+        out.push_str(&self.polled.to_text(c, &self.mad_rtt));
+        out.push('\n');
+        out.push_str(&self.threaded.to_text(c, &self.mad_rtt));
         out.push_str(&format!(
-            "\nthroughput: {:.0} connections/s with {} in flight (best batch {:.0}/s; serial median alone: {:.0}/s)\n",
-            self.conns_per_sec,
-            c.in_flight,
-            self.best_batch_conns_per_sec,
-            self.serial_conns_per_sec()
-        ));
-        out.push_str(&format!(
-            "\nmedian connect / MAD round trip: {:.1}x (target < {TARGET_RATIO:.1}x): {}\n",
+            "\nmedian polled connect / MAD round trip: {:.1}x (target < {TARGET_RATIO:.1}x): {}\n",
             self.ratio(),
             if self.target_met() { "met" } else { "NOT met" }
         ));
         out.push_str(&format!(
-            "median connect / REQ->REJ round trip: {:.2}x (context)\n",
-            self.ratio_vs_rej()
-        ));
-        out.push_str(&format!(
-            "median connect / KRCore's ~{KRCORE_CONNECT_US:.0} us: {:.2}x (context; real NICs, not this fabric)\n",
-            self.ratio_vs_krcore()
-        ));
-        out.push_str(&format!(
-            "CM MADs sent: {}; datagrams dropped for want of a receive: {} ({} inside timed windows)\n",
-            self.cm_mads_sent, self.dropped_no_recv, self.dropped_no_recv_timed
+            "median threaded connect / MAD round trip: {:.1}x (context: {:.1} thread wake-ups' worth of the echo round trip)\n",
+            self.ratio_threaded(),
+            2.0 * (self.threaded.connect.median_us - self.polled.connect.median_us)
+                / self.thread_echo_rtt.median_us
         ));
         out
     }
@@ -277,46 +343,31 @@ impl ConnRateReport {
     /// One JSON object.
     pub fn to_json(&self) -> String {
         let c = &self.config;
-        let legs: Vec<String> = self
-            .legs
-            .iter()
-            .map(|(name, us)| format!("\"{}\":{}", name_key(name), json_f64(*us, 3)))
-            .collect();
         format!(
             "{{\"benchmark\":\"conn-rate\",\"connections\":{},\"in_flight\":{},\"batches\":{},\
-             \"connect_median_us\":{},\"connect_p99_us\":{},\"legs_median_us\":{{{}}},\
-             \"conns_per_sec\":{},\"best_batch_conns_per_sec\":{},\"serial_conns_per_sec\":{},\
+             \"connect_median_us\":{},\"connect_p99_us\":{},\
              \"mad_rtt_median_us\":{},\"mad_rtt_p99_us\":{},\"mad_rtt_samples\":{},\
              \"ratio_connect_vs_mad_rtt\":{},\"target_ratio\":{},\"target_met\":{},\
-             \"rej_rtt_median_us\":{},\"rej_rtt_p99_us\":{},\"ratio_connect_vs_rej_rtt\":{},\
+             \"ratio_threaded_connect_vs_mad_rtt\":{},\
              \"thread_echo_rtt_median_us\":{},\"thread_echo_rtt_p99_us\":{},\
-             \"krcore_connect_us\":{},\"ratio_connect_vs_krcore\":{},\
-             \"cm_mads_sent\":{},\"dropped_no_recv\":{},\"dropped_no_recv_timed\":{}}}",
+             \"krcore_connect_us\":{},{},{}}}",
             c.connections,
             c.in_flight,
             c.batches,
-            json_f64(self.connect.median_us, 3),
-            json_f64(self.connect.p99_us, 3),
-            legs.join(","),
-            json_f64(self.conns_per_sec, 3),
-            json_f64(self.best_batch_conns_per_sec, 3),
-            json_f64(self.serial_conns_per_sec(), 3),
+            json_f64(self.polled.connect.median_us, 3),
+            json_f64(self.polled.connect.p99_us, 3),
             json_f64(self.mad_rtt.median_us, 3),
             json_f64(self.mad_rtt.p99_us, 3),
             self.mad_rtt.n,
             json_f64(self.ratio(), 3),
             json_f64(TARGET_RATIO, 3),
             self.target_met(),
-            json_f64(self.rej_rtt.median_us, 3),
-            json_f64(self.rej_rtt.p99_us, 3),
-            json_f64(self.ratio_vs_rej(), 3),
+            json_f64(self.ratio_threaded(), 3),
             json_f64(self.thread_echo_rtt.median_us, 3),
             json_f64(self.thread_echo_rtt.p99_us, 3),
             json_f64(KRCORE_CONNECT_US, 3),
-            json_f64(self.ratio_vs_krcore(), 3),
-            self.cm_mads_sent,
-            self.dropped_no_recv,
-            self.dropped_no_recv_timed
+            self.polled.json_fields(&self.mad_rtt),
+            self.threaded.json_fields(&self.mad_rtt),
         )
     }
 }
@@ -410,6 +461,14 @@ impl Tracker {
         self.changed.notify_all();
     }
 
+    /// Whether `done` holds; an error a callback reported is an error.
+    fn check(&self, done: impl Fn(&TrackState) -> bool) -> BenchResult<bool> {
+        self.with(|s| match s.errors.first() {
+            Some(e) => Err(e.clone()),
+            None => Ok(done(s)),
+        })
+    }
+
     /// Wait until `done` holds (or a callback reported an error).
     fn wait(&self, what: &str, done: impl Fn(&TrackState) -> bool) -> BenchResult<()> {
         let deadline = Instant::now() + WAIT;
@@ -459,6 +518,7 @@ fn active_handler(inst: StdArc<AlInstance>, track: StdArc<Tracker>, slot: usize)
 
 /// The AL, both CAs with the CM attached, the listen, and per-HCA PD + CQ.
 struct Bench {
+    drive: CmDrive,
     al: Al,
     provider: SoftProvider,
     pds: [Handle<Pd>; 2],
@@ -470,16 +530,24 @@ struct Bench {
 }
 
 impl Bench {
-    fn open() -> BenchResult<Bench> {
+    /// A fresh fabric (so the ports are new and take `drive`), an AL whose
+    /// executor is a thread (threaded CM) or manual (polled CM).
+    fn open(drive: CmDrive) -> BenchResult<Bench> {
         let provider = devinfo::default_provider();
-        let al = Al::open().map_err(al_err("opening the AL"))?;
+        let executor = match drive {
+            CmDrive::Thread => ExecutorMode::Thread,
+            CmDrive::Poll => ExecutorMode::Manual,
+        };
+        let al = Al::open_with(AlConfig { executor }).map_err(al_err("opening the AL"))?;
         let mut cas: Vec<Handle<Ca>> = Vec::new();
         let mut pds = Vec::new();
         let mut cqs = Vec::new();
         let mut ports = Vec::new();
         for guid in devinfo::DEFAULT_NODE_GUIDS {
             let ca = verbs::open_ca(al.instance(), &provider, guid).map_err(al_err("open_ca"))?;
-            ports.extend(cm::attach_ca(al.instance(), ca).map_err(al_err("attach the CM"))?);
+            ports.extend(
+                cm::attach_ca_with(al.instance(), ca, drive).map_err(al_err("attach the CM"))?,
+            );
             pds.push(verbs::alloc_pd(al.instance(), ca).map_err(al_err("alloc_pd"))?);
             cqs.push(
                 verbs::create_cq(al.instance(), ca, 1024, None, None)
@@ -529,6 +597,7 @@ impl Bench {
         cm::listen(al.instance(), cas[1], 1, SERVICE_ID, on_request, passive)
             .map_err(al_err("listen"))?;
         let mut bench = Bench {
+            drive,
             al,
             provider,
             pds: [pds[0], pds[1]],
@@ -539,6 +608,34 @@ impl Bench {
         };
         bench.idle_connections = bench.live_connections();
         Ok(bench)
+    }
+
+    /// Polled CM: serve both ports, then run the callbacks that produced.
+    /// Threaded CM: nothing (the agent and executor threads do it).
+    fn pump(&self) -> BenchResult<()> {
+        if self.drive == CmDrive::Poll {
+            for &port in &self.ports {
+                cm::poll(&self.al, port).map_err(al_err("polling a CM port"))?;
+            }
+            self.al.run_callbacks();
+        }
+        Ok(())
+    }
+
+    /// Wait until `done` holds: on the condition variable (threaded), or
+    /// pumping the CM on this thread (polled).
+    fn wait(&self, what: &str, done: impl Fn(&TrackState) -> bool) -> BenchResult<()> {
+        if self.drive == CmDrive::Thread {
+            return self.track.wait(what, done);
+        }
+        let deadline = Instant::now() + WAIT;
+        while !self.track.check(&done)? {
+            if Instant::now() > deadline {
+                return Err(format!("timed out waiting for {what}"));
+            }
+            self.pump()?;
+        }
+        Ok(())
     }
 
     fn live_connections(&self) -> usize {
@@ -630,7 +727,8 @@ impl Bench {
             if Instant::now() > deadline {
                 return Err("the CM agents did not release the connections".into());
             }
-            std::thread::sleep(Duration::from_millis(2));
+            self.pump()?;
+            std::thread::sleep(Duration::from_millis(1));
         }
         Ok(())
     }
@@ -796,10 +894,31 @@ impl UdPair {
 
 // -------------------------------------------------------------------- run --
 
-/// Run conn-rate.
-pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
-    cfg.validate()?;
-    let bench = Bench::open()?;
+/// The floor and the thread echo, sampled in both phases.
+struct Floor {
+    mad: Vec<f64>,
+    echo: Vec<f64>,
+    ping: mpsc::Sender<[u8; MAD_SIZE]>,
+    pong: mpsc::Receiver<[u8; MAD_SIZE]>,
+}
+
+impl Floor {
+    fn echo_rtt(&self) -> BenchResult<Duration> {
+        let t0 = Instant::now();
+        self.ping
+            .send([0x5a; MAD_SIZE])
+            .map_err(|_| "echo thread gone".to_string())?;
+        self.pong
+            .recv()
+            .map_err(|_| "echo thread gone".to_string())?;
+        Ok(t0.elapsed())
+    }
+}
+
+/// One drive mode: serial connects (with REJ probes, MAD floor and echo
+/// samples interleaved), then the throughput batches, then close.
+fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResult<ModeFigures> {
+    let bench = Bench::open(drive)?;
     let ud = UdPair::open(&bench)?;
     let mut wc = [Wc::default()];
     // Warm up the UD pair and check that the payload arrived whole.
@@ -808,34 +927,13 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
     if got[MAD_SIZE + GRH_SIZE..] != ud.bufs[0].to_vec()[..MAD_SIZE] {
         return Err("the UD SEND did not deliver its 256 bytes".into());
     }
-    // The echo thread.
-    let (ping_tx, ping_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
-    let (pong_tx, pong_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
-    let echo = std::thread::Builder::new()
-        .name("ibal-perf-echo".into())
-        .spawn(move || {
-            while let Ok(m) = ping_rx.recv() {
-                if pong_tx.send(m).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(|e| format!("spawning the echo thread: {e}"))?;
-    let echo_rtt = || -> BenchResult<Duration> {
-        let t0 = Instant::now();
-        ping_tx
-            .send([0x5a; MAD_SIZE])
-            .map_err(|_| "echo thread gone".to_string())?;
-        pong_rx.recv().map_err(|_| "echo thread gone".to_string())?;
-        Ok(t0.elapsed())
-    };
     let mads_before = bench.mads_sent();
     let drops = || bench.provider.fabric().stats().dropped_no_recv;
     let drops_before = drops();
     let mut drops_timed = 0;
 
     // Serial rounds, interleaving the contenders.
-    let (mut connect, mut rej, mut mad, mut echo_v) = (vec![], vec![], vec![], vec![]);
+    let (mut connect, mut rej) = (vec![], vec![]);
     let mut legs: [Vec<f64>; 4] = Default::default();
     let mut qps = Vec::new();
     let mut done = 0;
@@ -850,7 +948,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
         for &(slot, qp) in &pairs {
             let d0 = drops();
             bench.connect(slot, qp, SERVICE_ID)?;
-            bench.track.wait("both sides ESTABLISHED", |s| {
+            bench.wait("both sides ESTABLISHED", |s| {
                 s.slots[slot].established().is_some()
             })?;
             drops_timed += drops() - d0;
@@ -872,9 +970,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
         }
         for &(slot, qp) in &probes {
             bench.connect(slot, qp, UNLISTENED_SERVICE_ID)?;
-            bench
-                .track
-                .wait("the REJ", |s| s.slots[slot].rejected.is_some())?;
+            bench.wait("the REJ", |s| s.slots[slot].rejected.is_some())?;
             let t = bench.times(slot);
             match (t.start, t.rejected) {
                 (Some(s), Some(r)) => rej.push(us(r - s)),
@@ -882,10 +978,10 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
             }
         }
         for _ in 0..n * MAD_RTTS_PER_CONNECTION {
-            mad.push(us(ud.round_trip(&bench.al, &mut wc)?));
+            floor.mad.push(us(ud.round_trip(&bench.al, &mut wc)?));
         }
         for _ in 0..n {
-            echo_v.push(us(echo_rtt()?));
+            floor.echo.push(us(floor.echo_rtt()?));
         }
         bench.teardown(&mut qps)?;
         done += n;
@@ -905,9 +1001,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
         for &(slot, qp) in &batch {
             bench.connect(slot, qp, SERVICE_ID)?;
         }
-        bench
-            .track
-            .wait("a batch ESTABLISHED", |s| s.completed >= target)?;
+        bench.wait("a batch ESTABLISHED", |s| s.completed >= target)?;
         drops_timed += drops() - d0;
         let last = batch
             .iter()
@@ -920,17 +1014,14 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
         bench.teardown(&mut qps)?;
     }
 
-    drop(ping_tx);
-    echo.join()
-        .map_err(|_| "the echo thread panicked".to_string())?;
     let cm_mads_sent = bench.mads_sent() - mads_before;
     let dropped_no_recv = drops() - drops_before;
     drop(ud);
     bench.close()?;
     let k = (cfg.batches * cfg.in_flight) as f64;
     let [l0, l1, l2, l3] = legs;
-    Ok(ConnRateReport {
-        config: cfg.clone(),
+    Ok(ModeFigures {
+        drive,
         connect: Dist::of(connect),
         legs: [
             (
@@ -952,12 +1043,53 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
         ],
         conns_per_sec: k / total.as_secs_f64().max(1e-12),
         best_batch_conns_per_sec: cfg.in_flight as f64 / best.as_secs_f64().max(1e-12),
-        mad_rtt: Dist::of(mad),
         rej_rtt: Dist::of(rej),
-        thread_echo_rtt: Dist::of(echo_v),
         cm_mads_sent,
         dropped_no_recv,
         dropped_no_recv_timed: drops_timed,
+    })
+}
+
+/// Run conn-rate: the polled CM, then the threaded CM, each on its own
+/// fresh fabric, with the floor sampled in both.
+pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
+    cfg.validate()?;
+    // The echo thread.
+    let (ping_tx, ping_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
+    let (pong_tx, pong_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
+    let echo = std::thread::Builder::new()
+        .name("ibal-perf-echo".into())
+        .spawn(move || {
+            while let Ok(m) = ping_rx.recv() {
+                if pong_tx.send(m).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| format!("spawning the echo thread: {e}"))?;
+    let mut floor = Floor {
+        mad: Vec::new(),
+        echo: Vec::new(),
+        ping: ping_tx,
+        pong: pong_rx,
+    };
+    let polled = measure(cfg, CmDrive::Poll, &mut floor)?;
+    let threaded = measure(cfg, CmDrive::Thread, &mut floor)?;
+    let Floor {
+        mad,
+        echo: echo_v,
+        ping,
+        ..
+    } = floor;
+    drop(ping);
+    echo.join()
+        .map_err(|_| "the echo thread panicked".to_string())?;
+    Ok(ConnRateReport {
+        config: cfg.clone(),
+        threaded,
+        polled,
+        mad_rtt: Dist::of(mad),
+        thread_echo_rtt: Dist::of(echo_v),
     })
 }
 
@@ -974,27 +1106,36 @@ mod tests {
             batches: 2,
         };
         let r = run(&cfg).unwrap();
-        assert_eq!(r.connect.n, 6);
-        assert_eq!(r.rej_rtt.n, 6);
-        assert_eq!(r.mad_rtt.n, 6 * MAD_RTTS_PER_CONNECTION);
-        assert!(r.connect.median_us > 0.0 && r.connect.p99_us >= r.connect.median_us);
-        assert!(r.mad_rtt.median_us > 0.0 && r.conns_per_sec > 0.0);
-        // REQ, REP, RTU per connection at least, a REQ per probe.
-        assert!(r.cm_mads_sent >= 3 * (6 + 6) + 6, "{}", r.cm_mads_sent);
+        assert_eq!(r.mad_rtt.n, 2 * 6 * MAD_RTTS_PER_CONNECTION);
+        assert!(r.mad_rtt.median_us > 0.0);
+        for m in [&r.polled, &r.threaded] {
+            assert_eq!(m.connect.n, 6);
+            assert_eq!(m.rej_rtt.n, 6);
+            assert!(m.connect.median_us > 0.0 && m.connect.p99_us >= m.connect.median_us);
+            assert!(m.conns_per_sec > 0.0);
+            // REQ, REP, RTU per connection at least, a REQ per probe.
+            assert!(m.cm_mads_sent >= 3 * (6 + 6) + 6, "{}", m.cm_mads_sent);
+        }
+        assert_eq!(r.polled.drive, CmDrive::Poll);
+        assert_eq!(r.threaded.drive, CmDrive::Thread);
         let json = r.to_json();
         assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
         for key in [
             "\"connect_median_us\":",
             "\"connect_p99_us\":",
-            "\"conns_per_sec\":",
             "\"mad_rtt_median_us\":",
             "\"ratio_connect_vs_mad_rtt\":",
-            "\"ratio_connect_vs_krcore\":",
-            "\"req_to_listener\":",
+            "\"ratio_threaded_connect_vs_mad_rtt\":",
+            "\"polled_conns_per_sec\":",
+            "\"threaded_conns_per_sec\":",
+            "\"threaded_connect_median_us\":",
+            "\"polled_legs_median_us\":{\"req_to_listener\":",
         ] {
             assert!(json.contains(key), "{key} missing from {json}");
         }
-        assert!(r.to_text().contains("median connect / MAD round trip"));
+        assert!(r
+            .to_text()
+            .contains("median polled connect / MAD round trip"));
     }
 
     #[test]

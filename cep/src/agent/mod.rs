@@ -467,6 +467,37 @@ impl<D: Device + 'static> CmAgent<D> {
         self.shared.service(Some(now))
     }
 
+    /// Serves the agent once on its own clock: what [`poll`](Self::poll)
+    /// does, with "now" taken from the agent's clock instead of the caller.
+    /// With the manual clock that is the latest `poll` time; after
+    /// [`use_monotonic_clock`](Self::use_monotonic_clock) (or in thread
+    /// mode) it is the real time. Safe alongside the agent thread: both
+    /// serve under the endpoint lock, so a caller that polls a threaded
+    /// agent only takes some of the thread's work. Fails once shut down.
+    pub fn serve(&self) -> Result<PollOutcome> {
+        self.shared.service(None)
+    }
+
+    /// Moves the clock from manual time to the monotonic clock (going on
+    /// from the current manual time) without starting the agent thread:
+    /// the caller drives the agent with [`serve`](Self::serve), and timers
+    /// (retries, timewait) fire when a `serve` finds them due. This is the
+    /// busy-polling mode: no thread hand-off anywhere on the MAD path.
+    /// Idempotent; fails once shut down.
+    pub fn use_monotonic_clock(&self) -> Result<()> {
+        let mut core = self.shared.core.lock();
+        if core.io.is_none() {
+            return Err(shut_down());
+        }
+        if let Clock::Manual(base) = core.clock {
+            core.clock = Clock::Monotonic {
+                origin: Instant::now(),
+                base,
+            };
+        }
+        Ok(())
+    }
+
     /// Switches to thread mode: starts the agent thread, which serves the
     /// agent until [`shutdown`](Self::shutdown) or drop. The clock goes on
     /// from the current (poll-mode) time. Fails if already started or shut
