@@ -15,6 +15,7 @@
 
 pub mod error;
 pub mod executor;
+pub mod fast_hash;
 pub mod handle;
 pub mod instance;
 pub mod object;

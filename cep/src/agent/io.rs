@@ -2,8 +2,9 @@
 //! buffer pools and the address-vector cache. Everything here is used with
 //! the agent's core lock held (see `docs/cm-agent.md`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
+use al::fast_hash::{id_map, IdMap};
 use al::{Error, Result};
 use hca::provider::{
     Access, AvAttr, CompletionHook, CqArm, CqInit, Device, GrhAttr, QpCaps, QpInit, QpModify,
@@ -62,7 +63,7 @@ pub(crate) struct Io<D: Device> {
     send_lkey: u32,
     /// Send buffer slots not owned by an outstanding send.
     free_send: Vec<u32>,
-    avs: HashMap<PeerAddr, D::Av>,
+    avs: IdMap<PeerAddr, D::Av>,
     pub(crate) counters: IoCounters,
 }
 
@@ -143,7 +144,7 @@ impl<D: Device> Io<D> {
             send_mr,
             send_lkey,
             free_send: (0..send_buffers).rev().collect(),
-            avs: HashMap::new(),
+            avs: id_map(),
             counters: IoCounters::default(),
         };
         for slot in 0..recv_buffers {

@@ -1,8 +1,9 @@
 //! The in-process fabric: HCAs, ports, routing, fault injection, and the
 //! progress engine for queued packets and RNR retries.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
+use al::fast_hash::{id_map, IdMap};
 use al::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use al::sync::{Arc, Mutex, RwLock};
 use al::{Error, Result};
@@ -231,7 +232,7 @@ impl HcaCore {
 /// An HCA as the fabric routes to it: its core and its QPs by number.
 pub(crate) struct HcaNode {
     pub(crate) core: Arc<HcaCore>,
-    pub(crate) qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    pub(crate) qps: RwLock<IdMap<u32, Arc<QpInner>>>,
     pub(crate) removed: AtomicBool,
 }
 
@@ -291,8 +292,8 @@ impl FaultState {
 }
 
 pub(crate) struct FabricInner {
-    lids: RwLock<HashMap<u16, (Arc<HcaNode>, u8)>>,
-    gids: RwLock<HashMap<Gid, (Arc<HcaNode>, u8)>>,
+    lids: RwLock<IdMap<u16, (Arc<HcaNode>, u8)>>,
+    gids: RwLock<IdMap<Gid, (Arc<HcaNode>, u8)>>,
     hcas: RwLock<Vec<Arc<HcaNode>>>,
     faults: Mutex<Option<FaultState>>,
     pub(crate) faults_on: AtomicBool,
@@ -419,8 +420,8 @@ impl Fabric {
     pub fn new() -> Fabric {
         Fabric {
             inner: Arc::new(FabricInner {
-                lids: RwLock::new(HashMap::new()),
-                gids: RwLock::new(HashMap::new()),
+                lids: RwLock::new(id_map()),
+                gids: RwLock::new(id_map()),
                 hcas: RwLock::new(Vec::new()),
                 faults: Mutex::new(None),
                 faults_on: AtomicBool::new(false),
@@ -512,7 +513,7 @@ impl Fabric {
         });
         let node = Arc::new(HcaNode {
             core,
-            qps: RwLock::new(HashMap::new()),
+            qps: RwLock::new(id_map()),
             removed: AtomicBool::new(false),
         });
         for (i, p) in cfg.ports.iter().enumerate() {
