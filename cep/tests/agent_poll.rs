@@ -7,7 +7,7 @@ mod common;
 
 use cep::agent::{AgentConfig, CmAgent};
 use cep::proto::{DisconnectCause, Event, Nanos, PeerAddr, RejectOrigin, State};
-use cep::wire::{attr, CmMad, CmMessage, RejectReason, Req, MAD_LEN};
+use cep::wire::{attr, CmMad, CmMessage, PathInfo, RejectReason, Req, MAD_LEN};
 use common::*;
 use hca::provider::{
     Access, AvAttr, CqInit, GrhAttr, QpCaps, QpInit, QpModify, QpState, QpType, RecvWr,
@@ -134,6 +134,67 @@ fn connect_disconnect_and_timewait_over_qp1() {
     assert_eq!((b.stats().mads_sent, b.stats().mads_received), (2, 3));
     assert_eq!(a.next_timeout(), None);
     assert_eq!(b.next_timeout(), None);
+}
+
+/// A REQ whose primary path names another port than the one it reached is
+/// refused with the reason for that field and this port's address as the
+/// ARI, and the passive side keeps no state for it.
+#[test]
+fn req_naming_another_port_gets_rej_with_the_right_address() {
+    let (_f, a, b) = pair();
+    b.listen(SVC).unwrap();
+    let b_addr = b.local_addr();
+    let wrong_gid = {
+        let mut g = b_addr.gid;
+        g[15] ^= 0x5a;
+        g
+    };
+    type Spoil = Box<dyn Fn(&mut PathInfo)>;
+    let cases: [(Spoil, RejectReason, Vec<u8>); 2] = [
+        (
+            Box::new(|p: &mut PathInfo| p.remote_lid = 0x77),
+            RejectReason::InvalidPrimaryLid,
+            b_addr.lid.to_be_bytes().to_vec(),
+        ),
+        (
+            Box::new(move |p: &mut PathInfo| {
+                p.subnet_local = false;
+                p.remote_gid = wrong_gid;
+            }),
+            RejectReason::InvalidPrimaryGid,
+            b_addr.gid.to_vec(),
+        ),
+    ];
+    for (i, (spoil, want, ari)) in cases.iter().enumerate() {
+        let mut params = connect_params(&a, &b, SVC, 0x30 + i as u32);
+        spoil(&mut params.req.primary_path);
+        let ca = a.connect(params).unwrap();
+        let ev = poll_all(Nanos(0), &[&b, &a]);
+        assert!(ev[0].is_empty(), "B answers without an event: {:?}", ev[0]);
+        match one(&ev[1]) {
+            Event::Rejected {
+                conn, reason, rej, ..
+            } => {
+                assert_eq!(*conn, ca);
+                assert_eq!(reason, want);
+                assert_eq!(usize::from(rej.rejected_info_length), ari.len());
+                assert_eq!(&rej.ari[..ari.len()], &ari[..]);
+            }
+            e => panic!("unexpected {e:?}"),
+        }
+        assert_eq!(b.stats().allocated_ids, 1, "only the listener");
+    }
+    // The same REQ addressed to B's LID, with B's GID, connects.
+    let mut params = connect_params(&a, &b, SVC, 0x40);
+    params.req.primary_path.subnet_local = false;
+    params.req.primary_path.remote_gid = b_addr.gid;
+    a.connect(params).unwrap();
+    let ev = poll_all(Nanos(0), &[&b]);
+    assert!(
+        matches!(one(&ev[0]), Event::ConnectRequest { .. }),
+        "{:?}",
+        ev[0]
+    );
 }
 
 #[test]
@@ -373,6 +434,11 @@ fn mads_failing_pkey_or_qkey_checks_never_reach_the_endpoint() {
         local_cm_response_timeout: RESP,
         // A valid path MTU code (4096): code 0 names no MTU and is rejected.
         path_mtu: 5,
+        // Addressed to A's port (another LID is refused).
+        primary_path: PathInfo {
+            remote_lid: a.local_addr().lid,
+            ..PathInfo::default()
+        },
         ..Req::default()
     };
     let bytes = CmMad::new(7, req).encode().unwrap();

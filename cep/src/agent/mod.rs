@@ -42,8 +42,8 @@ use al::{Error, Result};
 use hca::provider::Device;
 
 use crate::proto::{
-    ConnId, ConnectParams, Disposition, Endpoint, EndpointConfig, Event, LapParams, Nanos,
-    PeerAddr, ProtoError, SidrParams, SidrReplyParams, State, Transmit,
+    ConnId, ConnectParams, Disposition, Endpoint, EndpointConfig, Event, LapParams, LocalPort,
+    Nanos, PeerAddr, ProtoError, SidrParams, SidrReplyParams, State, Transmit,
 };
 use crate::wire::{ApStatus, RejectReason, Rep};
 
@@ -397,6 +397,11 @@ impl<D: Device + 'static> CmAgent<D> {
         if let Some(max) = config.max_ceps {
             ep_config.max_ceps = max;
         }
+        ep_config.local_port = Some(LocalPort {
+            lid: port_attr.lid,
+            lmc: port_attr.lmc,
+            gid,
+        });
         let signal = Arc::new(Signal::new());
         let kick = signal.clone();
         let io = Io::new(

@@ -409,14 +409,51 @@ impl Endpoint {
 
     /// Stateless REJ answering a REQ that created no CEP.
     fn stateless_rej(&mut self, to: PeerAddr, tid: u64, req: &Req, reason: RejectReason) {
+        self.stateless_rej_ari(to, tid, req, reason, &[]);
+    }
+
+    /// A REJ for a REQ that got no CEP, with `ari` as its additional
+    /// rejection information.
+    fn stateless_rej_ari(
+        &mut self,
+        to: PeerAddr,
+        tid: u64,
+        req: &Req,
+        reason: RejectReason,
+        ari: &[u8],
+    ) {
+        let mut info = [0u8; crate::wire::INFO_LEN];
+        let n = ari.len().min(info.len());
+        info[..n].copy_from_slice(&ari[..n]);
         let rej = Rej {
             local_comm_id: 0,
             remote_comm_id: req.local_comm_id,
             message_rejected: MessageRejected::Req,
+            rejected_info_length: n as u8,
             reason,
+            ari: info,
             ..Rej::default()
         };
         self.send(to, None, CmMad::new(tid, rej));
+    }
+
+    /// The REJ reason and ARI for a REQ whose primary path's remote end is
+    /// not this port (see [`EndpointConfig::local_port`]). The GID is only
+    /// compared when the path is routed (not subnet-local) and names one,
+    /// since then it is what addresses the port.
+    fn wrong_primary_port(&self, req: &Req) -> Option<(RejectReason, Vec<u8>)> {
+        let port = self.config.local_port?;
+        let path = &req.primary_path;
+        if !port.owns_lid(path.remote_lid) {
+            return Some((
+                RejectReason::InvalidPrimaryLid,
+                port.lid.to_be_bytes().to_vec(),
+            ));
+        }
+        if !path.subnet_local && path.remote_gid != [0; 16] && path.remote_gid != port.gid {
+            return Some((RejectReason::InvalidPrimaryGid, port.gid.to_vec()));
+        }
+        None
     }
 
     fn build_dreq(&self, id: u32, tid: u64, private_data: PrivateData<220>) -> Option<CmMad> {
@@ -574,6 +611,10 @@ impl Endpoint {
         };
         if let Some(reason) = unsupported_req(&req) {
             self.stateless_rej(from, tid, &req, reason);
+            return Disposition::Answered;
+        }
+        if let Some((reason, ari)) = self.wrong_primary_port(&req) {
+            self.stateless_rej_ari(from, tid, &req, reason, &ari);
             return Disposition::Answered;
         }
         let qpn_key = (req.local_qpn, req.local_ca_guid);

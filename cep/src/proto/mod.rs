@@ -372,6 +372,34 @@ pub struct EndpointConfig {
     pub max_ceps: u32,
     /// First transaction id; each request gets the next one.
     pub first_tid: u64,
+    /// The port this endpoint answers for. When set, a REQ whose primary
+    /// path names another port is refused: REJ "invalid primary LID"
+    /// (reason 13, ARI: this port's LID) or "invalid primary GID" (12, ARI:
+    /// this port's GID), so the active side learns the address to use
+    /// instead of building a connection that sends to the wrong port.
+    pub local_port: Option<LocalPort>,
+}
+
+/// A port's addresses, for checking the primary path of incoming REQs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalPort {
+    /// Base LID (0 on RoCE ports, where only the GID is checked).
+    pub lid: u16,
+    /// LID mask control: the port answers to `lid .. lid + 2^lmc`.
+    pub lmc: u8,
+    /// GID index 0.
+    pub gid: [u8; 16],
+}
+
+impl LocalPort {
+    /// Whether `lid` addresses this port (the permissive LID 0xFFFF does).
+    pub fn owns_lid(&self, lid: u16) -> bool {
+        if self.lid == 0 || lid == 0xFFFF {
+            return true;
+        }
+        let span = 1u32 << self.lmc.min(7);
+        (u32::from(self.lid)..u32::from(self.lid) + span).contains(&u32::from(lid))
+    }
 }
 
 impl EndpointConfig {
@@ -381,6 +409,7 @@ impl EndpointConfig {
             id_seed: local_ca_guid as u32,
             max_ceps: 1 << ids::INDEX_BITS,
             first_tid: local_ca_guid << 32,
+            local_port: None,
         }
     }
 }
