@@ -137,6 +137,32 @@ impl Contender for LockedSlab {
     }
 }
 
+/// Not a table: a dependent chain of integer mixing on the key, touching no
+/// shared memory, about as long as one table lookup. How much two threads
+/// of it gain over one is what this machine offers at that moment (a
+/// shared or SMT-backed vCPU gives less than 2x); it is the ceiling the
+/// tables' scaling is read against.
+struct Arithmetic;
+impl Contender for Arithmetic {
+    fn name(&self) -> &'static str {
+        MACHINE_BASELINE
+    }
+    fn populate(&self, n: usize) -> Vec<u64> {
+        (0..n as u64).collect()
+    }
+    #[inline]
+    fn lookup(&self, key: u64) -> u64 {
+        let mut x = key ^ 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..12 {
+            x = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        }
+        x
+    }
+}
+
+/// The name of the machine-ceiling baseline.
+const MACHINE_BASELINE: &str = "baseline: arithmetic, no memory";
+
 /// Settings of one `perf lookup` run.
 #[derive(Clone, Debug)]
 pub struct LookupConfig {
@@ -200,6 +226,14 @@ impl LookupReport {
         Some(many.mops_per_sec / one.mops_per_sec)
     }
 
+    /// The arithmetic baseline's N-thread over 1-thread throughput: the
+    /// most any contender could scale on this machine in this run.
+    pub fn machine_scaling(&self) -> Option<f64> {
+        let one = self.point(MACHINE_BASELINE, 1)?;
+        let many = self.point(MACHINE_BASELINE, self.config.threads)?;
+        Some(many.mops_per_sec / one.mops_per_sec)
+    }
+
     /// Human-readable table.
     pub fn to_text(&self) -> String {
         let mut out = format!(
@@ -227,6 +261,13 @@ impl LookupReport {
                 self.config.threads
             ));
         }
+        if let (Some(m), Some(s)) = (self.machine_scaling(), self.ibal_scaling()) {
+            out.push_str(&format!(
+                "machine ceiling (arithmetic, no memory) {}-thread / 1-thread: {m:.2}x; ibal reaches {:.0}% of it\n",
+                self.config.threads,
+                100.0 * s / m
+            ));
+        }
         out
     }
 
@@ -251,10 +292,12 @@ impl LookupReport {
         }
         s.push_str("],");
         s.push_str(&format!(
-            "\"ibal_vs_sharded_slab_single_thread\":{},\"ibal_scaling\":{}}}",
+            "\"ibal_vs_sharded_slab_single_thread\":{},\"ibal_scaling\":{},\"machine_scaling\":{}}}",
             self.single_thread_ratio_vs_sharded_slab()
                 .map_or("null".into(), |r| json_f64(r, 4)),
             self.ibal_scaling()
+                .map_or("null".into(), |r| json_f64(r, 4)),
+            self.machine_scaling()
                 .map_or("null".into(), |r| json_f64(r, 4))
         ));
         s
@@ -270,6 +313,7 @@ fn contenders() -> Vec<Box<dyn Contender>> {
             next: std::sync::atomic::AtomicU64::new(1),
         }),
         Box::new(LockedSlab(RwLock::new(slab::Slab::new()))),
+        Box::new(Arithmetic),
     ]
 }
 
@@ -342,7 +386,10 @@ mod tests {
 
     #[test]
     fn every_contender_resolves_what_it_stored() {
-        for c in contenders() {
+        for c in contenders()
+            .into_iter()
+            .filter(|c| c.name() != MACHINE_BASELINE)
+        {
             let keys = c.populate(64);
             for (i, k) in keys.iter().enumerate() {
                 assert_eq!(c.lookup(*k), i as u64, "{}", c.name());
@@ -358,7 +405,8 @@ mod tests {
             ops_per_thread: 1000,
             rounds: 1,
         });
-        assert_eq!(report.points.len(), 8);
+        assert_eq!(report.points.len(), 10);
+        assert!(report.machine_scaling().is_some());
         assert!(report.points.iter().all(|p| p.ns_per_op > 0.0));
         let json = report.to_json();
         assert!(json.starts_with('{') && json.ends_with('}'));
