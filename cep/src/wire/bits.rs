@@ -60,12 +60,6 @@ impl Field {
         (self.bit + self.width).div_ceil(8) as usize
     }
 
-    /// Right shift that moves the field's least significant bit to bit 0 of the
-    /// big-endian window of `span()` bytes.
-    const fn shift(self) -> u32 {
-        (self.span() as u32) * 8 - self.bit - self.width
-    }
-
     /// True when the field lies inside a MAD and fits the 64-bit window used to
     /// access it. Checked for every table entry by the tests.
     pub const fn is_well_formed(self) -> bool {
@@ -100,6 +94,40 @@ impl Blob {
     }
 }
 
+/// The aligned-to-nothing 8-byte big-endian word a field is accessed
+/// through: it starts at the field's first byte, or at `MAD_LEN - 8` for a
+/// field that ends less than 8 bytes before the end of the MAD. Fixed-size
+/// loads and stores compile to single moves; the bytes around the field
+/// are written back unchanged.
+#[derive(Clone, Copy)]
+struct Window {
+    start: usize,
+    /// Right shift that brings the field's least significant bit to bit 0.
+    shift: u32,
+}
+
+impl Window {
+    #[inline]
+    fn of(f: Field) -> Option<Window> {
+        if !f.is_well_formed() {
+            return None;
+        }
+        let start = f.off.min(MAD_LEN - 8);
+        let lead = (f.off - start) as u32 * 8 + f.bit;
+        Some(Window {
+            start,
+            shift: 64 - lead - f.width,
+        })
+    }
+
+    #[inline]
+    fn load(self, buf: &[u8; MAD_LEN]) -> u64 {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&buf[self.start..self.start + 8]);
+        u64::from_be_bytes(word)
+    }
+}
+
 /// Read access to a received MAD.
 ///
 /// The buffer is a fixed-size array and every offset comes from the constant
@@ -117,16 +145,10 @@ impl<'a> Reader<'a> {
 
     pub fn uint(&self, f: Field) -> u64 {
         debug_assert!(f.is_well_formed(), "bad layout entry {f:?}");
-        let span = f.span();
-        if span > 8 {
-            return 0;
+        match Window::of(f) {
+            Some(w) => (w.load(self.buf) >> w.shift) & f.max(),
+            None => 0,
         }
-        let Some(window) = self.buf.get(f.off..f.off.saturating_add(span)) else {
-            return 0;
-        };
-        let mut wide = [0u8; 8];
-        wide[8 - span..].copy_from_slice(window);
-        (u64::from_be_bytes(wide) >> f.shift()) & f.max()
     }
 
     // The narrowing helpers below are lossless because `uint` masks to the
@@ -221,20 +243,13 @@ impl Writer {
     /// instead of a loop over bytes (a REQ has some fifty fields).
     fn raw(&mut self, f: Field, value: u64) {
         debug_assert!(f.is_well_formed(), "bad layout entry {f:?}");
-        let span = f.span();
-        if span > 8 {
-            return;
-        }
-        let Some(window) = self.buf.get_mut(f.off..f.off.saturating_add(span)) else {
+        let Some(w) = Window::of(f) else {
             return;
         };
-        let mut wide = [0u8; 8];
-        wide[8 - span..].copy_from_slice(window);
-        let current = u64::from_be_bytes(wide);
-        let mask = f.max() << f.shift();
-        let bits = (value & f.max()) << f.shift();
-        let merged = (current & !mask) | bits;
-        window.copy_from_slice(&merged.to_be_bytes()[8 - span..]);
+        let mask = f.max() << w.shift;
+        let bits = (value & f.max()) << w.shift;
+        let merged = (w.load(&self.buf) & !mask) | bits;
+        self.buf[w.start..w.start + 8].copy_from_slice(&merged.to_be_bytes());
     }
 
     /// Sets every bit of the field; used to build defined-bits masks.
