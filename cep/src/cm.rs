@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use al::fast_hash::IdMap;
 use al::sync::{Arc, Mutex};
 use al::{create, post_callback, AlInstance, Error, Handle, Kind, Obj, Object, RawHandle, Result};
 use hca::provider::{Access, AvAttr, Mtu, QpModify, QpState};
@@ -68,15 +69,20 @@ enum Route {
 #[derive(Default)]
 struct Routes {
     inner: Mutex<RouteTable>,
+    /// The port these routes belong to, set once it exists: refusing a
+    /// request must reach the agent even when its listen is already out of
+    /// the handle table (a listen destroy removes it before its teardown
+    /// cancels the listen in the agent).
+    port: std::sync::OnceLock<std::sync::Weak<PortCm>>,
 }
 
 #[derive(Default)]
 struct RouteTable {
-    routes: HashMap<ConnId, Route>,
+    routes: IdMap<ConnId, Route>,
     /// Events for a connection whose `connect` has not returned yet (the
     /// peer can answer before the caller records the id). Delivered, in
     /// order, by the registration.
-    parked: HashMap<ConnId, Vec<Event>>,
+    parked: IdMap<ConnId, Vec<Event>>,
 }
 
 struct Registry {
@@ -170,6 +176,7 @@ impl PortUse {
             agent,
             routes,
         });
+        let _ = pcm.routes.port.set(std::sync::Arc::downgrade(&pcm));
         reg.ports.insert(key, (pcm.clone(), 1));
         Ok(PortUse(pcm))
     }
@@ -220,9 +227,9 @@ enum After {
 }
 
 impl After {
-    fn run(self) {
+    fn run(self, routes: &Routes) {
         match self {
-            After::Refuse(listen, conn) => refuse(listen, conn),
+            After::Refuse(listen, conn) => refuse(routes, listen, conn),
             After::DestroyCep(cep) => destroy_cep(cep.raw()),
         }
     }
@@ -235,7 +242,7 @@ fn deliver(routes: &Routes, ev: Event) {
         route_event(&mut table, ev)
     };
     if let Some(after) = after {
-        after.run();
+        after.run(routes);
     }
 }
 
@@ -305,17 +312,29 @@ fn register(routes: &Routes, key: ConnId, route: Route) {
             .collect()
     };
     for a in after {
-        a.run();
+        a.run(routes);
     }
 }
 
-fn refuse(listen: Handle<Listen>, conn: ConnId) {
-    if let Ok(l) = Listen::table().get(listen.raw()) {
-        let _ = l
-            .port
-            .0
-            .agent
-            .reject(conn, RejectReason::NoResources, &[], &[]);
+fn refuse(routes: &Routes, listen: Handle<Listen>, conn: ConnId) {
+    #[cfg(not(ibal_mutant = "refuse_through_listen"))]
+    let port = {
+        let _ = listen;
+        routes.port.get().and_then(std::sync::Weak::upgrade)
+    };
+    // MUTANT (loom-tests/run.sh --mutants): the agent reached through the
+    // listen, which a destroy has already taken out of the table: the
+    // request is left in REQ_RCVD, unanswered.
+    #[cfg(ibal_mutant = "refuse_through_listen")]
+    let port = {
+        let _ = routes;
+        Listen::table()
+            .get(listen.raw())
+            .ok()
+            .map(|l| l.port.0.clone())
+    };
+    if let Some(port) = port {
+        let _ = port.agent.reject(conn, RejectReason::NoResources, &[], &[]);
     }
 }
 
@@ -344,7 +363,15 @@ fn dispatch_request(listen: Handle<Listen>, cep: Handle<Cep>, ev: Event) -> Opti
         // The listen was cancelled between routing and now: nobody will
         // answer this request, so end it (the CEP's teardown sends the
         // REJ) rather than leave the peer to time out.
+        #[cfg(not(ibal_mutant = "listen_cancel_leaks_request"))]
         return Some(After::DestroyCep(cep));
+        // MUTANT (loom-tests/run.sh --mutants): the request of a cancelled
+        // listen dropped without ending its CEP (no REJ, the CEP leaks).
+        #[cfg(ibal_mutant = "listen_cancel_leaks_request")]
+        return {
+            let _ = After::DestroyCep(cep);
+            None
+        };
     };
     let l = l.to_arc();
     // Remember the REQ on the CEP (accept derives the QP attributes from it).
@@ -359,6 +386,9 @@ fn dispatch_request(listen: Handle<Listen>, cep: Handle<Cep>, ev: Event) -> Opti
     post_callback(&l, move |l| {
         if l.core().is_destroying() {
             // Cancelled while this request waited for the executor.
+            // (MUTANT listen_cancel_drops_queued_request: dropped without
+            // ending its CEP.)
+            #[cfg(not(ibal_mutant = "listen_cancel_drops_queued_request"))]
             destroy_cep(cep.raw());
             return;
         }
