@@ -422,18 +422,7 @@ impl Endpoint {
         reason: RejectReason,
         ari: &[u8],
     ) {
-        let mut info = [0u8; crate::wire::INFO_LEN];
-        let n = ari.len().min(info.len());
-        info[..n].copy_from_slice(&ari[..n]);
-        let rej = Rej {
-            local_comm_id: 0,
-            remote_comm_id: req.local_comm_id,
-            message_rejected: MessageRejected::Req,
-            rejected_info_length: n as u8,
-            reason,
-            ari: info,
-            ..Rej::default()
-        };
+        let rej = stateless_rej(req.local_comm_id, MessageRejected::Req, reason, ari);
         self.send(to, None, CmMad::new(tid, rej));
     }
 
@@ -538,7 +527,7 @@ impl Endpoint {
             CmMessage::Req(m) => self.on_req(now, from, tid, m),
             CmMessage::Mra(m) => self.on_mra(now, m),
             CmMessage::Rej(m) => self.on_rej(now, from, m),
-            CmMessage::Rep(m) => self.on_rep(now, m),
+            CmMessage::Rep(m) => self.on_rep(now, from, tid, m),
             CmMessage::Rtu(m) => self.on_rtu(m),
             CmMessage::Dreq(m) => self.on_dreq(now, from, tid, m),
             CmMessage::Drep(m) => self.on_drep(now, m),
@@ -669,9 +658,19 @@ impl Endpoint {
         }
     }
 
-    fn on_rep(&mut self, now: Nanos, rep: Rep) -> Disposition {
+    fn on_rep(&mut self, now: Nanos, from: PeerAddr, tid: u64, rep: Rep) -> Disposition {
         let Some(c) = self.lookup(rep.remote_comm_id, rep.local_comm_id) else {
-            return Disposition::Ignored("REP for an unknown comm id");
+            // The passive side would resend this REP until it times out;
+            // tell it now that nothing here waits for it (IBTA reason 6, or
+            // 7 when the id is ours but bound to another remote instance).
+            let reason = if self.conns.get(rep.remote_comm_id).is_some() {
+                RejectReason::InvalidCommInstance
+            } else {
+                RejectReason::InvalidCommId
+            };
+            let rej = stateless_rej(rep.local_comm_id, MessageRejected::Rep, reason, &[]);
+            self.send(from, None, CmMad::new(tid, rej));
+            return Disposition::Answered;
         };
         let id = c.id;
         match c.state {
@@ -779,8 +778,16 @@ impl Endpoint {
     /// Timeout ARI) pair, or failing that the sender id and address, finds it.
     fn find_rejected(&self, from: PeerAddr, rej: &Rej) -> Option<u32> {
         if rej.remote_comm_id != 0 {
-            return self
-                .lookup(rej.remote_comm_id, rej.local_comm_id)
+            if let Some(c) = self.lookup(rej.remote_comm_id, rej.local_comm_id) {
+                return Some(c.id);
+            }
+            // A stateless REJ (LocalCommID 0: the sender has no CEP for
+            // this connection, e.g. REJ "invalid comm ID" for our REP) names
+            // only our id; it counts if it comes from the connection's peer.
+            return (rej.local_comm_id == 0)
+                .then(|| self.conns.get(rej.remote_comm_id))
+                .flatten()
+                .filter(|c| c.peer == from)
                 .map(|c| c.id);
         }
         if rej.local_comm_id == 0 {
@@ -1637,6 +1644,28 @@ impl Endpoint {
             }
         }
         Ok(())
+    }
+}
+
+/// A REJ answering a message that has no CEP here: our comm id is zero,
+/// the sender's is `remote_comm_id`, `ari` the additional information.
+fn stateless_rej(
+    remote_comm_id: u32,
+    message_rejected: MessageRejected,
+    reason: RejectReason,
+    ari: &[u8],
+) -> Rej {
+    let mut info = [0u8; crate::wire::INFO_LEN];
+    let n = ari.len().min(info.len());
+    info[..n].copy_from_slice(&ari[..n]);
+    Rej {
+        local_comm_id: 0,
+        remote_comm_id,
+        message_rejected,
+        rejected_info_length: n as u8,
+        reason,
+        ari: info,
+        ..Rej::default()
     }
 }
 

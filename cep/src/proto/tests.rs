@@ -1071,6 +1071,79 @@ fn dreq_for_unknown_comm_id_gets_drep() {
 }
 
 #[test]
+fn rep_for_unknown_comm_id_gets_rej_invalid_comm_id() {
+    let mut ep = Endpoint::new(config(1));
+    let rep = Rep {
+        local_comm_id: 0x0077_0003,
+        remote_comm_id: 0x0001_2345,
+        local_ca_guid: guid(0),
+        ..rep_for(0x99)
+    };
+    assert_eq!(
+        ep.handle_mad(Nanos(5), addr(0), CmMad::new(42, rep)),
+        Disposition::Answered
+    );
+    let tx = ep.poll_transmit().unwrap();
+    assert_eq!((tx.to, tx.conn, tx.mad.transaction_id), (addr(0), None, 42));
+    match tx.mad.message {
+        CmMessage::Rej(r) => {
+            assert_eq!(r.reason, RejectReason::InvalidCommId);
+            assert_eq!(r.message_rejected, MessageRejected::Rep);
+            assert_eq!((r.local_comm_id, r.remote_comm_id), (0, 0x0077_0003));
+        }
+        m => panic!("unexpected {m:?}"),
+    }
+    assert_eq!(ep.poll_transmit(), None);
+    assert_eq!(ep.allocated_ids(), 0);
+    ep.check_invariants().unwrap();
+}
+
+/// The active side gave up on a connection (destroyed, out of timewait)
+/// while the passive side's REP was on its way: the REP is answered with
+/// REJ "invalid comm ID" and the passive side ends the connection at once
+/// instead of resending the REP until its retries run out.
+#[test]
+fn a_rep_nobody_waits_for_ends_the_passive_side_at_once() {
+    let mut sim = Sim::new(1);
+    sim.eps[1].listen(SVC).unwrap();
+    let a = sim.eps[0]
+        .connect(sim.now, connect_params(1, SVC, 0x21))
+        .unwrap();
+    sim.pump(&mut noop);
+    let b = sim.first_conn_request(1);
+    // A forgets the connection before B answers, and the REJ its destroy
+    // sends is lost on the way.
+    sim.eps[0].destroy(sim.now, a).unwrap();
+    while let Some(t) = sim.eps[0].poll_transmit() {
+        assert!(matches!(t.mad.message, CmMessage::Rej(_)), "{t:?}");
+    }
+    let t = sim.now.saturating_add(wait());
+    sim.run_until(t, &mut noop);
+    assert_eq!(sim.eps[0].state(a), None, "A kept {a:?}");
+    let sent_before = sim.sent_kinds(1).len();
+    sim.eps[1].accept(sim.now, b, rep_for(0x8021)).unwrap();
+    sim.pump(&mut noop);
+    assert!(
+        sim.events(1, b).iter().any(|e| matches!(
+            e,
+            Event::Rejected {
+                reason: RejectReason::InvalidCommId,
+                ..
+            }
+        )),
+        "{:?}",
+        sim.events(1, b)
+    );
+    // B sent its REP once, no retry.
+    let reps = sim.sent_kinds(1)[sent_before..]
+        .iter()
+        .filter(|k| **k == "REP")
+        .count();
+    assert_eq!(reps, 1);
+    sim.finish();
+}
+
+#[test]
 fn established_before_rtu() {
     let mut sim = Sim::new(1);
     sim.eps[1].listen(SVC).unwrap();
