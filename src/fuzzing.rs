@@ -24,6 +24,11 @@ pub fn mad_codec(data: &[u8]) {
             continue;
         };
         let encoded = wire::encode(&decoded).expect("a decoded MAD must re-encode");
+        assert_eq!(
+            wire::validate(&decoded),
+            Ok(()),
+            "validate refused what encode took"
+        );
         let again = wire::decode(&encoded).expect("a re-encoded MAD must decode");
         assert_eq!(again, decoded, "decode(encode(x)) != x");
         let mask = wire::defined_bits_mask(decoded.message.attribute_id())

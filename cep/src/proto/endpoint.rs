@@ -142,7 +142,7 @@ fn info_area(info: &[u8]) -> Result<([u8; INFO_LEN], u8), ProtoError> {
 /// Checks that a message can be encoded, so that everything queued for
 /// transmission is valid.
 fn check_encodes(message: impl Into<CmMessage>) -> Result<(), ProtoError> {
-    crate::wire::encode(&CmMad::new(0, message))?;
+    crate::wire::validate(&CmMad::new(0, message))?;
     Ok(())
 }
 

@@ -365,6 +365,12 @@ pub fn encode(mad: &CmMad) -> Result<[u8; MAD_LEN], WireError> {
     Ok(w.finish())
 }
 
+/// Whether [`encode`] would accept `mad`, with the same error, without
+/// building the bytes (every field's range is checked, nothing is stored).
+pub fn validate(mad: &CmMad) -> Result<(), WireError> {
+    mad.message.write(&mut Writer::checker())
+}
+
 /// The bits of a MAD with this AttributeID that survive
 /// `encode(decode(b))`: every defined field of the message, plus the header
 /// fields the codec keeps (BaseVersion, MgmtClass, ClassVersion, Method,

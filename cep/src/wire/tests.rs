@@ -1600,3 +1600,60 @@ fn every_defined_bit_is_preserved_and_every_reserved_bit_dropped() {
         }
     }
 }
+
+/// `validate` applies exactly `encode`'s checks: the same error for a value
+/// too wide for its field, and success wherever `encode` succeeds.
+#[test]
+fn validate_agrees_with_encode() {
+    let bad: Vec<CmMad> = vec![
+        CmMad::new(
+            1,
+            Req {
+                local_qpn: 1 << 24,
+                ..Req::default()
+            },
+        ),
+        CmMad::new(
+            2,
+            Rep {
+                starting_psn: 1 << 24,
+                ..Rep::default()
+            },
+        ),
+        CmMad::new(
+            3,
+            Mra {
+                service_timeout: 32,
+                ..Mra::default()
+            },
+        ),
+        CmMad::new(
+            4,
+            Req {
+                primary_path: PathInfo {
+                    flow_label: 1 << 20,
+                    ..PathInfo::default()
+                },
+                ..Req::default()
+            },
+        ),
+    ];
+    for mad in &bad {
+        let e = encode(mad).expect_err("out of range");
+        assert_eq!(validate(mad), Err(e), "{mad:?}");
+    }
+    let mut rng = XorShift(0x1234_5678_9abc_def1);
+    let mut buf = [0u8; MAD_LEN];
+    let mut checked = 0;
+    for i in 0..20_000 {
+        rng.fill(&mut buf);
+        let a = attr::ALL[i % 11];
+        let hdr = MadHeader::cm_send(a, rng.next(), 0).encode();
+        buf[..HEADER_LEN].copy_from_slice(&hdr);
+        if let Ok(mad) = decode(&buf) {
+            assert_eq!(validate(&mad), encode(&mad).map(|_| ()));
+            checked += 1;
+        }
+    }
+    assert!(checked > 1000, "only {checked} decoded");
+}
