@@ -158,6 +158,30 @@ struct Core<D: Device> {
     clock: Clock,
     /// MADs produced by the endpoint, waiting for a send buffer.
     backlog: VecDeque<Transmit>,
+    /// Thread mode: the time the agent thread will wake up at on its own
+    /// (the endpoint's next deadline when the thread last served, `u64::MAX`
+    /// for none), as recorded under this lock at the end of that round.
+    /// `None`: not known (no thread, or a kick is pending), so callers kick.
+    thread_wakes_at: Option<Nanos>,
+}
+
+impl<D: Device> Core<D> {
+    /// Whether a change made under the core lock needs the agent thread
+    /// woken: a send is waiting for a buffer, or the endpoint's next
+    /// deadline is earlier than the one the thread sleeps until. A user
+    /// call that cancels a timer (RTU, DREP...) or adds a later one does
+    /// not cost the agent thread a wake-up. Clears the record when it says
+    /// yes (the woken thread records anew).
+    fn take_kick(&mut self) -> bool {
+        let kick = match self.thread_wakes_at {
+            None => true,
+            Some(at) => !self.backlog.is_empty() || self.ep.next_timeout().is_some_and(|t| t < at),
+        };
+        if kick {
+            self.thread_wakes_at = None;
+        }
+        kick
+    }
 }
 
 /// Events waiting for delivery.
@@ -254,7 +278,9 @@ impl<D: Device> Shared<D> {
 
     /// The body of `poll` and of one agent-thread round: receive, fire due
     /// timers, send, collect events; then deliver them unlocked.
-    fn service(&self, now: Option<Nanos>) -> Result<PollOutcome> {
+    /// `agent_thread`: called by the agent thread's loop, which sleeps
+    /// until the returned `next_timeout` afterwards.
+    fn service(&self, now: Option<Nanos>, agent_thread: bool) -> Result<PollOutcome> {
         let mut guard = self.core.lock();
         let core = &mut *guard;
         let now = match (now, &mut core.clock) {
@@ -302,13 +328,26 @@ impl<D: Device> Shared<D> {
         }
         self.flush(core);
         out.next_timeout = core.ep.next_timeout();
+        let threaded = matches!(core.clock, Clock::Monotonic { .. });
+        let kick = if agent_thread {
+            core.thread_wakes_at = Some(out.next_timeout.unwrap_or(Nanos(u64::MAX)));
+            false
+        } else {
+            // Someone else served (cm::poll on a threaded port): it may
+            // have armed a timer earlier than the thread's.
+            threaded && core.take_kick()
+        };
         drop(guard);
+        if kick {
+            self.signal.kick();
+        }
         self.deliver();
         Ok(out)
     }
 
-    /// A user call: lock, call with the current time, flush, unlock,
-    /// wake the agent thread (the timers may have changed), deliver.
+    /// A user call: lock, call with the current time, flush, unlock, wake
+    /// the agent thread if the call left it something to do sooner than it
+    /// would wake on its own (`Core::take_kick`), deliver.
     fn call<R>(
         &self,
         f: impl FnOnce(&mut Endpoint, Nanos) -> std::result::Result<R, ProtoError>,
@@ -321,9 +360,9 @@ impl<D: Device> Shared<D> {
         let now = core.clock.now();
         let r = f(&mut core.ep, now).map_err(proto_error);
         self.flush(core);
-        let threaded = matches!(core.clock, Clock::Monotonic { .. });
+        let kick = matches!(core.clock, Clock::Monotonic { .. }) && core.take_kick();
         drop(guard);
-        if threaded {
+        if kick {
             self.signal.kick();
         }
         self.deliver();
@@ -339,7 +378,7 @@ impl<D: Device> Shared<D> {
     /// deadline, until stopped or shut down.
     fn run(&self, origin: Instant, base: Nanos) {
         while !self.signal.is_stopped() {
-            let Ok(out) = self.service(None) else {
+            let Ok(out) = self.service(None, true) else {
                 break;
             };
             let deadline = out.next_timeout.map(|t| {
@@ -424,6 +463,7 @@ impl<D: Device + 'static> CmAgent<D> {
                 io: Some(io),
                 clock: Clock::Manual(Nanos::ZERO),
                 backlog: VecDeque::new(),
+                thread_wakes_at: None,
             }),
             events: Mutex::new(Events {
                 queue: VecDeque::new(),
@@ -469,7 +509,7 @@ impl<D: Device + 'static> CmAgent<D> {
     /// than a previous one is treated as the previous one. Fails once the
     /// agent is shut down or in thread mode.
     pub fn poll(&self, now: Nanos) -> Result<PollOutcome> {
-        self.shared.service(Some(now))
+        self.shared.service(Some(now), false)
     }
 
     /// Serves the agent once on its own clock: what [`poll`](Self::poll)
@@ -480,7 +520,7 @@ impl<D: Device + 'static> CmAgent<D> {
     /// serve under the endpoint lock, so a caller that polls a threaded
     /// agent only takes some of the thread's work. Fails once shut down.
     pub fn serve(&self) -> Result<PollOutcome> {
-        self.shared.service(None)
+        self.shared.service(None, false)
     }
 
     /// Moves the clock from manual time to the monotonic clock (going on
