@@ -74,8 +74,12 @@ impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             pkey_index: 0,
-            recv_buffers: 64,
-            send_buffers: 64,
+            // The Linux MAD layer's QP1 queue sizes. A burst of REQs (many
+            // connects at once) lands in the receive queue before the agent
+            // runs; with 64 buffers a 64-connection burst plus the
+            // responses in flight overflowed it and cost CM retries.
+            recv_buffers: 512,
+            send_buffers: 128,
             id_seed: None,
             max_ceps: None,
         }
