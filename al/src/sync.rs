@@ -39,6 +39,10 @@ mod imp {
         pub fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
         }
+        /// The lock if it is free now (`None` if held, by this thread too).
+        pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock()
+        }
         pub fn into_inner(self) -> T {
             self.0.into_inner()
         }
@@ -217,6 +221,14 @@ mod imp {
         pub fn lock(&self) -> MutexGuard<'_, T> {
             // A poisoned lock means a model thread panicked: the model fails anyway.
             self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+        /// The lock if it is free now (`None` if held).
+        pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
         }
         pub fn into_inner(self) -> T {
             self.0.into_inner().unwrap_or_else(|e| e.into_inner())

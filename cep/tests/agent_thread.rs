@@ -97,6 +97,15 @@ fn connect_and_disconnect_in_thread_mode() {
         assert_eq!((s.live_connections, s.allocated_ids), (0, 0), "{s:?}");
         assert_eq!(s.dropped(), 0);
     }
+    // The soft fabric delivers on the sending thread, which served the
+    // receiving agent there whenever that agent was free (REQ from this
+    // thread to B, REP from B's sink to A, ...) instead of waking its thread.
+    assert!(
+        a.stats().served_inline + b.stats().served_inline > 0,
+        "{:?} {:?}",
+        a.stats(),
+        b.stats()
+    );
 
     let t = Instant::now();
     a.shutdown();

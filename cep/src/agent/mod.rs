@@ -113,6 +113,9 @@ pub struct AgentStats {
     pub live_connections: usize,
     /// Local comm ids allocated ([`Endpoint::allocated_ids`]).
     pub allocated_ids: usize,
+    /// Thread mode: rounds served inline by the thread that delivered a
+    /// MAD, instead of by a woken agent thread.
+    pub served_inline: u64,
 }
 
 impl AgentStats {
@@ -167,6 +170,8 @@ struct Core<D: Device> {
     /// for none), as recorded under this lock at the end of that round.
     /// `None`: not known (no thread, or a kick is pending), so callers kick.
     thread_wakes_at: Option<Nanos>,
+    /// Rounds run by `serve_inline` (`AgentStats::served_inline`).
+    served_inline: u64,
 }
 
 impl<D: Device> Core<D> {
@@ -204,7 +209,17 @@ struct Shared<D: Device> {
     core: Mutex<Core<D>>,
     events: Mutex<Events>,
     signal: Arc<Signal>,
+    /// Set by `spawn`: lets the completion hook serve the agent inline
+    /// (`serve_inline`). Weak, because the hook lives inside this agent's
+    /// own CQ. Not under loom (its `Arc` has no `Weak`; models use polled
+    /// agents, which are never served from the hook).
+    #[cfg(not(ibal_loom))]
+    inline: InlineCell<D>,
 }
+
+/// Where the completion hook finds its agent once it runs in thread mode.
+#[cfg(not(ibal_loom))]
+type InlineCell<D> = std::sync::Arc<std::sync::OnceLock<std::sync::Weak<Shared<D>>>>;
 
 /// Resets `Events::delivering` even if a sink panics.
 struct DeliveringGuard<'a>(&'a Mutex<Events>);
@@ -285,7 +300,34 @@ impl<D: Device> Shared<D> {
     /// `agent_thread`: called by the agent thread's loop, which sleeps
     /// until the returned `next_timeout` afterwards.
     fn service(&self, now: Option<Nanos>, agent_thread: bool) -> Result<PollOutcome> {
-        let mut guard = self.core.lock();
+        self.service_locked(self.core.lock(), now, agent_thread)
+    }
+
+    /// Thread mode, from QP1's receive completion hook, on whichever thread
+    /// delivered the MAD: serve the agent right here if its core lock is
+    /// free, instead of waking the agent thread (a thread wake-up per MAD
+    /// is most of a threaded connect's time). Only `try_lock`: the
+    /// delivering thread may hold this agent's core lock itself (the agent
+    /// answering its own MAD) or another agent's, and must never wait for
+    /// one. Returns false when the caller should kick the thread instead.
+    #[cfg(not(ibal_loom))]
+    fn serve_inline(&self) -> bool {
+        if self.signal.is_stopped() {
+            return false;
+        }
+        let Some(mut guard) = self.core.try_lock() else {
+            return false;
+        };
+        guard.served_inline += 1;
+        self.service_locked(guard, None, false).is_ok()
+    }
+
+    fn service_locked(
+        &self,
+        mut guard: MutexGuard<'_, Core<D>>,
+        now: Option<Nanos>,
+        agent_thread: bool,
+    ) -> Result<PollOutcome> {
         let core = &mut *guard;
         let now = match (now, &mut core.clock) {
             (Some(n), Clock::Manual(t)) => {
@@ -447,13 +489,25 @@ impl<D: Device + 'static> CmAgent<D> {
         });
         let signal = Arc::new(Signal::new());
         let kick = signal.clone();
+        #[cfg(not(ibal_loom))]
+        let inline: InlineCell<D> = Default::default();
+        #[cfg(not(ibal_loom))]
+        let hook_inline = inline.clone();
         let io = Io::new(
             &dev,
             port,
             config.pkey_index,
             config.recv_buffers,
             config.send_buffers,
-            io::hook(move || kick.kick()),
+            io::hook(move || {
+                #[cfg(not(ibal_loom))]
+                if let Some(shared) = hook_inline.get().and_then(std::sync::Weak::upgrade) {
+                    if shared.serve_inline() {
+                        return;
+                    }
+                }
+                kick.kick()
+            }),
         )?;
         let shared = Arc::new(Shared {
             port,
@@ -468,6 +522,7 @@ impl<D: Device + 'static> CmAgent<D> {
                 clock: Clock::Manual(Nanos::ZERO),
                 backlog: VecDeque::new(),
                 thread_wakes_at: None,
+                served_inline: 0,
             }),
             events: Mutex::new(Events {
                 queue: VecDeque::new(),
@@ -475,6 +530,8 @@ impl<D: Device + 'static> CmAgent<D> {
                 delivering: false,
             }),
             signal,
+            #[cfg(not(ibal_loom))]
+            inline,
             dev,
         });
         Ok(Self {
@@ -572,6 +629,13 @@ impl<D: Device + 'static> CmAgent<D> {
             .spawn(move || shared.run(origin, base))
             .map_err(|e| Error::Other(format!("cannot start the CM agent thread: {e}").into()))?;
         *thread = Some(handle);
+        // From now on a MAD arriving on QP1 is served by the thread that
+        // delivered it when the agent is free, the agent thread otherwise.
+        #[cfg(not(ibal_loom))]
+        let _ = self
+            .shared
+            .inline
+            .set(std::sync::Arc::downgrade(&self.shared));
         Ok(())
     }
 
@@ -650,6 +714,7 @@ impl<D: Device + 'static> CmAgent<D> {
                 sends_outstanding: outstanding,
                 live_connections: c.ep.live_connections(),
                 allocated_ids: c.ep.allocated_ids(),
+                served_inline: c.served_inline,
             }
         })
     }
