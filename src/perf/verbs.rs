@@ -534,6 +534,10 @@ pub struct SendRateReport {
     pub config: SendRateConfig,
     /// Post recv + post SEND + poll both completions, best round.
     pub ibal_ns_per_msg: f64,
+    /// Context: the same SENDs posted and polled [`SEND_BATCH`] at a time
+    /// (one `post_recv`, one `post_send` and CQ polls with room for the
+    /// whole batch), as message-rate tools post; best round.
+    pub ibal_batched_ns_per_msg: f64,
     /// Same-thread `mpsc` send + recv of a `[u8; 64]`, best round.
     pub mpsc_ns_per_msg: f64,
     /// Informational: `mpsc` round trip through an echo thread, best round.
@@ -579,6 +583,12 @@ impl SendRateReport {
         ));
         out.push_str(&format!(
             "{:<40} {:>10.1} {:>14.0}\n",
+            format!("context: ibal, {SEND_BATCH} per post/poll call"),
+            self.ibal_batched_ns_per_msg,
+            1e9 / self.ibal_batched_ns_per_msg
+        ));
+        out.push_str(&format!(
+            "{:<40} {:>10.1} {:>14.0}\n",
             "mpsc send+recv, same thread",
             self.mpsc_ns_per_msg,
             self.mpsc_msgs_per_sec()
@@ -602,7 +612,8 @@ impl SendRateReport {
             "{{\"benchmark\":\"send-rate\",\"msg_size\":{MSG_SIZE},\"msgs\":{},\"rounds\":{},\
              \"ibal_ns_per_msg\":{},\"ibal_msgs_per_sec\":{},\"mpsc_ns_per_msg\":{},\
              \"mpsc_msgs_per_sec\":{},\"ratio\":{},\"target_ratio\":{},\"target_met\":{},\
-             \"pingpong_round_trips\":{},\"mpsc_pingpong_ns_per_round_trip\":{}}}",
+             \"pingpong_round_trips\":{},\"mpsc_pingpong_ns_per_round_trip\":{},\
+             \"batch\":{SEND_BATCH},\"ibal_batched_ns_per_msg\":{}}}",
             self.config.msgs,
             self.config.rounds,
             json_f64(self.ibal_ns_per_msg, 4),
@@ -613,7 +624,8 @@ impl SendRateReport {
             json_f64(SEND_RATE_TARGET, 4),
             self.target_met(),
             self.config.pingpong_round_trips(),
-            json_f64(self.pingpong_ns_per_round_trip, 4)
+            json_f64(self.pingpong_ns_per_round_trip, 4),
+            json_f64(self.ibal_batched_ns_per_msg, 4)
         )
     }
 }
@@ -648,6 +660,67 @@ fn time_sends(pair: &RcPair, msgs: u64, lkey_a: u32, lkey_b: u32) -> BenchResult
             return Err(format!("received {} bytes, sent {MSG_SIZE}", r.byte_len));
         }
         poll_one(&pair.al, pair.a.cq, &mut wc)?;
+    }
+    Ok(t0.elapsed())
+}
+
+/// SENDs per post / poll call in the batched context measurement.
+pub const SEND_BATCH: usize = 16;
+
+/// `msgs` SENDs, [`SEND_BATCH`] per call: one `post_recv` of the batch's
+/// receives, one `post_send` of its SENDs, then CQ polls (room for the
+/// whole batch) until every receive and every send has completed.
+fn time_sends_batched(pair: &RcPair, msgs: u64, lkey_a: u32, lkey_b: u32) -> BenchResult<Duration> {
+    let ssge = [Sge {
+        addr: 0,
+        length: MSG_SIZE as u32,
+        lkey: lkey_a,
+    }];
+    let rsge = [Sge {
+        addr: 0,
+        length: MSG_SIZE as u32,
+        lkey: lkey_b,
+    }];
+    let rwrs: [RecvWr; SEND_BATCH] = std::array::from_fn(|i| RecvWr {
+        wr_id: i as u64,
+        sg_list: &rsge,
+    });
+    let swrs: [SendWr<_>; SEND_BATCH] =
+        std::array::from_fn(|i| SendWr::new(i as u64, SendOp::Send, &ssge));
+    let mut wc: [Wc; SEND_BATCH] = std::array::from_fn(|_| Wc::default());
+    let t0 = Instant::now();
+    let mut done = 0u64;
+    while done < msgs {
+        let n = usize::try_from(msgs - done)
+            .unwrap_or(SEND_BATCH)
+            .min(SEND_BATCH);
+        post_recv(&pair.al, pair.qb, &rwrs[..n]).map_err(al_err("post_recv"))?;
+        post_send(&pair.al, pair.qa, &swrs[..n]).map_err(al_err("post_send"))?;
+        for (cq, receive) in [(pair.b.cq, true), (pair.a.cq, false)] {
+            let mut got = 0;
+            let mut polls = 0u32;
+            while got < n {
+                let k = hca::verbs::poll_cq(&pair.al, cq, &mut wc[..n - got])
+                    .map_err(al_err("poll_cq"))?;
+                for w in &wc[..k] {
+                    if w.status != hca::provider::WcStatus::Success {
+                        return Err(format!(
+                            "work request {} completed with {:?}",
+                            w.wr_id, w.status
+                        ));
+                    }
+                    if receive && w.byte_len as usize != MSG_SIZE {
+                        return Err(format!("received {} bytes, sent {MSG_SIZE}", w.byte_len));
+                    }
+                }
+                got += k;
+                polls += 1;
+                if polls > 1_000_000 {
+                    return Err("a batch of SENDs did not complete".into());
+                }
+            }
+        }
+        done += n as u64;
     }
     Ok(t0.elapsed())
 }
@@ -712,12 +785,13 @@ pub fn run_send_rate(cfg: &SendRateConfig) -> BenchResult<SendRateReport> {
 
     // Rounds interleave the contenders. On an error the echo thread sees
     // its channel close when `ping_tx` is dropped and ends by itself.
-    let mut best = [Duration::MAX; 3];
+    let mut best = [Duration::MAX; 4];
     for _ in 0..cfg.rounds {
         let t = [
             time_sends(&pair, cfg.msgs, lkey_a, lkey_b)?,
             time_mpsc(&tx, &rx, cfg.msgs)?,
             pingpong(cfg.pingpong_round_trips())?,
+            time_sends_batched(&pair, cfg.msgs, lkey_a, lkey_b)?,
         ];
         for (b, t) in best.iter_mut().zip(t) {
             *b = (*b).min(t);
@@ -733,6 +807,7 @@ pub fn run_send_rate(cfg: &SendRateConfig) -> BenchResult<SendRateReport> {
         ibal_ns_per_msg: per(best[0], cfg.msgs),
         mpsc_ns_per_msg: per(best[1], cfg.msgs),
         pingpong_ns_per_round_trip: per(best[2], cfg.pingpong_round_trips()),
+        ibal_batched_ns_per_msg: per(best[3], cfg.msgs),
     })
 }
 
@@ -772,10 +847,12 @@ mod tests {
         .unwrap();
         assert!(report.ibal_ns_per_msg > 0.0 && report.mpsc_ns_per_msg > 0.0);
         assert!(report.pingpong_ns_per_round_trip > 0.0);
+        assert!(report.ibal_batched_ns_per_msg > 0.0);
         let json = report.to_json();
         assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
         assert!(json.contains("\"ibal_msgs_per_sec\":"));
         assert!(json.contains("\"ratio\":"));
+        assert!(json.contains("\"ibal_batched_ns_per_msg\":"));
         assert!(report.to_text().contains("mpsc send+recv"));
     }
 
