@@ -570,18 +570,7 @@ pub fn al_api(data: &[u8]) {
                 } else {
                     QpType::Rc
                 };
-                let r = create_qp(
-                    inst,
-                    pd,
-                    QpCreate {
-                        qp_type,
-                        send_cq: cq,
-                        recv_cq: cq,
-                        srq: None,
-                        caps: Default::default(),
-                        sq_sig_all: false,
-                    },
-                );
+                let r = create_qp(inst, pd, QpCreate::new(qp_type, cq));
                 c.outcome(Op::CreateQp, &r);
                 if let Ok(qp) = r {
                     ctx.known().qps.push((qp, hca));

@@ -221,19 +221,7 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
         cm_ports.extend(cm::attach_ca(al.instance(), ca).map_err(err)?);
         let pd = verbs::alloc_pd(al.instance(), ca).map_err(err)?;
         let cq = verbs::create_cq(al.instance(), ca, 1024, None, None).map_err(err)?;
-        let qp = create_qp(
-            al.instance(),
-            pd,
-            QpCreate {
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                caps: Default::default(),
-                sq_sig_all: false,
-            },
-        )
-        .map_err(err)?;
+        let qp = create_qp(al.instance(), pd, QpCreate::new(QpType::Rc, cq)).map_err(err)?;
         // [0, size): where the peer writes; [size, size+8): SEND landing area.
         let buf = RegisteredBuffer::new(size + 8);
         let mr = verbs::register_mr(al.instance(), pd, &buf, 0, size + 8, 0, ALL).map_err(err)?;

@@ -1270,18 +1270,7 @@ impl Worker {
         } else {
             QpType::Rc
         };
-        let r = create_qp(
-            &ctx.inst,
-            pd,
-            QpCreate {
-                qp_type,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                caps: Default::default(),
-                sq_sig_all: false,
-            },
-        );
+        let r = create_qp(&ctx.inst, pd, QpCreate::new(qp_type, cq));
         self.count(Op::CreateQp, &r);
         if let Ok(qp) = r {
             if hca != usize::MAX {
@@ -1397,19 +1386,7 @@ fn static_listener(
         let pd = verbs::alloc_pd(inst, ca).map_err(err)?;
         let cq = verbs::create_cq(inst, ca, 256, None, None).map_err(err)?;
         for _ in 0..MAX_QPS {
-            let qp = create_qp(
-                inst,
-                pd,
-                QpCreate {
-                    qp_type: QpType::Rc,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    srq: None,
-                    caps: Default::default(),
-                    sq_sig_all: false,
-                },
-            )
-            .map_err(err)?;
+            let qp = create_qp(inst, pd, QpCreate::new(QpType::Rc, cq)).map_err(err)?;
             ctx.objs().qps.push((qp, hca));
         }
         for k in 0..SERVICES_PER_HCA {

@@ -40,19 +40,7 @@ fn side(al: &Al, p: &SoftProvider, guid: u64) -> Side {
 }
 
 fn new_qp(al: &Al, pd: Handle<Pd>, cq: Handle<Cq>) -> Handle<Qp> {
-    create_qp(
-        al.instance(),
-        pd,
-        QpCreate {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            caps: Default::default(),
-            sq_sig_all: false,
-        },
-    )
-    .unwrap()
+    create_qp(al.instance(), pd, QpCreate::new(QpType::Rc, cq)).unwrap()
 }
 
 fn wait(what: &str, mut cond: impl FnMut() -> bool) {

@@ -82,19 +82,7 @@ fn listen_cancel_vs_incoming_req() {
         let inst = al.instance().clone();
         let pd = verbs::alloc_pd(&inst, ca_a).unwrap();
         let cq = verbs::create_cq(&inst, ca_a, 4, None, None).unwrap();
-        let qp = create_qp(
-            &inst,
-            pd,
-            QpCreate {
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                caps: Default::default(),
-                sq_sig_all: false,
-            },
-        )
-        .unwrap();
+        let qp = create_qp(&inst, pd, QpCreate::new(QpType::Rc, cq)).unwrap();
 
         let log = std::sync::Arc::new(Log::default());
         let on_request: ListenHandler = {

@@ -52,19 +52,7 @@ fn world() -> World {
     )
     .unwrap();
     let av = verbs::create_av(inst, pd, AvAttr::lid(1, 1)).unwrap();
-    let qp = create_qp(
-        inst,
-        pd,
-        QpCreate {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            caps: Default::default(),
-            sq_sig_all: false,
-        },
-    )
-    .unwrap();
+    let qp = create_qp(inst, pd, QpCreate::new(QpType::Rc, cq)).unwrap();
     World {
         al,
         ca,

@@ -134,6 +134,23 @@ pub struct QpCreate {
     pub sq_sig_all: bool,
 }
 
+impl QpCreate {
+    /// The common shape: one CQ for sends and receives, the QP's own
+    /// receive queue, default queue sizes, completions only for signaled
+    /// sends. Change the rest with struct update syntax
+    /// (`QpCreate { srq: Some(s), ..QpCreate::new(QpType::Rc, cq) }`).
+    pub fn new(qp_type: QpType, cq: Handle<Cq>) -> Self {
+        QpCreate {
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        }
+    }
+}
+
 /// Binds a QP-to-be to its CQs and SRQ; unbinds whatever it bound if
 /// creation fails before the QP body owns the bindings.
 struct BindGuard<'a> {

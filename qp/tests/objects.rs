@@ -41,19 +41,7 @@ fn side(al: &Al, p: &SoftProvider, guid: u64, lid: u16) -> Side {
 }
 
 fn rc_qp(al: &Al, s: &Side) -> Handle<Qp> {
-    create_qp(
-        al.instance(),
-        s.pd,
-        QpCreate {
-            qp_type: QpType::Rc,
-            send_cq: s.cq,
-            recv_cq: s.cq,
-            srq: None,
-            caps: Default::default(),
-            sq_sig_all: false,
-        },
-    )
-    .unwrap()
+    create_qp(al.instance(), s.pd, QpCreate::new(QpType::Rc, s.cq)).unwrap()
 }
 
 fn to_rts(al: &Al, qp: Handle<Qp>, dlid: u16, dqpn: u32, rq_psn: u32, sq_psn: u32) {
@@ -278,12 +266,8 @@ fn a_cq_or_srq_with_bound_qps_is_busy_until_they_are_gone() {
         al.instance(),
         a.pd,
         QpCreate {
-            qp_type: QpType::Rc,
-            send_cq: a.cq,
-            recv_cq: a.cq,
             srq: Some(srq),
-            caps: Default::default(),
-            sq_sig_all: false,
+            ..QpCreate::new(QpType::Rc, a.cq)
         },
     )
     .unwrap();

@@ -657,17 +657,13 @@ impl Bench {
             self.al.instance(),
             self.pds[side],
             QpCreate {
-                qp_type: QpType::Rc,
-                send_cq: self.cqs[side],
-                recv_cq: self.cqs[side],
-                srq: None,
                 caps: QpCaps {
                     max_send_wr: 4,
                     max_recv_wr: 4,
                     max_send_sge: 1,
                     max_recv_sge: 1,
                 },
-                sq_sig_all: false,
+                ..QpCreate::new(QpType::Rc, self.cqs[side])
             },
         )
         .map_err(al_err("create_qp"))
@@ -780,12 +776,8 @@ impl UdPair {
                 inst,
                 b.pds[side],
                 QpCreate {
-                    qp_type: QpType::Ud,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    srq: None,
-                    caps: QpCaps::default(),
                     sq_sig_all: true,
+                    ..QpCreate::new(QpType::Ud, cq)
                 },
             )
             .map_err(al_err("create a UD QP"))?;

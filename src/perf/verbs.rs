@@ -118,15 +118,11 @@ impl RcPair {
                 al.instance(),
                 s.pd,
                 QpCreate {
-                    qp_type: QpType::Rc,
-                    send_cq: s.cq,
-                    recv_cq: s.cq,
-                    srq: None,
                     caps: QpCaps {
                         max_send_wr: SQ_DEPTH,
                         ..QpCaps::default()
                     },
-                    sq_sig_all: false,
+                    ..QpCreate::new(QpType::Rc, s.cq)
                 },
             )
             .map_err(al_err("create_qp"))
@@ -630,17 +626,21 @@ impl SendRateReport {
     }
 }
 
+/// The send-side SGE (`lkey_a`) and receive-side SGE (`lkey_b`) of one
+/// `MSG_SIZE` message at offset 0.
+fn message_sges(lkey_a: u32, lkey_b: u32) -> ([Sge; 1], [Sge; 1]) {
+    let sge = |lkey| {
+        [Sge {
+            addr: 0,
+            length: MSG_SIZE as u32,
+            lkey,
+        }]
+    };
+    (sge(lkey_a), sge(lkey_b))
+}
+
 fn time_sends(pair: &RcPair, msgs: u64, lkey_a: u32, lkey_b: u32) -> BenchResult<Duration> {
-    let ssge = [Sge {
-        addr: 0,
-        length: MSG_SIZE as u32,
-        lkey: lkey_a,
-    }];
-    let rsge = [Sge {
-        addr: 0,
-        length: MSG_SIZE as u32,
-        lkey: lkey_b,
-    }];
+    let (ssge, rsge) = message_sges(lkey_a, lkey_b);
     let mut wc = [Wc::default()];
     let t0 = Instant::now();
     for i in 0..msgs {
@@ -671,16 +671,7 @@ pub const SEND_BATCH: usize = 16;
 /// receives, one `post_send` of its SENDs, then CQ polls (room for the
 /// whole batch) until every receive and every send has completed.
 fn time_sends_batched(pair: &RcPair, msgs: u64, lkey_a: u32, lkey_b: u32) -> BenchResult<Duration> {
-    let ssge = [Sge {
-        addr: 0,
-        length: MSG_SIZE as u32,
-        lkey: lkey_a,
-    }];
-    let rsge = [Sge {
-        addr: 0,
-        length: MSG_SIZE as u32,
-        lkey: lkey_b,
-    }];
+    let (ssge, rsge) = message_sges(lkey_a, lkey_b);
     let rwrs: [RecvWr; SEND_BATCH] = std::array::from_fn(|i| RecvWr {
         wr_id: i as u64,
         sg_list: &rsge,
