@@ -436,7 +436,7 @@ pub fn al_api(data: &[u8]) {
         StdArc::new(move |cep, ev| {
             ctx.checker.note_event(cep, ev);
             if std::env::var_os("IBAL_AL_API_TRACE").is_some() {
-                eprintln!("al_api: {cep}: {}", stress::event_name(ev));
+                eprintln!("al_api: {cep}: {}", ev.name());
             }
             match ev {
                 Event::ReplyReceived { .. } => ctx.known().replied.push(cep),
@@ -451,7 +451,7 @@ pub fn al_api(data: &[u8]) {
         StdArc::new(move |_l, cep, ev| {
             ctx.checker.note_event(cep, ev);
             if std::env::var_os("IBAL_AL_API_TRACE").is_some() {
-                eprintln!("al_api: {cep}: {} (listen)", stress::event_name(ev));
+                eprintln!("al_api: {cep}: {} (listen)", ev.name());
             }
             ctx.known().pending.push((cep, hca));
             EVENTS.fetch_add(1, std::sync::atomic::Ordering::Release);

@@ -149,11 +149,6 @@ impl Signals {
     }
 }
 
-fn event_name(ev: &Event) -> String {
-    let s = format!("{ev:?}");
-    s.split([' ', '{', '(']).next().unwrap_or("").to_string()
-}
-
 struct Node {
     pd: Handle<Pd>,
     cq: Handle<Cq>,
@@ -251,14 +246,14 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
     let t = Instant::now();
     let (inst, qp_b, s1) = (al.instance().clone(), nodes[1].qp, signals.clone());
     let on_request: ListenHandler = StdArc::new(move |_l, cep, ev| {
-        s1.raise(format!("B:{}", event_name(ev)));
+        s1.raise(format!("B:{}", ev.name()));
         if let Err(e) = cm::accept(&inst, cep, qp_b, &AcceptReply::default()) {
             s1.raise(format!("B:accept failed: {e}"));
         }
     });
     let (inst, s2) = (al.instance().clone(), signals.clone());
     let passive: CmHandler = StdArc::new(move |cep, ev| {
-        s2.raise(format!("B:{}", event_name(ev)));
+        s2.raise(format!("B:{}", ev.name()));
         if let Event::DisconnectRequest { .. } = ev {
             let _ = cm::disconnect_reply(&inst, cep, &[]);
         }
@@ -274,7 +269,7 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
     // Active side: RTU on the reply.
     let (inst, s3) = (al.instance().clone(), signals.clone());
     let active: CmHandler = StdArc::new(move |cep, ev| {
-        s3.raise(format!("A:{}", event_name(ev)));
+        s3.raise(format!("A:{}", ev.name()));
         if let Event::ReplyReceived { .. } = ev {
             if let Err(e) = cm::rtu(&inst, cep, &[]) {
                 s3.raise(format!("A:rtu failed: {e}"));

@@ -245,27 +245,6 @@ pub fn error_name(e: &Error) -> &'static str {
     }
 }
 
-/// The variant name of a CM event.
-pub fn event_name(ev: &Event) -> &'static str {
-    match ev {
-        Event::ConnectRequest { .. } => "ConnectRequest",
-        Event::ReplyReceived { .. } => "ReplyReceived",
-        Event::MraReceived { .. } => "MraReceived",
-        Event::Established { .. } => "Established",
-        Event::Rejected { .. } => "Rejected",
-        Event::DisconnectRequest { .. } => "DisconnectRequest",
-        Event::Disconnected { .. } => "Disconnected",
-        Event::Timeout { .. } => "Timeout",
-        Event::LapReceived { .. } => "LapReceived",
-        Event::AprReceived { .. } => "AprReceived",
-        Event::SidrRequest { .. } => "SidrRequest",
-        Event::SidrReply { .. } => "SidrReply",
-        Event::StaleConnection { .. } => "StaleConnection",
-        Event::TimewaitExited { .. } => "TimewaitExited",
-        Event::Released { .. } => "Released",
-    }
-}
-
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -371,7 +350,7 @@ impl Checker {
     /// Note one CM event of `cep`: an event after `Released` (including a
     /// second `Released`) is a failure.
     pub fn note_event(&self, cep: Handle<Cep>, ev: &Event) {
-        let name = event_name(ev);
+        let name = ev.name();
         *self
             .events
             .lock()

@@ -82,24 +82,3 @@ pub fn poll_all(now: Nanos, agents: &[&Agent]) -> Vec<Vec<Event>> {
         })
         .collect()
 }
-
-/// The name of an event's variant, for compact assertions.
-pub fn kind(e: &Event) -> &'static str {
-    match e {
-        Event::ConnectRequest { .. } => "ConnectRequest",
-        Event::ReplyReceived { .. } => "ReplyReceived",
-        Event::MraReceived { .. } => "MraReceived",
-        Event::Established { .. } => "Established",
-        Event::Rejected { .. } => "Rejected",
-        Event::DisconnectRequest { .. } => "DisconnectRequest",
-        Event::Disconnected { .. } => "Disconnected",
-        Event::Timeout { .. } => "Timeout",
-        Event::LapReceived { .. } => "LapReceived",
-        Event::AprReceived { .. } => "AprReceived",
-        Event::SidrRequest { .. } => "SidrRequest",
-        Event::SidrReply { .. } => "SidrReply",
-        Event::StaleConnection { .. } => "StaleConnection",
-        Event::TimewaitExited { .. } => "TimewaitExited",
-        Event::Released { .. } => "Released",
-    }
-}

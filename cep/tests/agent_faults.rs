@@ -46,7 +46,7 @@ fn run(seed: u64, drop: f64) -> (u64, u64) {
                 a_log
                     .get_mut(&c)
                     .expect("event for a known CEP")
-                    .push(kind(e));
+                    .push(e.name());
                 match e {
                     Event::ReplyReceived { conn, .. } => a.send_rtu(*conn, &[]).unwrap(),
                     Event::Established { conn } => a.disconnect(*conn, &[]).unwrap(),
@@ -55,7 +55,7 @@ fn run(seed: u64, drop: f64) -> (u64, u64) {
             }
             for e in &b_ev {
                 let c = e.conn();
-                b_log.entry(c).or_default().push(kind(e));
+                b_log.entry(c).or_default().push(e.name());
                 match e {
                     Event::ConnectRequest { conn, req, .. } => {
                         b.accept(*conn, rep_for(req.local_qpn + 0x1000)).unwrap()

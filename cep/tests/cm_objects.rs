@@ -61,9 +61,7 @@ struct Log(StdMutex<Vec<String>>);
 
 impl Log {
     fn push(&self, who: &str, ev: &Event) {
-        let name = format!("{ev:?}");
-        let name = name.split([' ', '{', '(']).next().unwrap_or("").to_string();
-        self.0.lock().unwrap().push(format!("{who}:{name}"));
+        self.0.lock().unwrap().push(format!("{who}:{}", ev.name()));
     }
     fn count(&self, entry: &str) -> usize {
         self.0

@@ -324,6 +324,27 @@ pub enum Event {
 }
 
 impl Event {
+    /// The variant's name, for logs and compact assertions.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Event::ConnectRequest { .. } => "ConnectRequest",
+            Event::ReplyReceived { .. } => "ReplyReceived",
+            Event::MraReceived { .. } => "MraReceived",
+            Event::Established { .. } => "Established",
+            Event::Rejected { .. } => "Rejected",
+            Event::DisconnectRequest { .. } => "DisconnectRequest",
+            Event::Disconnected { .. } => "Disconnected",
+            Event::Timeout { .. } => "Timeout",
+            Event::LapReceived { .. } => "LapReceived",
+            Event::AprReceived { .. } => "AprReceived",
+            Event::SidrRequest { .. } => "SidrRequest",
+            Event::SidrReply { .. } => "SidrReply",
+            Event::StaleConnection { .. } => "StaleConnection",
+            Event::TimewaitExited { .. } => "TimewaitExited",
+            Event::Released { .. } => "Released",
+        }
+    }
+
     /// The CEP the event concerns.
     pub fn conn(&self) -> ConnId {
         match self {
