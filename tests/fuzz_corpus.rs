@@ -53,9 +53,21 @@ fn cm_protocol_corpus_replays_clean() {
 /// (libFuzzer explores far more; this keeps the harness itself honest).
 #[test]
 fn cm_protocol_survives_random_inputs() {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    for _ in 0..300 {
-        let len = (x % 600) as usize;
+    sweep(
+        0x2545_f491_4f6c_dd1d,
+        300,
+        0,
+        600,
+        ibal::fuzzing::cm_protocol,
+    );
+}
+
+/// `runs` xorshift-generated inputs of `min_len + (x % span)` bytes each,
+/// from `seed`, through `harness`.
+fn sweep(seed: u64, runs: usize, min_len: usize, span: u64, harness: fn(&[u8])) {
+    let mut x = seed;
+    for _ in 0..runs {
+        let len = min_len + (x % span) as usize;
         let data: Vec<u8> = (0..len)
             .map(|_| {
                 x ^= x << 13;
@@ -64,7 +76,7 @@ fn cm_protocol_survives_random_inputs() {
                 x as u8
             })
             .collect();
-        ibal::fuzzing::cm_protocol(&data);
+        harness(&data);
     }
 }
 
@@ -78,19 +90,7 @@ fn al_api_corpus_replays_clean() {
 /// harness.
 #[test]
 fn al_api_survives_random_inputs() {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for _ in 0..40 {
-        let len = 2 + (x % 120) as usize;
-        let data: Vec<u8> = (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        ibal::fuzzing::al_api(&data);
-    }
+    sweep(0x9e37_79b9_7f4a_7c15, 40, 2, 120, ibal::fuzzing::al_api);
 }
 
 /// Rewrites the seed corpora: `cargo test --test fuzz_corpus -- --ignored`.
