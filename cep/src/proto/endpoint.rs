@@ -422,7 +422,7 @@ impl Endpoint {
         reason: RejectReason,
         ari: &[u8],
     ) {
-        let rej = stateless_rej(req.local_comm_id, MessageRejected::Req, reason, ari);
+        let rej = rej_without_cep(req.local_comm_id, MessageRejected::Req, reason, ari);
         self.send(to, None, CmMad::new(tid, rej));
     }
 
@@ -668,7 +668,7 @@ impl Endpoint {
             } else {
                 RejectReason::InvalidCommId
             };
-            let rej = stateless_rej(rep.local_comm_id, MessageRejected::Rep, reason, &[]);
+            let rej = rej_without_cep(rep.local_comm_id, MessageRejected::Rep, reason, &[]);
             self.send(from, None, CmMad::new(tid, rej));
             return Disposition::Answered;
         };
@@ -1649,7 +1649,7 @@ impl Endpoint {
 
 /// A REJ answering a message that has no CEP here: our comm id is zero,
 /// the sender's is `remote_comm_id`, `ari` the additional information.
-fn stateless_rej(
+fn rej_without_cep(
     remote_comm_id: u32,
     message_rejected: MessageRejected,
     reason: RejectReason,
