@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use al::sync::{Arc, Mutex};
+use al::sync::{Arc, Mutex, MutexGuard};
 
 use crate::provider::{AsyncEvent, AsyncHook, CompletionHook, CqArm, Wc, WcStatus};
 use crate::soft::qp::QpInner;
@@ -42,28 +42,19 @@ impl CqInner {
     /// Add a completion. `solicited` marks a receive whose sender set the
     /// solicited bit. Hooks to run are put on `d`.
     pub(crate) fn push(&self, wc: Wc, solicited: bool, d: &mut Deferred) {
-        let mut s = self.state.lock();
-        if s.q.len() >= s.cap {
-            s.lost += 1;
-            let lost = s.lost;
-            drop(s);
-            if let Some(h) = &self.on_async {
-                d.events.push((h.clone(), AsyncEvent::CqOverflow { lost }));
-            }
-            return;
-        }
-        s.q.push_back(wc);
-        let fire = match s.armed {
-            Some(CqArm::NextCompletion) => true,
-            Some(CqArm::Solicited) => solicited || wc.status != WcStatus::Success,
-            None => false,
-        };
-        if fire {
-            s.armed = None;
-            drop(s);
-            if let Some(h) = &self.on_completion {
-                d.notify(h.clone());
-            }
+        let mut p = self.begin_push();
+        p.push(wc, solicited);
+        p.finish(d);
+    }
+
+    /// Lock the CQ for a series of pushes (the batched send path holds it
+    /// across a run of requests); [`CqPush::finish`] queues the hooks.
+    pub(crate) fn begin_push(&self) -> CqPush<'_> {
+        CqPush {
+            cq: self,
+            state: self.state.lock(),
+            fire: false,
+            lost: None,
         }
     }
 
@@ -90,6 +81,64 @@ impl CqInner {
 
     pub(crate) fn lost(&self) -> u64 {
         self.state.lock().lost
+    }
+}
+
+/// A CQ locked for pushing: each push applies the overflow and arming
+/// rules; the hooks they call for are queued by [`CqPush::finish`] (or
+/// lost if the push guard is dropped without it, which no caller does).
+pub(crate) struct CqPush<'c> {
+    cq: &'c CqInner,
+    state: MutexGuard<'c, CqState>,
+    fire: bool,
+    /// The CQ's lost-completion count before and after this push series.
+    lost: Option<(u64, u64)>,
+}
+
+impl CqPush<'_> {
+    /// Add a completion (see [`CqInner::push`]).
+    #[inline]
+    pub(crate) fn push(&mut self, wc: Wc, solicited: bool) {
+        let s = &mut *self.state;
+        if s.q.len() >= s.cap {
+            s.lost += 1;
+            let first = self.lost.map_or(s.lost, |(first, _)| first);
+            self.lost = Some((first, s.lost));
+            return;
+        }
+        s.q.push_back(wc);
+        let fire = match s.armed {
+            Some(CqArm::NextCompletion) => true,
+            Some(CqArm::Solicited) => solicited || wc.status != WcStatus::Success,
+            None => false,
+        };
+        if fire {
+            s.armed = None;
+            self.fire = true;
+        }
+    }
+
+    /// Unlock, and queue the completion hook (if an armed CQ fired) and
+    /// one overflow event per lost completion (each with the running lost
+    /// count, as single pushes report them) on `d`.
+    pub(crate) fn finish(self, d: &mut Deferred) {
+        let CqPush {
+            cq,
+            state,
+            fire,
+            lost,
+        } = self;
+        drop(state);
+        if let (Some((first, last)), Some(h)) = (lost, &cq.on_async) {
+            for lost in first..=last {
+                d.events.push((h.clone(), AsyncEvent::CqOverflow { lost }));
+            }
+        }
+        if fire {
+            if let Some(h) = &cq.on_completion {
+                d.notify(h.clone());
+            }
+        }
     }
 }
 

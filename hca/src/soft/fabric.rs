@@ -145,6 +145,9 @@ pub struct FabricStats {
     pub dropped_psn: u64,
     /// RNR NAKs sent.
     pub rnr_naks: u64,
+    /// RC SENDs that ran on the batched path (see
+    /// [`Fabric::set_batched_sends`]).
+    pub batched_sends: u64,
 }
 
 #[derive(Default)]
@@ -160,6 +163,7 @@ pub(crate) struct Stats {
     pub(crate) dropped_no_dest: AtomicU64,
     pub(crate) dropped_psn: AtomicU64,
     pub(crate) rnr_naks: AtomicU64,
+    pub(crate) batched_sends: AtomicU64,
 }
 
 /// One port of an HCA as the data path sees it.
@@ -297,6 +301,8 @@ pub(crate) struct FabricInner {
     hcas: RwLock<Vec<Arc<HcaNode>>>,
     faults: Mutex<Option<FaultState>>,
     pub(crate) faults_on: AtomicBool,
+    /// Plain RC SEND lists run as batches (`fast.rs`); on by default.
+    pub(crate) batched_sends: AtomicBool,
     pub(crate) waiters: Mutex<Vec<Arc<QpInner>>>,
     pub(crate) stats: Stats,
 }
@@ -425,6 +431,7 @@ impl Fabric {
                 hcas: RwLock::new(Vec::new()),
                 faults: Mutex::new(None),
                 faults_on: AtomicBool::new(false),
+                batched_sends: AtomicBool::new(true),
                 waiters: Mutex::new(Vec::new()),
                 stats: Stats::default(),
             }),
@@ -602,6 +609,14 @@ impl Fabric {
         }
     }
 
+    /// Run lists of plain RC SENDs as batches (the default), or every
+    /// request through the general path (`false`). The results are the
+    /// same either way (a differential test checks it); the switch exists
+    /// to compare the two and to rule the batched path out when debugging.
+    pub fn set_batched_sends(&self, on: bool) {
+        self.inner.batched_sends.store(on, Ordering::Relaxed);
+    }
+
     /// One tick: deliver queued packets whose delay ran out (in queue
     /// order) and retry sends stalled by an RNR NAK once. Returns the
     /// amount of work done (0 means nothing moved).
@@ -643,6 +658,7 @@ impl Fabric {
             dropped_no_dest: l(&s.dropped_no_dest),
             dropped_psn: l(&s.dropped_psn),
             rnr_naks: l(&s.rnr_naks),
+            batched_sends: l(&s.batched_sends),
         }
     }
 }

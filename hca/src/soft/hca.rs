@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use al::sync::atomic::Ordering;
+use al::sync::atomic::{AtomicBool, Ordering};
 use al::sync::{Arc, Mutex};
 use al::{Error, Result};
 
@@ -12,10 +12,10 @@ use crate::provider::{
     QpAttr, QpInit, QpModify, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
 };
 use crate::soft::cq::{CqInner, Deferred};
-use crate::soft::engine;
 use crate::soft::fabric::{Fabric, FabricInner, HcaCore, HcaNode, GSI_KEY};
 use crate::soft::mr::MrInner;
 use crate::soft::qp::{QpInner, SrqInner, UdInfo, WrView, PSN_MASK};
+use crate::soft::{engine, fast};
 
 /// A soft HCA on a [`Fabric`]. Cloning gives another handle to the same
 /// HCA.
@@ -340,6 +340,7 @@ impl SoftPd {
             len,
             mem,
             mem_off,
+            deregistered: AtomicBool::new(false),
         })?;
         Ok(SoftMr {
             inner,
@@ -621,7 +622,15 @@ impl SoftQp {
         let mut d = Deferred::new();
         let r = (|| {
             let mut sq = self.inner.sq.lock();
-            for (i, wr) in wrs.iter().enumerate() {
+            let mut i = 0;
+            while i < wrs.len() {
+                // Plain RC SENDs run in batches; the rest, one by one below.
+                if self.fabric.batched_sends.load(Ordering::Relaxed) {
+                    i += fast::rc_send_run(&self.fabric, &self.inner, &mut sq, &wrs[i..], &mut d);
+                }
+                let Some(wr) = wrs.get(i) else {
+                    break;
+                };
                 let v = self.view(i, wr)?;
                 engine::submit(&self.fabric, &self.inner, &mut sq, &v, &mut d).map_err(
                     |e| match e {
@@ -634,6 +643,7 @@ impl SoftQp {
                         e => e,
                     },
                 )?;
+                i += 1;
             }
             Ok(())
         })();
@@ -656,6 +666,9 @@ impl Drop for SoftQp {
         self.node.qps.write().remove(&self.key);
         let mut sq = self.inner.sq.lock();
         sq.pending.clear();
+        // The batched path's cache may hold the peer QP (which may hold
+        // this one): let go of it now.
+        sq.run_cache.clear();
     }
 }
 

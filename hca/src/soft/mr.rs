@@ -1,6 +1,6 @@
 //! Memory regions of the soft provider: the key table and bounds checks.
 
-use al::sync::atomic::{AtomicU32, Ordering};
+use al::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use al::sync::{Arc, RwLock};
 use al::{Error, Result};
 use slab::Slab;
@@ -18,6 +18,10 @@ pub(crate) struct MrInner {
     pub(crate) mem: Arc<Memory>,
     /// Offset of the MR's first byte in `mem`.
     pub(crate) mem_off: usize,
+    /// Set (under the table's write lock) when the MR leaves the table, so
+    /// a holder of an `Arc` (the batched send path's cache) can tell that
+    /// its key no longer names it.
+    pub(crate) deregistered: AtomicBool,
 }
 
 impl MrInner {
@@ -78,7 +82,8 @@ impl MrTable {
         };
         let mut slots = self.slots.write();
         if slots.get(idx as usize).is_some_and(|m| m.key == key) {
-            slots.remove(idx as usize);
+            let mr = slots.remove(idx as usize);
+            mr.deregistered.store(true, Ordering::Release);
         }
     }
 }

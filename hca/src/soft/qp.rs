@@ -14,25 +14,33 @@ use crate::provider::{
 use crate::qp_state;
 use crate::soft::cq::{CqInner, Deferred};
 use crate::soft::fabric::{FabricInner, HcaCore};
+use crate::soft::fast::RunCache;
 
 /// A scatter list kept with a posted receive; four entries inline.
 pub(crate) enum SgVec {
+    /// The common case, one element: stored without the inline array's
+    /// padding, so posting a receive writes 16 bytes of list, not 64.
+    One(Sge),
     Inline(u8, [Sge; 4]),
     Heap(Box<[Sge]>),
 }
 
 impl SgVec {
     pub(crate) fn new(s: &[Sge]) -> SgVec {
-        if s.len() <= 4 {
-            let mut a = [Sge::default(); 4];
-            a[..s.len()].copy_from_slice(s);
-            SgVec::Inline(s.len() as u8, a)
-        } else {
-            SgVec::Heap(s.into())
+        match s {
+            [one] => SgVec::One(*one),
+            _ if s.len() <= 4 => {
+                let mut a = [Sge::default(); 4];
+                a[..s.len()].copy_from_slice(s);
+                SgVec::Inline(s.len() as u8, a)
+            }
+            _ => SgVec::Heap(s.into()),
         }
     }
+    #[inline]
     pub(crate) fn as_slice(&self) -> &[Sge] {
         match self {
+            SgVec::One(s) => std::slice::from_ref(s),
             SgVec::Inline(n, a) => &a[..*n as usize],
             SgVec::Heap(b) => b,
         }
@@ -140,6 +148,8 @@ pub(crate) struct SendQueue {
     pub(crate) attr: QpAttr,
     pub(crate) pending: VecDeque<PendingWr>,
     pub(crate) in_retry: bool,
+    /// What the batched send path looked up last time (`fast.rs`).
+    pub(crate) run_cache: RunCache,
 }
 
 /// Receive side: a copy of what the responder needs, and the posted
@@ -214,6 +224,7 @@ impl QpInner {
                 attr,
                 pending: VecDeque::new(),
                 in_retry: false,
+                run_cache: RunCache::default(),
             }),
             rq: Mutex::new(RecvQueue {
                 state: QpState::Reset,

@@ -1,0 +1,429 @@
+//! The batched RC SEND path.
+//!
+//! A list of RC SENDs posted in one call usually goes to one destination
+//! QP, from one source MR, into receives that name one destination MR.
+//! [`rc_send_run`] runs such a list as one *run*: it does the per-call work
+//! once (route, destination lookup, the destination's receive lock, both MR
+//! lookups, both memory locks, both CQ locks) and then, per SEND, only the
+//! checks, the copy and the two completions.
+//!
+//! The run stops, with nothing done for that request, at the first send
+//! that is not plain: another opcode, another key, more than one SGE, no
+//! receive posted (RNR), a receive too short, a bounds or key failure, a
+//! PSN mismatch, raw (caller-managed) memory. The caller runs that request
+//! on the general path in `engine.rs`, which produces whatever error
+//! completion or state change the request calls for, and then tries a new
+//! run. So the results are those of the general path, request by request:
+//! the run only skips work that is the same for every request in it.
+//!
+//! Locks are taken in the provider's order: the sender's `sq` (held by the
+//! caller), the destination's `rq`, the memories (address order, one lock
+//! when both MRs share a memory), then the CQs (address order, one lock
+//! when one CQ serves both QPs). A user may hold a buffer's lock while it
+//! polls a CQ (memory, then CQ), which is the same order. Completions are
+//! pushed while `rq` and `sq` are held, as on the general path, so a flush
+//! of the remaining receives or sends (done under those locks) cannot
+//! overtake them in the CQ, and each completion is pushed right after its
+//! copy, in the general path's order.
+
+use al::sync::atomic::Ordering;
+use al::sync::Arc;
+
+use crate::buffer::Memory;
+use crate::provider::{Access, AvAttr, QpState, QpType, SendOp, SendWr, Wc, WcOpcode, WcStatus};
+use crate::soft::cq::{CqPush, Deferred};
+use crate::soft::engine::{pkey_match, MAX_MSG};
+use crate::soft::fabric::{FabricInner, HcaNode};
+use crate::soft::hca::SoftAv;
+use crate::soft::mr::{MrInner, MrTable};
+use crate::soft::qp::{QpInner, RecvQueue, SendQueue, PSN_MASK};
+
+/// Requests one run takes at most (the caller starts the next run).
+const RUN_MAX: usize = 64;
+
+/// The plain shape the run accepts: a SEND (with or without immediate) of
+/// one non-empty SGE under `lkey`. On an RC QP that allows at least one
+/// SGE this is everything the general path's request validation checks
+/// (the `ud` field is ignored on connected QPs), so a plain request is
+/// valid.
+#[inline]
+fn plain_send(wr: &SendWr<'_, SoftAv>, lkey: u32) -> bool {
+    matches!(wr.op, SendOp::Send | SendOp::SendImm(_))
+        && wr.sg_list.len() == 1
+        && wr.sg_list[0].lkey == lkey
+        && wr.sg_list[0].length != 0
+}
+
+/// Run plain RC SENDs from the start of `wrs`. Returns how many ran; 0
+/// means the first needs the general path.
+pub(crate) fn rc_send_run(
+    f: &FabricInner,
+    qp: &QpInner,
+    sq: &mut SendQueue,
+    wrs: &[SendWr<'_, SoftAv>],
+    d: &mut Deferred,
+) -> usize {
+    let Some(first) = wrs.first() else {
+        return 0;
+    };
+    if qp.qp_type != QpType::Rc
+        || qp.caps.max_send_sge == 0
+        || sq.attr.state != QpState::Rts
+        || !sq.pending.is_empty()
+        || first.sg_list.len() != 1
+    {
+        return 0;
+    }
+    let lkey = first.sg_list[0].lkey;
+    if !plain_send(first, lkey) {
+        return 0;
+    }
+    let Some(port) = qp.hca.port(sq.attr.port) else {
+        return 0;
+    };
+    let Some(&pkey) = port.pkeys.get(sq.attr.pkey_index as usize) else {
+        return 0;
+    };
+    if !port.is_active() {
+        return 0;
+    }
+    // The cache is moved out for the run (so the run can borrow it and
+    // `sq` at once) and put back after.
+    let mut cache = std::mem::take(&mut sq.run_cache);
+    let ran = match RunCache::dest(&mut cache.dest, sq, f) {
+        Some(dest) => run_cached(
+            qp,
+            sq,
+            wrs,
+            d,
+            dest,
+            &mut cache.src_mr,
+            lkey,
+            pkey,
+            port.lid(),
+        ),
+        None => 0,
+    };
+    sq.run_cache = cache;
+    f.stats
+        .batched_sends
+        .fetch_add(ran as u64, Ordering::Relaxed);
+    ran
+}
+
+/// The run proper, with the destination and the MR slots from the cache.
+#[allow(clippy::too_many_arguments)]
+fn run_cached(
+    qp: &QpInner,
+    sq: &mut SendQueue,
+    wrs: &[SendWr<'_, SoftAv>],
+    d: &mut Deferred,
+    dest_cache: &mut DestCache,
+    src_slot: &mut Option<Arc<MrInner>>,
+    lkey: u32,
+    pkey: u16,
+    slid: u16,
+) -> usize {
+    let DestCache {
+        node,
+        dport,
+        qp: dest,
+        mr: dst_slot,
+        ..
+    } = dest_cache;
+    let dport = *dport;
+    if dest.qp_type != QpType::Rc || dest.srq.is_some() {
+        return 0;
+    }
+    let Some(src_mr) = RunCache::mr(src_slot, &qp.hca.mrs, lkey) else {
+        return 0;
+    };
+    if src_mr.pd != qp.pd {
+        return 0;
+    }
+    let mut rq = dest.rq.lock();
+    if !rq.state.can_receive() || rq.port != dport {
+        return 0;
+    }
+    let dpkey = node.core.ports[dport as usize - 1]
+        .pkeys
+        .get(rq.pkey_index as usize)
+        .copied()
+        .unwrap_or(0);
+    if !pkey_match(pkey, dpkey) {
+        return 0;
+    }
+    let Some(dst_key) = rq.wrs.front().and_then(|e| match e.sg.as_slice() {
+        [one] => Some(one.lkey),
+        _ => None,
+    }) else {
+        return 0;
+    };
+    let Some(dst_mr) = RunCache::mr(dst_slot, &dest.hca.mrs, dst_key) else {
+        return 0;
+    };
+    if dst_mr.pd != dest.pd || !dst_mr.access.contains(Access::LOCAL_WRITE) {
+        return 0;
+    }
+    let mtu = sq.attr.path_mtu.bytes();
+    debug_assert!(mtu.is_power_of_two());
+    let run = Run {
+        qp,
+        dest,
+        src_mr,
+        dst_mr,
+        dst_key,
+        lkey,
+        slid,
+        mtu_shift: mtu.trailing_zeros(),
+    };
+    let wrs = &wrs[..wrs.len().min(RUN_MAX)];
+    // Unlocked on the way out: the CQs (in `with_cqs`), then the memories,
+    // then `rq` (held while the receive completions were pushed).
+    match (&*src_mr.mem, &*dst_mr.mem) {
+        (Memory::Owned(s), Memory::Owned(t)) if std::ptr::eq(s, t) => {
+            let mut m = t.write();
+            run.with_cqs(d, |cqs| {
+                run.copy_loop(sq, &mut rq, wrs, cqs, |so, dofs, n| {
+                    m.copy_within(so..so + n, dofs)
+                })
+            })
+        }
+        (Memory::Owned(s), Memory::Owned(t)) => {
+            // Address order, as `buffer::copy` locks two memories.
+            let (src, mut dst) = if (s as *const _ as usize) < (t as *const _ as usize) {
+                let src = s.read();
+                (src, t.write())
+            } else {
+                let dst = t.write();
+                (s.read(), dst)
+            };
+            run.with_cqs(d, |cqs| {
+                run.copy_loop(sq, &mut rq, wrs, cqs, |so, dofs, n| {
+                    dst[dofs..dofs + n].copy_from_slice(&src[so..so + n])
+                })
+            })
+        }
+        _ => 0,
+    }
+}
+
+/// What a run needs besides the queues.
+struct Run<'r> {
+    qp: &'r QpInner,
+    dest: &'r QpInner,
+    src_mr: &'r MrInner,
+    dst_mr: &'r MrInner,
+    dst_key: u32,
+    lkey: u32,
+    slid: u16,
+    mtu_shift: u32,
+}
+
+/// The run's CQs, locked: the destination's receive CQ and the sender's
+/// send CQ, or one CQ serving both.
+struct RunCqs<'c> {
+    recv: CqPush<'c>,
+    send: Option<CqPush<'c>>,
+}
+
+impl<'c> RunCqs<'c> {
+    fn send(&mut self) -> &mut CqPush<'c> {
+        match &mut self.send {
+            Some(s) => s,
+            None => &mut self.recv,
+        }
+    }
+}
+
+impl Run<'_> {
+    /// Lock the run's CQs (two in address order), run `body`, queue the
+    /// CQ hooks on `d`.
+    fn with_cqs(&self, d: &mut Deferred, body: impl FnOnce(&mut RunCqs<'_>) -> usize) -> usize {
+        let (rcq, scq) = (&*self.dest.recv_cq, &*self.qp.send_cq);
+        let mut cqs = if std::ptr::eq(rcq, scq) {
+            RunCqs {
+                recv: rcq.begin_push(),
+                send: None,
+            }
+        } else if (rcq as *const _ as usize) < (scq as *const _ as usize) {
+            let recv = rcq.begin_push();
+            RunCqs {
+                recv,
+                send: Some(scq.begin_push()),
+            }
+        } else {
+            let send = Some(scq.begin_push());
+            RunCqs {
+                recv: rcq.begin_push(),
+                send,
+            }
+        };
+        let ran = body(&mut cqs);
+        let RunCqs { recv, send } = cqs;
+        recv.finish(d);
+        if let Some(s) = send {
+            s.finish(d);
+        }
+        ran
+    }
+
+    /// Check, copy and complete requests until one is not plain; `copy`
+    /// moves `n` bytes from source offset to destination offset in the
+    /// memories the run has locked. Returns how many ran.
+    fn copy_loop(
+        &self,
+        sq: &mut SendQueue,
+        rq: &mut RecvQueue,
+        wrs: &[SendWr<'_, SoftAv>],
+        cqs: &mut RunCqs<'_>,
+        mut copy: impl FnMut(usize, usize, usize),
+    ) -> usize {
+        let mut k = 0;
+        for wr in wrs {
+            if !plain_send(wr, self.lkey) {
+                break;
+            }
+            let sge = wr.sg_list[0];
+            let len = sge.length as usize;
+            if len > MAX_MSG || rq.psn != sq.attr.sq_psn {
+                break;
+            }
+            // The whole SGE must lie in the MR (as `resolve_local` checks).
+            let Some(so) = self.src_mr.locate(sge.addr, len) else {
+                break;
+            };
+            let Some(entry) = rq.wrs.front() else {
+                break; // RNR: the general path retries or fails it
+            };
+            let [rsge] = entry.sg.as_slice() else {
+                break;
+            };
+            if rsge.lkey != self.dst_key || (rsge.length as usize) < len {
+                break;
+            }
+            let Some(dofs) = self.dst_mr.locate(rsge.addr, rsge.length as usize) else {
+                break;
+            };
+            let wr_id = entry.wr_id;
+            rq.wrs.pop_front();
+            copy(so, dofs, len);
+            let npkts = (len.wrapping_sub(1) >> self.mtu_shift) as u32 + 1;
+            rq.psn = (rq.psn + npkts) & PSN_MASK;
+            sq.attr.sq_psn = (sq.attr.sq_psn + npkts) & PSN_MASK;
+            let imm = match wr.op {
+                SendOp::SendImm(i) => Some(i),
+                _ => None,
+            };
+            cqs.recv.push(
+                Wc {
+                    wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::Recv,
+                    byte_len: len as u32,
+                    imm,
+                    qp_num: self.dest.wire_qpn(),
+                    src_qp: self.qp.qpn,
+                    slid: self.slid,
+                    solicited: wr.solicited,
+                    ..Wc::default()
+                },
+                wr.solicited,
+            );
+            if wr.signaled || self.qp.sq_sig_all {
+                cqs.send().push(
+                    Wc {
+                        wr_id: wr.wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::Send,
+                        byte_len: len as u32,
+                        qp_num: self.qp.wire_qpn(),
+                        ..Wc::default()
+                    },
+                    false,
+                );
+            }
+            k += 1;
+        }
+        k
+    }
+}
+
+/// What a run looked up, kept in the sender's [`SendQueue`] (under its
+/// lock) for the next run: the destination of the connected QP and the
+/// MRs last used on each side. Each entry is checked before use with plain
+/// loads, never trusted: the destination must still be the one the QP's
+/// attributes name, its HCA still on the fabric and its QP not destroyed;
+/// an MR must still be registered under the key. A stale entry is looked
+/// up again. `SoftQp`'s drop clears the cache, so two QPs caching each
+/// other do not keep each other alive.
+#[derive(Default)]
+pub(crate) struct RunCache {
+    dest: Option<DestCache>,
+    src_mr: Option<Arc<MrInner>>,
+}
+
+struct DestCache {
+    /// The attributes the entry was looked up for.
+    av: AvAttr,
+    dest_qpn: u32,
+    node: Arc<HcaNode>,
+    dport: u8,
+    qp: Arc<QpInner>,
+    /// The receive MR last used at the destination.
+    mr: Option<Arc<MrInner>>,
+}
+
+impl RunCache {
+    /// Forget everything (the QP is going away).
+    pub(crate) fn clear(&mut self) {
+        *self = RunCache::default();
+    }
+
+    /// The destination of `sq`'s connection, through the cache entry
+    /// `slot` (moved out of `sq`): checked, or looked up again.
+    fn dest<'s>(
+        slot: &'s mut Option<DestCache>,
+        sq: &SendQueue,
+        f: &FabricInner,
+    ) -> Option<&'s mut DestCache> {
+        let av = sq.attr.av?;
+        let dest_qpn = sq.attr.dest_qpn;
+        let valid = slot.as_ref().is_some_and(|c| {
+            c.av == av
+                && c.dest_qpn == dest_qpn
+                && !c.node.removed.load(Ordering::Acquire)
+                && !c.qp.destroyed.load(Ordering::Acquire)
+        });
+        if !valid {
+            *slot = None;
+            let (node, dport) = f.route(&av)?;
+            let qp = node.lookup(dest_qpn, dport)?;
+            *slot = Some(DestCache {
+                av,
+                dest_qpn,
+                node,
+                dport,
+                qp,
+                mr: None,
+            });
+        }
+        slot.as_mut()
+    }
+
+    /// The MR `key` names in `table`, through the one-entry cache `slot`
+    /// (borrowed from it: no reference count changes on a hit).
+    fn mr<'s>(
+        slot: &'s mut Option<Arc<MrInner>>,
+        table: &MrTable,
+        key: u32,
+    ) -> Option<&'s MrInner> {
+        let hit = slot
+            .as_ref()
+            .is_some_and(|mr| mr.key == key && !mr.deregistered.load(Ordering::Acquire));
+        if !hit {
+            *slot = table.lookup(key);
+        }
+        slot.as_deref()
+    }
+}
