@@ -120,7 +120,7 @@ enum PerfCommand {
         #[arg(long)]
         json: bool,
     },
-    /// 64-byte RC SEND message rate through the object layer against a std::sync::mpsc round.
+    /// 64-byte RC SEND message rate (16 per post/poll call) through the object layer against std::sync::mpsc.
     SendRate {
         /// Messages per round.
         #[arg(long, default_value_t = 200_000)]
