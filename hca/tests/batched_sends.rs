@@ -34,10 +34,18 @@ struct Seg {
     len: u16,
 }
 
+#[derive(Clone, Copy, Debug)]
+enum What {
+    Send,
+    SendImm,
+    Write,
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Recv(Vec<Vec<Seg>>),
-    Send(Vec<(bool, Seg, bool, bool)>),
+    /// (what, local SGE, signaled, solicited, remote target for WRITEs).
+    Send(Vec<(What, Seg, bool, bool, Seg)>),
     Progress,
     /// Both QPs to RESET and back to RTS (leaves ERR behind).
     Reconnect,
@@ -86,7 +94,23 @@ fn op() -> impl Strategy<Value = Op> {
         )
         .prop_map(Op::Recv),
         4 => prop::collection::vec(
-            (any::<bool>(), send_seg(), prop::bool::weighted(0.8), any::<bool>()),
+            (
+                prop_oneof![
+                    Just(What::Send),
+                    Just(What::SendImm),
+                    Just(What::Write)
+                ],
+                send_seg(),
+                prop::bool::weighted(0.8),
+                any::<bool>(),
+                // WRITE targets: the receive MRs; offsets past key 1's 512
+                // bytes, keys 2 (no remote write) and 3 (bogus) fail.
+                (
+                    prop_oneof![100 => Just(0u8), 40 => Just(1u8), 6 => Just(2u8), 2 => Just(3u8)],
+                    prop_oneof![100 => 0u16..64, 3 => 400u16..600],
+                )
+                    .prop_map(|(mr, off)| Seg { mr, off, len: 0 })
+            ),
             1..12
         )
         .prop_map(Op::Send),
@@ -109,6 +133,10 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
         })
 }
 
+/// The receiver's good MRs take receives and RDMA WRITEs (the soft
+/// provider's rkey is the lkey).
+const RECV_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
 struct World {
     fabric: Fabric,
     qa: SoftQp,
@@ -127,11 +155,27 @@ struct World {
     dkeys: Vec<(u64, u32)>,
     _mrs: Vec<SoftMr>,
     lid_b: u16,
+    /// The receiving QP's access flags (without REMOTE_WRITE, WRITEs fail).
+    b_access: Access,
     fired: Arc<AtomicUsize>,
     events: Arc<Mutex<Vec<String>>>,
 }
 
-fn world(layout: Layout, batched: bool, rnr_retry: u8, sig_all: bool) -> World {
+/// Per-scenario settings.
+#[derive(Clone, Copy, Debug)]
+struct Knobs {
+    rnr_retry: u8,
+    sig_all: bool,
+    /// The receiving QP's access flags.
+    b_access: Access,
+}
+
+fn world(layout: Layout, batched: bool, k: Knobs) -> World {
+    let Knobs {
+        rnr_retry,
+        sig_all,
+        b_access,
+    } = k;
     let fabric = Fabric::new();
     fabric.set_batched_sends(batched);
     let fired = Arc::new(AtomicUsize::new(0));
@@ -195,7 +239,7 @@ fn world(layout: Layout, batched: bool, rnr_retry: u8, sig_all: bool) -> World {
     let qa = mk_qp(&hca_a, pd_a, idx[0], idx[1]);
     let qb = mk_qp(&hca_b, pd_b, idx[2], idx[3]);
     connect_rnr(&qa, ALL, lid_b, qb.qpn(), 0x10, 0x20, rnr_retry);
-    connect_rnr(&qb, ALL, 1, qa.qpn(), 0x20, 0x10, rnr_retry);
+    connect_rnr(&qb, b_access, 1, qa.qpn(), 0x20, 0x10, rnr_retry);
 
     let sbuf = RegisteredBuffer::from_vec(pattern(4096, 3));
     let dbuf = match layout {
@@ -209,6 +253,8 @@ fn world(layout: Layout, batched: bool, rnr_retry: u8, sig_all: bool) -> World {
         mrs.push(mr);
         k
     };
+    // Every MR of a side starts at iova 0, so an address is valid in
+    // several of them and only the key says which bytes it names.
     // In SameBuffer the receive MRs cover the upper half, the send MRs
     // the whole buffer: copies may overlap, as they may on real memory.
     let (dbase, dlen) = match layout {
@@ -217,14 +263,14 @@ fn world(layout: Layout, batched: bool, rnr_retry: u8, sig_all: bool) -> World {
     };
     let skeys = vec![
         key(pd_a, &sbuf, 0, 4096, 0, Access::NONE),
-        key(pd_a, &sbuf, 512, 1024, 0x10000, Access::LOCAL_WRITE),
+        key(pd_a, &sbuf, 512, 1024, 0, Access::LOCAL_WRITE),
         key(pd_other, &sbuf, 0, 4096, 0, Access::NONE),
         (0, 0xdead_be00),
     ];
     let dkeys = vec![
-        key(pd_b, &dbuf, dbase, dlen, 0, Access::LOCAL_WRITE),
-        key(pd_b, &dbuf, dbase + 256, 512, 0x20000, Access::LOCAL_WRITE),
-        key(pd_b, &dbuf, dbase, 64, 0x30000, Access::NONE),
+        key(pd_b, &dbuf, dbase, dlen, 0, RECV_ACCESS),
+        key(pd_b, &dbuf, dbase + 256, 512, 0, RECV_ACCESS),
+        key(pd_b, &dbuf, dbase, 64, 0, Access::NONE),
         (0, 0xdead_bf00),
     ];
     World {
@@ -235,6 +281,7 @@ fn world(layout: Layout, batched: bool, rnr_retry: u8, sig_all: bool) -> World {
         rcq: idx[3],
         _pds: pds,
         lid_b,
+        b_access,
         sbuf,
         dbuf,
         skeys,
@@ -256,14 +303,9 @@ fn sge(keys: &[(u64, u32)], s: &Seg) -> Sge {
 
 /// Run `ops`; returns everything observable (one line per fact), the
 /// SENDs posted and how many of them ran on the batched path.
-fn run(
-    layout: Layout,
-    batched: bool,
-    rnr_retry: u8,
-    sig_all: bool,
-    ops: &[Op],
-) -> (Vec<String>, u64, u64) {
-    let w = world(layout, batched, rnr_retry, sig_all);
+fn run(layout: Layout, batched: bool, k: Knobs, ops: &[Op]) -> (Vec<String>, u64, u64) {
+    let rnr_retry = k.rnr_retry;
+    let w = world(layout, batched, k);
     let mut log = Vec::new();
     let mut next_id = 0u64;
     let mut posted = 0u64;
@@ -299,17 +341,25 @@ fn run(
                 ));
             }
             Op::Send(list) => {
-                let sges: Vec<[Sge; 1]> =
-                    list.iter().map(|(_, s, _, _)| [sge(&w.skeys, s)]).collect();
+                let sges: Vec<[Sge; 1]> = list
+                    .iter()
+                    .map(|(_, s, _, _, _)| [sge(&w.skeys, s)])
+                    .collect();
                 let wrs: Vec<SendWr<'_, SoftAv>> = list
                     .iter()
                     .zip(&sges)
-                    .map(|((imm, _, signaled, solicited), sg)| {
+                    .map(|((what, _, signaled, solicited, target), sg)| {
                         next_id += 1;
-                        let op = if *imm {
-                            SendOp::SendImm(next_id as u32)
-                        } else {
-                            SendOp::Send
+                        let op = match what {
+                            What::Send => SendOp::Send,
+                            What::SendImm => SendOp::SendImm(next_id as u32),
+                            What::Write => {
+                                let t = sge(&w.dkeys, target);
+                                SendOp::Write {
+                                    remote_addr: t.addr,
+                                    rkey: t.lkey,
+                                }
+                            }
                         };
                         let mut wr = SendWr::new(next_id, op, sg);
                         if !signaled {
@@ -335,7 +385,7 @@ fn run(
                     q.modify(&QpModify::to(QpState::Reset)).unwrap();
                 }
                 connect_rnr(&w.qa, ALL, w.lid_b, w.qb.qpn(), 0x10, 0x20, rnr_retry);
-                connect_rnr(&w.qb, ALL, 1, w.qa.qpn(), 0x20, 0x10, rnr_retry);
+                connect_rnr(&w.qb, w.b_access, 1, w.qa.qpn(), 0x20, 0x10, rnr_retry);
             }
             Op::Arm(solicited) => w.cqs[w.rcq].arm(if *solicited {
                 CqArm::Solicited
@@ -385,14 +435,19 @@ fn check(layout: Layout) {
     );
     let posted = AtomicU64::new(0);
     let batched = AtomicU64::new(0);
-    let strategy = (
+    let knobs = (
         prop_oneof![1 => Just(0u8), 2 => Just(2u8), 6 => Just(7u8)],
         prop::bool::weighted(0.2),
-        ops(),
-    );
-    let outcome = runner.run(&strategy, |(rnr, sig_all, ops)| {
-        let (fast, sent, on_batch) = run(layout, true, rnr, sig_all, &ops);
-        let (general, _, none) = run(layout, false, rnr, sig_all, &ops);
+        prop_oneof![6 => Just(ALL), 1 => Just(Access::LOCAL_WRITE)],
+    )
+        .prop_map(|(rnr_retry, sig_all, b_access)| Knobs {
+            rnr_retry,
+            sig_all,
+            b_access,
+        });
+    let outcome = runner.run(&(knobs, ops()), |(k, ops)| {
+        let (fast, sent, on_batch) = run(layout, true, k, &ops);
+        let (general, _, none) = run(layout, false, k, &ops);
         prop_assert_eq!(none, 0, "batched sends ran while switched off");
         posted.fetch_add(sent, Ordering::Relaxed);
         batched.fetch_add(on_batch, Ordering::Relaxed);
@@ -432,7 +487,15 @@ fn batched_sends_match_the_general_path_within_one_buffer() {
 /// call, byte for byte, with one completion each, in order.
 #[test]
 fn a_list_of_sends_delivers_every_message_in_order() {
-    let w = world(Layout::TwoHcas, true, 7, false);
+    let w = world(
+        Layout::TwoHcas,
+        true,
+        Knobs {
+            rnr_retry: 7,
+            sig_all: false,
+            b_access: ALL,
+        },
+    );
     let (sk, dk) = (w.skeys[0], w.dkeys[0]);
     let rsg: Vec<[Sge; 1]> = (0..16u64)
         .map(|i| {

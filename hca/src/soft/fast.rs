@@ -41,21 +41,32 @@ use crate::soft::qp::{QpInner, RecvQueue, SendQueue, PSN_MASK};
 /// Requests one run takes at most (the caller starts the next run).
 const RUN_MAX: usize = 64;
 
-/// The plain shape the run accepts: a SEND (with or without immediate) of
-/// one non-empty SGE under `lkey`. On an RC QP that allows at least one
-/// SGE this is everything the general path's request validation checks
-/// (the `ud` field is ignored on connected QPs), so a plain request is
-/// valid.
-#[inline]
-fn plain_send(wr: &SendWr<'_, SoftAv>, lkey: u32) -> bool {
-    matches!(wr.op, SendOp::Send | SendOp::SendImm(_))
-        && wr.sg_list.len() == 1
-        && wr.sg_list[0].lkey == lkey
-        && wr.sg_list[0].length != 0
+/// What a run does with its bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// SENDs (with or without immediate) into posted receives whose one
+    /// SGE is under `recv_key`.
+    Send { recv_key: u32 },
+    /// RDMA WRITEs (without immediate) under `rkey`.
+    Write { rkey: u32 },
 }
 
-/// Run plain RC SENDs from the start of `wrs`. Returns how many ran; 0
-/// means the first needs the general path.
+/// The plain shape a run accepts: the run's kind of operation, one
+/// non-empty SGE under `lkey`. On an RC QP that allows at least one SGE
+/// this is everything the general path's request validation checks (the
+/// `ud` field is ignored on connected QPs), so a plain request is valid.
+#[inline]
+fn plain(wr: &SendWr<'_, SoftAv>, lkey: u32, kind: Kind) -> bool {
+    let op = match (kind, wr.op) {
+        (Kind::Send { .. }, SendOp::Send | SendOp::SendImm(_)) => true,
+        (Kind::Write { rkey }, SendOp::Write { rkey: r, .. }) => r == rkey,
+        _ => false,
+    };
+    op && wr.sg_list.len() == 1 && wr.sg_list[0].lkey == lkey && wr.sg_list[0].length != 0
+}
+
+/// Run plain RC SENDs or RDMA WRITEs from the start of `wrs`. Returns
+/// how many ran; 0 means the first needs the general path.
 pub(crate) fn rc_send_run(
     f: &FabricInner,
     qp: &QpInner,
@@ -71,13 +82,15 @@ pub(crate) fn rc_send_run(
         || sq.attr.state != QpState::Rts
         || !sq.pending.is_empty()
         || first.sg_list.len() != 1
+        || first.sg_list[0].length == 0
+        || !matches!(
+            first.op,
+            SendOp::Send | SendOp::SendImm(_) | SendOp::Write { .. }
+        )
     {
         return 0;
     }
     let lkey = first.sg_list[0].lkey;
-    if !plain_send(first, lkey) {
-        return 0;
-    }
     let Some(port) = qp.hca.port(sq.attr.port) else {
         return 0;
     };
@@ -129,6 +142,7 @@ fn run_cached(
         dport,
         qp: dest,
         mr: dst_slot,
+        rmr: rmr_slot,
         ..
     } = dest_cache;
     let dport = *dport;
@@ -153,18 +167,36 @@ fn run_cached(
     if !pkey_match(pkey, dpkey) {
         return 0;
     }
-    let Some(dst_key) = rq.wrs.front().and_then(|e| match e.sg.as_slice() {
-        [one] => Some(one.lkey),
-        _ => None,
-    }) else {
-        return 0;
+    // Where the bytes go: the first request decides the run's kind.
+    let (kind, dst_mr) = match wrs[0].op {
+        SendOp::Write { rkey, .. } => {
+            if !rq.access.contains(Access::REMOTE_WRITE) {
+                return 0;
+            }
+            let Some(mr) = RunCache::mr(rmr_slot, &dest.hca.mrs, rkey) else {
+                return 0;
+            };
+            if mr.pd != dest.pd || !mr.access.contains(Access::REMOTE_WRITE) {
+                return 0;
+            }
+            (Kind::Write { rkey }, mr)
+        }
+        _ => {
+            let Some(recv_key) = rq.wrs.front().and_then(|e| match e.sg.as_slice() {
+                [one] => Some(one.lkey),
+                _ => None,
+            }) else {
+                return 0;
+            };
+            let Some(mr) = RunCache::mr(dst_slot, &dest.hca.mrs, recv_key) else {
+                return 0;
+            };
+            if mr.pd != dest.pd || !mr.access.contains(Access::LOCAL_WRITE) {
+                return 0;
+            }
+            (Kind::Send { recv_key }, mr)
+        }
     };
-    let Some(dst_mr) = RunCache::mr(dst_slot, &dest.hca.mrs, dst_key) else {
-        return 0;
-    };
-    if dst_mr.pd != dest.pd || !dst_mr.access.contains(Access::LOCAL_WRITE) {
-        return 0;
-    }
     let mtu = sq.attr.path_mtu.bytes();
     debug_assert!(mtu.is_power_of_two());
     let run = Run {
@@ -172,7 +204,7 @@ fn run_cached(
         dest,
         src_mr,
         dst_mr,
-        dst_key,
+        kind,
         lkey,
         slid,
         mtu_shift: mtu.trailing_zeros(),
@@ -213,8 +245,9 @@ struct Run<'r> {
     qp: &'r QpInner,
     dest: &'r QpInner,
     src_mr: &'r MrInner,
+    /// The receive MR (SENDs) or the remote MR (WRITEs).
     dst_mr: &'r MrInner,
-    dst_key: u32,
+    kind: Kind,
     lkey: u32,
     slid: u16,
     mtu_shift: u32,
@@ -281,7 +314,7 @@ impl Run<'_> {
     ) -> usize {
         let mut k = 0;
         for wr in wrs {
-            if !plain_send(wr, self.lkey) {
+            if !plain(wr, self.lkey, self.kind) {
                 break;
             }
             let sge = wr.sg_list[0];
@@ -293,49 +326,69 @@ impl Run<'_> {
             let Some(so) = self.src_mr.locate(sge.addr, len) else {
                 break;
             };
-            let Some(entry) = rq.wrs.front() else {
-                break; // RNR: the general path retries or fails it
+            // The destination range, and the receive a SEND consumes.
+            let (dofs, recv_id) = match (self.kind, wr.op) {
+                (Kind::Send { recv_key }, _) => {
+                    let Some(entry) = rq.wrs.front() else {
+                        break; // RNR: the general path retries or fails it
+                    };
+                    let [rsge] = entry.sg.as_slice() else {
+                        break;
+                    };
+                    if rsge.lkey != recv_key || (rsge.length as usize) < len {
+                        break;
+                    }
+                    // The whole receive SGE must lie in its MR, too.
+                    let Some(dofs) = self.dst_mr.locate(rsge.addr, rsge.length as usize) else {
+                        break;
+                    };
+                    (dofs, Some(entry.wr_id))
+                }
+                (Kind::Write { .. }, SendOp::Write { remote_addr, .. }) => {
+                    let Some(dofs) = self.dst_mr.locate(remote_addr, len) else {
+                        break;
+                    };
+                    (dofs, None)
+                }
+                _ => break,
             };
-            let [rsge] = entry.sg.as_slice() else {
-                break;
-            };
-            if rsge.lkey != self.dst_key || (rsge.length as usize) < len {
-                break;
+            if recv_id.is_some() {
+                rq.wrs.pop_front();
             }
-            let Some(dofs) = self.dst_mr.locate(rsge.addr, rsge.length as usize) else {
-                break;
-            };
-            let wr_id = entry.wr_id;
-            rq.wrs.pop_front();
             copy(so, dofs, len);
             let npkts = (len.wrapping_sub(1) >> self.mtu_shift) as u32 + 1;
             rq.psn = (rq.psn + npkts) & PSN_MASK;
             sq.attr.sq_psn = (sq.attr.sq_psn + npkts) & PSN_MASK;
-            let imm = match wr.op {
-                SendOp::SendImm(i) => Some(i),
-                _ => None,
-            };
-            cqs.recv.push(
-                Wc {
-                    wr_id,
-                    status: WcStatus::Success,
-                    opcode: WcOpcode::Recv,
-                    byte_len: len as u32,
-                    imm,
-                    qp_num: self.dest.wire_qpn(),
-                    src_qp: self.qp.qpn,
-                    slid: self.slid,
-                    solicited: wr.solicited,
-                    ..Wc::default()
-                },
-                wr.solicited,
-            );
+            if let Some(wr_id) = recv_id {
+                let imm = match wr.op {
+                    SendOp::SendImm(i) => Some(i),
+                    _ => None,
+                };
+                cqs.recv.push(
+                    Wc {
+                        wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::Recv,
+                        byte_len: len as u32,
+                        imm,
+                        qp_num: self.dest.wire_qpn(),
+                        src_qp: self.qp.qpn,
+                        slid: self.slid,
+                        solicited: wr.solicited,
+                        ..Wc::default()
+                    },
+                    wr.solicited,
+                );
+            }
             if wr.signaled || self.qp.sq_sig_all {
                 cqs.send().push(
                     Wc {
                         wr_id: wr.wr_id,
                         status: WcStatus::Success,
-                        opcode: WcOpcode::Send,
+                        opcode: match self.kind {
+                            Kind::Send { .. } => WcOpcode::Send,
+                            Kind::Write { .. } => WcOpcode::RdmaWrite,
+                        },
                         byte_len: len as u32,
                         qp_num: self.qp.wire_qpn(),
                         ..Wc::default()
@@ -372,6 +425,8 @@ struct DestCache {
     qp: Arc<QpInner>,
     /// The receive MR last used at the destination.
     mr: Option<Arc<MrInner>>,
+    /// The MR last written by RDMA WRITE at the destination.
+    rmr: Option<Arc<MrInner>>,
 }
 
 impl RunCache {
@@ -406,6 +461,7 @@ impl RunCache {
                 dport,
                 qp,
                 mr: None,
+                rmr: None,
             });
         }
         slot.as_mut()
