@@ -114,7 +114,7 @@ enum PerfCommand {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// Signal and poll every k-th WRITE (and the last); 1 = every WRITE.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = ibal::perf::verbs::WRITE_SIGNAL_EVERY)]
         signal_every: u32,
         /// Print one JSON object instead of a table.
         #[arg(long)]
