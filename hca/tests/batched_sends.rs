@@ -700,3 +700,30 @@ fn a_new_destination_replaces_the_cached_one() {
     assert!(w.b.rcq.is_empty());
     assert_eq!(w.fabric.stats().batched_sends, 2);
 }
+
+/// PSNs out of step (exchanged wrongly): a plain SEND must not be
+/// delivered by the batched path; the general path ends it with
+/// `RetryExceeded`, as for any request.
+#[test]
+fn a_psn_mismatch_is_left_to_the_general_path() {
+    let (fabric, a, b) = two();
+    let qa = qp(&a, QpType::Rc, None);
+    let qb = qp(&b, QpType::Rc, None);
+    connect(&qa, ALL, b.lid, qb.qpn(), 0, 100);
+    connect(&qb, ALL, a.lid, qa.qpn(), 555, 0); // expects 555, a sends 100
+    let sbuf = RegisteredBuffer::from_vec(pattern(64, 5));
+    let dbuf = RegisteredBuffer::new(64);
+    let smr = a.pd.register(&sbuf, ALL).unwrap();
+    let dmr = b.pd.register(&dbuf, ALL).unwrap();
+    qb.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[dmr.sge(0, 64)],
+    }])
+    .unwrap();
+    qa.post_send(&[SendWr::new(9, SendOp::Send, &[smr.sge(0, 64)])])
+        .unwrap();
+    assert_eq!(poll1(&a.scq).status, WcStatus::RetryExceeded);
+    assert!(b.rcq.is_empty());
+    assert_eq!(dbuf.to_vec(), vec![0; 64]);
+    assert_eq!(fabric.stats().batched_sends, 0);
+}
