@@ -1,11 +1,12 @@
 //! The batched RC SEND path (`soft/fast.rs`) against the general path.
 //!
-//! A random scenario (receives and SEND lists with good, bad and
-//! out-of-bounds keys and lengths, RNR retries, partial CQ polls, CQ arming,
-//! CQ overflow) runs twice on fresh fabrics, once with batched sends on and
-//! once with them off; everything observable must be the same: each call's
-//! result, every completion in CQ order, hook firings, overflow events, the
-//! QP states and the bytes of both buffers.
+//! A random scenario (receives, and SEND and RDMA WRITE lists with good,
+//! bad and out-of-bounds keys and lengths, RNR retries, partial CQ polls,
+//! CQ arming, CQ overflow, reconnects) runs twice on fresh fabrics, once
+//! with batched sends on and once with them off; everything observable
+//! must be the same: each call's result, every completion in CQ order,
+//! hook firings, each CQ's overflow events, the QP states and the bytes of
+//! both buffers.
 
 mod common;
 
@@ -158,7 +159,10 @@ struct World {
     /// The receiving QP's access flags (without REMOTE_WRITE, WRITEs fail).
     b_access: Access,
     fired: Arc<AtomicUsize>,
-    events: Arc<Mutex<Vec<String>>>,
+    /// Overflow events, one list per CQ (index in `cqs`): each CQ's own
+    /// order is the contract; between two CQs a run may queue them in
+    /// another order than the general path.
+    events: Arc<Mutex<Vec<Vec<String>>>>,
 }
 
 /// Per-scenario settings.
@@ -179,13 +183,13 @@ fn world(layout: Layout, batched: bool, k: Knobs) -> World {
     let fabric = Fabric::new();
     fabric.set_batched_sends(batched);
     let fired = Arc::new(AtomicUsize::new(0));
-    let events = Arc::new(Mutex::new(Vec::new()));
+    let events = Arc::new(Mutex::new(vec![Vec::new(); 4]));
     let hca_a = fabric.add_hca(HcaConfig::new(0xa000, &[1])).unwrap();
     let (hca_b, lid_b) = match layout {
         Layout::TwoHcas => (fabric.add_hca(HcaConfig::new(0xb000, &[2])).unwrap(), 2),
         Layout::SharedCq | Layout::SameBuffer => (hca_a.clone(), 1),
     };
-    let cq = |h: &SoftHca, cap: u32, hooked: bool| {
+    let cq = |h: &SoftHca, cap: u32, hooked: bool, index: usize| {
         let f = fired.clone();
         let e = events.clone();
         h.create_cq(CqInit {
@@ -196,7 +200,7 @@ fn world(layout: Layout, batched: bool, k: Knobs) -> World {
                 }) as CompletionHook
             }),
             on_async_error: Some(Arc::new(move |ev| {
-                e.lock().unwrap().push(format!("{ev:?}"))
+                e.lock().unwrap()[index].push(format!("{ev:?}"))
             })),
         })
         .unwrap()
@@ -211,13 +215,13 @@ fn world(layout: Layout, batched: bool, k: Knobs) -> World {
     let (pd_a, pd_b, pd_other) = (&pds[0], &pds[b], &pds[b + 1]);
     // CQs by index: send A, recv A, send B, recv B.
     let (cqs, idx) = match layout {
-        Layout::SharedCq => (vec![cq(&hca_a, 24, true)], [0, 0, 0, 0]),
+        Layout::SharedCq => (vec![cq(&hca_a, 24, true, 0)], [0, 0, 0, 0]),
         _ => (
             vec![
-                cq(&hca_a, 64, false),
-                cq(&hca_a, 64, false),
-                cq(&hca_b, 64, false),
-                cq(&hca_b, 48, true),
+                cq(&hca_a, 64, false, 0),
+                cq(&hca_a, 64, false, 1),
+                cq(&hca_b, 64, false, 2),
+                cq(&hca_b, 48, true, 3),
             ],
             [0, 1, 2, 3],
         ),
@@ -419,19 +423,37 @@ fn run(layout: Layout, batched: bool, k: Knobs, ops: &[Op]) -> (Vec<String>, u64
     (log, posted, w.fabric.stats().batched_sends)
 }
 
-/// 128 random scenarios (fixed seed) on `layout`, each run with batched
+/// 128 random scenarios (fixed seed; see the variables below for longer
+/// runs) on `layout`, each run with batched
 /// sends on and off; everything observable must match, and the batched
 /// path must have carried a real share of the SENDs (else the comparison
 /// says little). The scenarios are rich in errors, RNR waits and ERR
 /// episodes (all of which take the general path), so about a fifth of
 /// the SENDs run batched; the bound is an eighth.
 fn check(layout: Layout) {
+    // IBAL_BATCHED_CASES=N runs N scenarios per layout instead (longer
+    // local runs); IBAL_BATCHED_SEED=S starts from another seed.
+    let cases = std::env::var("IBAL_BATCHED_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
+    let rng = match std::env::var("IBAL_BATCHED_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        Some(seed) => {
+            let mut bytes = [0u8; 32];
+            bytes[..8].copy_from_slice(&seed.to_le_bytes());
+            TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
+        }
+        None => TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    };
     let mut runner = TestRunner::new_with_rng(
         ProptestConfig {
-            cases: 128,
+            cases,
             ..ProptestConfig::default()
         },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+        rng,
     );
     let posted = AtomicU64::new(0);
     let batched = AtomicU64::new(0);

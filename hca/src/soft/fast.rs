@@ -24,7 +24,11 @@
 //! pushed while `rq` and `sq` are held, as on the general path, so a flush
 //! of the remaining receives or sends (done under those locks) cannot
 //! overtake them in the CQ, and each completion is pushed right after its
-//! copy, in the general path's order.
+//! copy, in the general path's order. A CQ's hooks (its completion
+//! notification, its overflow events) are queued when the run unlocks it:
+//! each CQ's own events keep their order, but when a run overflows two CQs
+//! their events are not interleaved as the general path would interleave
+//! them (nothing orders events of different CQs).
 
 use al::sync::atomic::Ordering;
 use al::sync::Arc;
