@@ -754,31 +754,19 @@ fn time_sends_batched(pair: &RcPair, msgs: u64, lkey_a: u32, lkey_b: u32) -> Ben
     Ok(t0.elapsed())
 }
 
+/// `msgs` `[u8; 64]` messages through the channel on this thread, `batch`
+/// sends then as many receives at a time (1: send, receive, send, ...).
 fn time_mpsc(
     tx: &mpsc::Sender<[u8; MSG_SIZE]>,
     rx: &mpsc::Receiver<[u8; MSG_SIZE]>,
     msgs: u64,
-) -> BenchResult<Duration> {
-    let payload = [0x5au8; MSG_SIZE];
-    let t0 = Instant::now();
-    for _ in 0..msgs {
-        tx.send(black_box(payload))
-            .map_err(|_| "mpsc send failed".to_string())?;
-        black_box(rx.recv().map_err(|_| "mpsc recv failed".to_string())?);
-    }
-    Ok(t0.elapsed())
-}
-
-fn time_mpsc_batched(
-    tx: &mpsc::Sender<[u8; MSG_SIZE]>,
-    rx: &mpsc::Receiver<[u8; MSG_SIZE]>,
-    msgs: u64,
+    batch: u64,
 ) -> BenchResult<Duration> {
     let payload = [0x5au8; MSG_SIZE];
     let t0 = Instant::now();
     let mut done = 0u64;
     while done < msgs {
-        let n = (msgs - done).min(SEND_BATCH as u64);
+        let n = (msgs - done).min(batch);
         for _ in 0..n {
             tx.send(black_box(payload))
                 .map_err(|_| "mpsc send failed".to_string())?;
@@ -813,7 +801,7 @@ pub fn run_send_rate(cfg: &SendRateConfig) -> BenchResult<SendRateReport> {
     }
 
     let (tx, rx) = mpsc::channel::<[u8; MSG_SIZE]>();
-    time_mpsc(&tx, &rx, 64)?;
+    time_mpsc(&tx, &rx, 64, 1)?;
     // The echo thread for the informational ping-pong.
     let (ping_tx, ping_rx) = mpsc::channel::<[u8; MSG_SIZE]>();
     let (pong_tx, pong_rx) = mpsc::channel::<[u8; MSG_SIZE]>();
@@ -845,8 +833,8 @@ pub fn run_send_rate(cfg: &SendRateConfig) -> BenchResult<SendRateReport> {
     for _ in 0..cfg.rounds {
         let t = [
             time_sends_batched(&pair, cfg.msgs, lkey_a, lkey_b)?,
-            time_mpsc(&tx, &rx, cfg.msgs)?,
-            time_mpsc_batched(&tx, &rx, cfg.msgs)?,
+            time_mpsc(&tx, &rx, cfg.msgs, 1)?,
+            time_mpsc(&tx, &rx, cfg.msgs, SEND_BATCH as u64)?,
             time_sends(&pair, cfg.msgs, lkey_a, lkey_b)?,
             pingpong(cfg.pingpong_round_trips())?,
         ];

@@ -423,11 +423,7 @@ fn send_connected(
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
         return lost;
     }
-    let dpkey = node.core.ports[dport as usize - 1]
-        .pkeys
-        .get(rq.pkey_index as usize)
-        .copied()
-        .unwrap_or(0);
+    let dpkey = node.pkey(dport, rq.pkey_index);
     if !pkey_match(pkey, dpkey) {
         f.stats.dropped_pkey.fetch_add(1, Ordering::Relaxed);
         return lost;
@@ -482,11 +478,7 @@ pub(crate) fn deliver(f: &FabricInner, p: &Packet, d: &mut Deferred) {
             f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let dpkey = p.dest.core.ports[p.dport as usize - 1]
-            .pkeys
-            .get(rq.pkey_index as usize)
-            .copied()
-            .unwrap_or(0);
+        let dpkey = p.dest.pkey(p.dport, rq.pkey_index);
         if !pkey_match(p.src.pkey, dpkey) {
             f.stats.dropped_pkey.fetch_add(1, Ordering::Relaxed);
             return;

@@ -241,6 +241,16 @@ pub(crate) struct HcaNode {
 }
 
 impl HcaNode {
+    /// The P_Key at `index` in port `port`'s table; 0 (which matches no
+    /// key) when the port or the index does not exist.
+    #[inline]
+    pub(crate) fn pkey(&self, port: u8, index: u16) -> u16 {
+        self.core
+            .port(port)
+            .and_then(|p| p.pkeys.get(index as usize).copied())
+            .unwrap_or(0)
+    }
+
     #[inline]
     pub(crate) fn lookup(&self, qpn: u32, port: u8) -> Option<Arc<QpInner>> {
         let key = if qpn == 1 { GSI_KEY | port as u32 } else { qpn };

@@ -163,11 +163,7 @@ fn run_cached(
     if !rq.state.can_receive() || rq.port != dport {
         return 0;
     }
-    let dpkey = node.core.ports[dport as usize - 1]
-        .pkeys
-        .get(rq.pkey_index as usize)
-        .copied()
-        .unwrap_or(0);
+    let dpkey = node.pkey(dport, rq.pkey_index);
     if !pkey_match(pkey, dpkey) {
         return 0;
     }
