@@ -143,10 +143,22 @@ enum PerfCommand {
         /// Batches of --in-flight connections in the throughput phase.
         #[arg(long, default_value_t = 8)]
         batches: usize,
+        /// CM drive modes to measure: both, polled (the target's mode; one
+        /// thread does all the work, so this is the one to profile) or threaded.
+        #[arg(long, value_enum, default_value_t = ConnModeArg::Both)]
+        mode: ConnModeArg,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `perf conn-rate --mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ConnModeArg {
+    Both,
+    Polled,
+    Threaded,
 }
 
 /// A byte count: digits with an optional K/KiB or M/MiB suffix.
@@ -289,12 +301,19 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             connections,
             in_flight,
             batches,
+            mode,
             json,
         } => {
+            use ibal::perf::conn::ConnModes;
             let report = ibal::perf::conn::run(&ibal::perf::conn::ConnRateConfig {
                 connections,
                 in_flight,
                 batches,
+                modes: match mode {
+                    ConnModeArg::Both => ConnModes::Both,
+                    ConnModeArg::Polled => ConnModes::Polled,
+                    ConnModeArg::Threaded => ConnModes::Threaded,
+                },
             })?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
@@ -350,7 +369,7 @@ fn overview() -> Result<(), String> {
     println!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     println!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
     println!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
-    println!("  ibal perf conn-rate [--json]                  CM connect latency and rate vs a 256-byte MAD round trip");
+    println!("  ibal perf conn-rate [--mode M] [--json]       CM connect latency and rate vs a 256-byte MAD round trip");
     println!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P]");
     println!("                                                random API races with CM fault injection; fails on any leak");
     println!("  ibal --help                                   everything else");

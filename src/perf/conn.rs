@@ -100,6 +100,28 @@ const WAIT: Duration = Duration::from_secs(30);
 
 // --------------------------------------------------------------- settings --
 
+/// Which CM drive modes a `perf conn-rate` run measures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConnModes {
+    /// Polled, then threaded (the report's full comparison).
+    #[default]
+    Both,
+    /// Only the polled CM (the mode the target is judged on; also what to
+    /// profile, since one thread does all the work).
+    Polled,
+    /// Only the threaded CM.
+    Threaded,
+}
+
+impl ConnModes {
+    fn polled(self) -> bool {
+        self != ConnModes::Threaded
+    }
+    fn threaded(self) -> bool {
+        self != ConnModes::Polled
+    }
+}
+
 /// Settings of one `perf conn-rate` run.
 #[derive(Clone, Debug)]
 pub struct ConnRateConfig {
@@ -109,6 +131,8 @@ pub struct ConnRateConfig {
     pub in_flight: usize,
     /// Batches of `in_flight` connections.
     pub batches: usize,
+    /// The drive modes to measure.
+    pub modes: ConnModes,
 }
 
 impl Default for ConnRateConfig {
@@ -117,6 +141,7 @@ impl Default for ConnRateConfig {
             connections: 500,
             in_flight: 64,
             batches: 8,
+            modes: ConnModes::Both,
         }
     }
 }
@@ -275,10 +300,12 @@ fn row(name: &str, d: &Dist) -> String {
 pub struct ConnRateReport {
     /// The settings.
     pub config: ConnRateConfig,
-    /// The default CM: agent threads and an executor thread.
-    pub threaded: ModeFigures,
-    /// The busy-polling CM: one thread drives agents and callbacks.
-    pub polled: ModeFigures,
+    /// The default CM: agent threads and an executor thread (unless
+    /// `--mode polled`).
+    pub threaded: Option<ModeFigures>,
+    /// The busy-polling CM: one thread drives agents and callbacks (unless
+    /// `--mode threaded`).
+    pub polled: Option<ModeFigures>,
     /// The floor: 256-byte UD SEND round trip, same thread (both phases'
     /// samples together).
     pub mad_rtt: Dist,
@@ -289,14 +316,21 @@ pub struct ConnRateReport {
 impl ConnRateReport {
     /// Median polled connect over the MAD round trip floor: like against
     /// like, both on one thread with no hand-off. The target applies here.
+    /// NaN when the polled mode was not measured.
     pub fn ratio(&self) -> f64 {
-        self.polled.connect.median_us / self.mad_rtt.median_us
+        self.polled
+            .as_ref()
+            .map_or(f64::NAN, |m| m.connect.median_us / self.mad_rtt.median_us)
     }
-    /// Median threaded connect over the MAD round trip floor.
+    /// Median threaded connect over the MAD round trip floor (NaN when not
+    /// measured).
     pub fn ratio_threaded(&self) -> f64 {
-        self.threaded.connect.median_us / self.mad_rtt.median_us
+        self.threaded
+            .as_ref()
+            .map_or(f64::NAN, |m| m.connect.median_us / self.mad_rtt.median_us)
     }
-    /// Whether [`Self::ratio`] is below [`TARGET_RATIO`].
+    /// Whether [`Self::ratio`] is below [`TARGET_RATIO`] (false when the
+    /// polled mode was not measured).
     pub fn target_met(&self) -> bool {
         self.ratio() < TARGET_RATIO
     }
@@ -322,27 +356,51 @@ impl ConnRateReport {
             "context: mpsc round trip via an echo thread",
             &self.thread_echo_rtt,
         ));
+        for m in [&self.polled, &self.threaded].into_iter().flatten() {
+            out.push('\n');
+            out.push_str(&m.to_text(c, &self.mad_rtt));
+        }
         out.push('\n');
-        out.push_str(&self.polled.to_text(c, &self.mad_rtt));
-        out.push('\n');
-        out.push_str(&self.threaded.to_text(c, &self.mad_rtt));
-        out.push_str(&format!(
-            "\nmedian polled connect / MAD round trip: {:.1}x (target < {TARGET_RATIO:.1}x): {}\n",
-            self.ratio(),
-            if self.target_met() { "met" } else { "NOT met" }
-        ));
-        out.push_str(&format!(
-            "median threaded connect / MAD round trip: {:.1}x (context: {:.1} thread wake-ups' worth of the echo round trip)\n",
-            self.ratio_threaded(),
-            2.0 * (self.threaded.connect.median_us - self.polled.connect.median_us)
-                / self.thread_echo_rtt.median_us
-        ));
+        if self.polled.is_some() {
+            out.push_str(&format!(
+                "median polled connect / MAD round trip: {:.1}x (target < {TARGET_RATIO:.1}x): {}\n",
+                self.ratio(),
+                if self.target_met() { "met" } else { "NOT met" }
+            ));
+        } else {
+            out.push_str(
+                "the polled mode, which the target is judged on, was not measured (--mode)\n",
+            );
+        }
+        if let Some(t) = &self.threaded {
+            out.push_str(&format!(
+                "median threaded connect / MAD round trip: {:.1}x",
+                self.ratio_threaded()
+            ));
+            if let Some(p) = &self.polled {
+                out.push_str(&format!(
+                    " (context: {:.1} thread wake-ups' worth of the echo round trip)",
+                    2.0 * (t.connect.median_us - p.connect.median_us)
+                        / self.thread_echo_rtt.median_us
+                ));
+            }
+            out.push('\n');
+        }
         out
     }
 
     /// One JSON object.
     pub fn to_json(&self) -> String {
         let c = &self.config;
+        // The headline keys are the polled mode's (null when not measured).
+        let polled_connect = self.polled.as_ref().map_or(
+            Dist {
+                n: 0,
+                median_us: f64::NAN,
+                p99_us: f64::NAN,
+            },
+            |m| m.connect,
+        );
         format!(
             "{{\"benchmark\":\"conn-rate\",\"connections\":{},\"in_flight\":{},\"batches\":{},\
              \"connect_median_us\":{},\"connect_p99_us\":{},\
@@ -350,12 +408,12 @@ impl ConnRateReport {
              \"ratio_connect_vs_mad_rtt\":{},\"target_ratio\":{},\"target_met\":{},\
              \"ratio_threaded_connect_vs_mad_rtt\":{},\
              \"thread_echo_rtt_median_us\":{},\"thread_echo_rtt_p99_us\":{},\
-             \"krcore_connect_us\":{},{},{}}}",
+             \"krcore_connect_us\":{}{}{}}}",
             c.connections,
             c.in_flight,
             c.batches,
-            json_f64(self.polled.connect.median_us, 3),
-            json_f64(self.polled.connect.p99_us, 3),
+            json_f64(polled_connect.median_us, 3),
+            json_f64(polled_connect.p99_us, 3),
             json_f64(self.mad_rtt.median_us, 3),
             json_f64(self.mad_rtt.p99_us, 3),
             self.mad_rtt.n,
@@ -366,8 +424,14 @@ impl ConnRateReport {
             json_f64(self.thread_echo_rtt.median_us, 3),
             json_f64(self.thread_echo_rtt.p99_us, 3),
             json_f64(KRCORE_CONNECT_US, 3),
-            self.polled.json_fields(&self.mad_rtt),
-            self.threaded.json_fields(&self.mad_rtt),
+            self.polled.as_ref().map_or(String::new(), |m| format!(
+                ",{}",
+                m.json_fields(&self.mad_rtt)
+            )),
+            self.threaded.as_ref().map_or(String::new(), |m| format!(
+                ",{}",
+                m.json_fields(&self.mad_rtt)
+            )),
         )
     }
 }
@@ -1065,8 +1129,16 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
         ping: ping_tx,
         pong: pong_rx,
     };
-    let polled = measure(cfg, CmDrive::Poll, &mut floor)?;
-    let threaded = measure(cfg, CmDrive::Thread, &mut floor)?;
+    let polled = if cfg.modes.polled() {
+        Some(measure(cfg, CmDrive::Poll, &mut floor)?)
+    } else {
+        None
+    };
+    let threaded = if cfg.modes.threaded() {
+        Some(measure(cfg, CmDrive::Thread, &mut floor)?)
+    } else {
+        None
+    };
     let Floor {
         mad,
         echo: echo_v,
@@ -1096,11 +1168,13 @@ mod tests {
             connections: 6,
             in_flight: 3,
             batches: 2,
+            modes: ConnModes::Both,
         };
         let r = run(&cfg).unwrap();
         assert_eq!(r.mad_rtt.n, 2 * 6 * MAD_RTTS_PER_CONNECTION);
         assert!(r.mad_rtt.median_us > 0.0);
-        for m in [&r.polled, &r.threaded] {
+        let (polled, threaded) = (r.polled.as_ref().unwrap(), r.threaded.as_ref().unwrap());
+        for m in [polled, threaded] {
             assert_eq!(m.connect.n, 6);
             assert_eq!(m.rej_rtt.n, 6);
             assert!(m.connect.median_us > 0.0 && m.connect.p99_us >= m.connect.median_us);
@@ -1108,8 +1182,8 @@ mod tests {
             // REQ, REP, RTU per connection at least, a REQ per probe.
             assert!(m.cm_mads_sent >= 3 * (6 + 6) + 6, "{}", m.cm_mads_sent);
         }
-        assert_eq!(r.polled.drive, CmDrive::Poll);
-        assert_eq!(r.threaded.drive, CmDrive::Thread);
+        assert_eq!(polled.drive, CmDrive::Poll);
+        assert_eq!(threaded.drive, CmDrive::Thread);
         let json = r.to_json();
         assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
         for key in [
@@ -1128,6 +1202,38 @@ mod tests {
         assert!(r
             .to_text()
             .contains("median polled connect / MAD round trip"));
+    }
+
+    #[test]
+    fn one_mode_alone_is_measured_and_reported() {
+        let cfg = ConnRateConfig {
+            connections: 3,
+            in_flight: 2,
+            batches: 1,
+            modes: ConnModes::Polled,
+        };
+        let r = run(&cfg).unwrap();
+        assert!(r.threaded.is_none());
+        assert_eq!(r.polled.as_ref().unwrap().connect.n, 3);
+        assert_eq!(r.mad_rtt.n, 3 * MAD_RTTS_PER_CONNECTION);
+        assert!(r.ratio() > 0.0 && r.ratio_threaded().is_nan());
+        let json = r.to_json();
+        assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
+        assert!(json.contains("\"polled_conns_per_sec\":"));
+        assert!(json.contains("\"ratio_threaded_connect_vs_mad_rtt\":null"));
+        assert!(!json.contains("\"threaded_conns_per_sec\""));
+        assert!(!r.to_text().contains("threaded CM"));
+
+        let r = run(&ConnRateConfig {
+            modes: ConnModes::Threaded,
+            ..cfg
+        })
+        .unwrap();
+        assert!(r.polled.is_none() && !r.target_met());
+        let json = r.to_json();
+        assert!(json.contains("\"connect_median_us\":null") && balanced(&json));
+        assert!(json.contains("\"threaded_conns_per_sec\":"));
+        assert!(r.to_text().contains("was not measured"));
     }
 
     #[test]
