@@ -1,4 +1,4 @@
-//! The batched RC SEND path (`soft/fast.rs`) against the general path.
+//! The batched RC SEND and WRITE path (`soft/fast.rs`) against the general path.
 //!
 //! A random scenario (receives, and SEND and RDMA WRITE lists with good,
 //! bad and out-of-bounds keys and lengths, RNR retries, partial CQ polls,

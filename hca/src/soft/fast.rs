@@ -1,11 +1,13 @@
-//! The batched RC SEND path.
+//! The batched RC SEND and RDMA WRITE path.
 //!
 //! A list of RC SENDs posted in one call usually goes to one destination
-//! QP, from one source MR, into receives that name one destination MR.
-//! [`rc_send_run`] runs such a list as one *run*: it does the per-call work
-//! once (route, destination lookup, the destination's receive lock, both MR
-//! lookups, both memory locks, both CQ locks) and then, per SEND, only the
-//! checks, the copy and the two completions.
+//! QP, from one source MR, into receives that name one destination MR; a
+//! list of RDMA WRITEs, from one source MR into one remote MR.
+//! [`rc_send_run`] runs such a list as one *run* (SENDs or WRITEs, as the
+//! first request decides): it does the per-call work once (route,
+//! destination lookup, the destination's receive lock, both MR lookups,
+//! both memory locks, both CQ locks) and then, per request, only the
+//! checks, the copy and the completions.
 //!
 //! The run stops, with nothing done for that request, at the first send
 //! that is not plain: another opcode, another key, more than one SGE, no

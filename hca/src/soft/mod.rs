@@ -14,9 +14,10 @@
 //! * An RC send that meets an empty receive queue gets an RNR NAK and is
 //!   retried on each `Fabric::progress` call, `rnr_retry` times (7 means
 //!   forever), then completes with `RnrRetryExceeded`.
-//! * A list of plain RC SENDs posted in one call runs as one batch
-//!   (`fast.rs`): per-call work once, per-send work only the checks and the
-//!   copy; anything else falls back to the general path request by request.
+//! * A list of plain RC SENDs or RDMA WRITEs posted in one call runs as one
+//!   batch (`fast.rs`): per-call work once, per-request work only the
+//!   checks, the copy and the completions; anything else falls back to the
+//!   general path request by request.
 //!
 //! The soft types also implement [`crate::provider::Device`] and
 //! [`crate::provider::Provider`] ([`SoftProvider`]).
