@@ -22,7 +22,7 @@
 
 mod raw;
 
-use al::sync::{Arc, RwLock};
+use al::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use al::{Error, Result};
 
 pub(crate) use raw::RawMemory;
@@ -72,6 +72,12 @@ impl Memory {
     fn addr(&self) -> usize {
         self as *const Memory as usize
     }
+
+    /// Whether `self` is locked before `other` when a copy holds both: the
+    /// one order every two-memory lock follows (address order).
+    fn locks_before(&self, other: &Memory) -> bool {
+        self.addr() < other.addr()
+    }
 }
 
 /// Copy `len` bytes from `src[so..]` to `dst[d_off..]`. Ranges must have
@@ -87,7 +93,7 @@ pub(crate) fn copy(src: &Memory, so: usize, dst: &Memory, d_off: usize, len: usi
             .is_some();
     }
     let run = |s: &[u8], d: &mut [u8]| d[d_off..d_off + len].copy_from_slice(&s[so..so + len]);
-    if src.addr() < dst.addr() {
+    if src.locks_before(dst) {
         src.with(|s| dst.with_mut(|d| run(s, d)))
             .flatten()
             .is_some()
@@ -95,6 +101,46 @@ pub(crate) fn copy(src: &Memory, so: usize, dst: &Memory, d_off: usize, len: usi
         dst.with_mut(|d| src.with(|s| run(s, d)))
             .flatten()
             .is_some()
+    }
+}
+
+/// Two owned memories locked for a series of copies from the first into
+/// the second (the batched send path holds them across a run), taken in
+/// the order [`copy`] takes them; one write lock when they are the same.
+pub(crate) enum LockedPair<'m> {
+    Same(RwLockWriteGuard<'m, Box<[u8]>>),
+    Two(
+        RwLockReadGuard<'m, Box<[u8]>>,
+        RwLockWriteGuard<'m, Box<[u8]>>,
+    ),
+}
+
+impl<'m> LockedPair<'m> {
+    /// Lock `src` and `dst`; `None` unless both are owned memory (raw
+    /// regions are copied one request at a time by [`copy`]).
+    pub(crate) fn lock(src: &'m Memory, dst: &'m Memory) -> Option<LockedPair<'m>> {
+        let (Memory::Owned(s), Memory::Owned(d)) = (src, dst) else {
+            return None;
+        };
+        Some(if std::ptr::eq(src, dst) {
+            LockedPair::Same(d.write())
+        } else if src.locks_before(dst) {
+            let s = s.read();
+            LockedPair::Two(s, d.write())
+        } else {
+            let d = d.write();
+            LockedPair::Two(s.read(), d)
+        })
+    }
+
+    /// Copy `len` bytes from `src[so..]` to `dst[d_off..]`. Ranges must have
+    /// been bounds-checked (a wrong range panics, it cannot corrupt memory).
+    #[inline]
+    pub(crate) fn copy(&mut self, so: usize, d_off: usize, len: usize) {
+        match self {
+            LockedPair::Same(m) => m.copy_within(so..so + len, d_off),
+            LockedPair::Two(s, d) => d[d_off..d_off + len].copy_from_slice(&s[so..so + len]),
+        }
     }
 }
 

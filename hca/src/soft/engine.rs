@@ -242,7 +242,8 @@ pub(crate) fn execute(
     }
 }
 
-fn imm_of(op: &SendOp) -> Option<u32> {
+/// The immediate data a send carries, if any.
+pub(crate) fn imm_of(op: &SendOp) -> Option<u32> {
     match *op {
         SendOp::SendImm(i) => Some(i),
         SendOp::WriteImm { imm, .. } => Some(imm),

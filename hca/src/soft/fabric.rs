@@ -145,7 +145,7 @@ pub struct FabricStats {
     pub dropped_psn: u64,
     /// RNR NAKs sent.
     pub rnr_naks: u64,
-    /// RC SENDs that ran on the batched path (see
+    /// RC SENDs and RDMA WRITEs that ran on the batched path (see
     /// [`Fabric::set_batched_sends`]).
     pub batched_sends: u64,
 }
@@ -311,7 +311,8 @@ pub(crate) struct FabricInner {
     hcas: RwLock<Vec<Arc<HcaNode>>>,
     faults: Mutex<Option<FaultState>>,
     pub(crate) faults_on: AtomicBool,
-    /// Plain RC SEND lists run as batches (`fast.rs`); on by default.
+    /// Plain RC SEND and WRITE lists run as batches (`fast.rs`); on by
+    /// default.
     pub(crate) batched_sends: AtomicBool,
     pub(crate) waiters: Mutex<Vec<Arc<QpInner>>>,
     pub(crate) stats: Stats,
@@ -619,10 +620,11 @@ impl Fabric {
         }
     }
 
-    /// Run lists of plain RC SENDs as batches (the default), or every
-    /// request through the general path (`false`). The results are the
-    /// same either way (a differential test checks it); the switch exists
-    /// to compare the two and to rule the batched path out when debugging.
+    /// Run lists of plain RC SENDs and RDMA WRITEs as batches (the
+    /// default), or every request through the general path (`false`). The
+    /// results are the same either way (a differential test checks it);
+    /// the switch exists to compare the two and to rule the batched path
+    /// out when debugging.
     pub fn set_batched_sends(&self, on: bool) {
         self.inner.batched_sends.store(on, Ordering::Relaxed);
     }

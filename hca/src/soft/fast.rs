@@ -3,7 +3,7 @@
 //! A list of RC SENDs posted in one call usually goes to one destination
 //! QP, from one source MR, into receives that name one destination MR; a
 //! list of RDMA WRITEs, from one source MR into one remote MR.
-//! [`rc_send_run`] runs such a list as one *run* (SENDs or WRITEs, as the
+//! [`rc_run`] runs such a list as one *run* (SENDs or WRITEs, as the
 //! first request decides): it does the per-call work once (route,
 //! destination lookup, the destination's receive lock, both MR lookups,
 //! both memory locks, both CQ locks) and then, per request, only the
@@ -35,14 +35,16 @@
 use al::sync::atomic::Ordering;
 use al::sync::Arc;
 
-use crate::buffer::Memory;
-use crate::provider::{Access, AvAttr, QpState, QpType, SendOp, SendWr, Wc, WcOpcode, WcStatus};
+use crate::buffer::LockedPair;
+use crate::provider::{
+    Access, AvAttr, QpState, QpType, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+};
 use crate::soft::cq::{CqPush, Deferred};
-use crate::soft::engine::{pkey_match, MAX_MSG};
+use crate::soft::engine::{imm_of, pkey_match, MAX_MSG};
 use crate::soft::fabric::{FabricInner, HcaNode};
 use crate::soft::hca::SoftAv;
 use crate::soft::mr::{MrInner, MrTable};
-use crate::soft::qp::{QpInner, RecvQueue, SendQueue, PSN_MASK};
+use crate::soft::qp::{send_opcode, QpInner, RecvQueue, SendQueue, PSN_MASK};
 
 /// Requests one run takes at most (the caller starts the next run).
 const RUN_MAX: usize = 64;
@@ -68,12 +70,21 @@ fn plain(wr: &SendWr<'_, SoftAv>, lkey: u32, kind: Kind) -> bool {
         (Kind::Write { rkey }, SendOp::Write { rkey: r, .. }) => r == rkey,
         _ => false,
     };
-    op && wr.sg_list.len() == 1 && wr.sg_list[0].lkey == lkey && wr.sg_list[0].length != 0
+    op && one_sge(wr).is_some_and(|sge| sge.lkey == lkey)
+}
+
+/// The request's gather list when it is one non-empty element.
+#[inline]
+fn one_sge(wr: &SendWr<'_, SoftAv>) -> Option<Sge> {
+    match wr.sg_list {
+        [sge] if sge.length != 0 => Some(*sge),
+        _ => None,
+    }
 }
 
 /// Run plain RC SENDs or RDMA WRITEs from the start of `wrs`. Returns
 /// how many ran; 0 means the first needs the general path.
-pub(crate) fn rc_send_run(
+pub(crate) fn rc_run(
     f: &FabricInner,
     qp: &QpInner,
     sq: &mut SendQueue,
@@ -87,8 +98,6 @@ pub(crate) fn rc_send_run(
         || qp.caps.max_send_sge == 0
         || sq.attr.state != QpState::Rts
         || !sq.pending.is_empty()
-        || first.sg_list.len() != 1
-        || first.sg_list[0].length == 0
         || !matches!(
             first.op,
             SendOp::Send | SendOp::SendImm(_) | SendOp::Write { .. }
@@ -96,7 +105,9 @@ pub(crate) fn rc_send_run(
     {
         return 0;
     }
-    let lkey = first.sg_list[0].lkey;
+    let Some(Sge { lkey, .. }) = one_sge(first) else {
+        return 0;
+    };
     let Some(port) = qp.hca.port(sq.attr.port) else {
         return 0;
     };
@@ -214,32 +225,10 @@ fn run_cached(
     let wrs = &wrs[..wrs.len().min(RUN_MAX)];
     // Unlocked on the way out: the CQs (in `with_cqs`), then the memories,
     // then `rq` (held while the receive completions were pushed).
-    match (&*src_mr.mem, &*dst_mr.mem) {
-        (Memory::Owned(s), Memory::Owned(t)) if std::ptr::eq(s, t) => {
-            let mut m = t.write();
-            run.with_cqs(d, |cqs| {
-                run.copy_loop(sq, &mut rq, wrs, cqs, |so, dofs, n| {
-                    m.copy_within(so..so + n, dofs)
-                })
-            })
-        }
-        (Memory::Owned(s), Memory::Owned(t)) => {
-            // Address order, as `buffer::copy` locks two memories.
-            let (src, mut dst) = if (s as *const _ as usize) < (t as *const _ as usize) {
-                let src = s.read();
-                (src, t.write())
-            } else {
-                let dst = t.write();
-                (s.read(), dst)
-            };
-            run.with_cqs(d, |cqs| {
-                run.copy_loop(sq, &mut rq, wrs, cqs, |so, dofs, n| {
-                    dst[dofs..dofs + n].copy_from_slice(&src[so..so + n])
-                })
-            })
-        }
-        _ => 0,
-    }
+    let Some(mut mem) = LockedPair::lock(&src_mr.mem, &dst_mr.mem) else {
+        return 0; // raw memory: the general path, request by request
+    };
+    run.with_cqs(d, |cqs| run.copy_loop(sq, &mut rq, wrs, cqs, &mut mem))
 }
 
 /// What a run needs besides the queues.
@@ -303,23 +292,22 @@ impl Run<'_> {
         ran
     }
 
-    /// Check, copy and complete requests until one is not plain; `copy`
-    /// moves `n` bytes from source offset to destination offset in the
-    /// memories the run has locked. Returns how many ran.
+    /// Check, copy (through the memories the run has locked) and complete
+    /// requests until one is not plain. Returns how many ran.
     fn copy_loop(
         &self,
         sq: &mut SendQueue,
         rq: &mut RecvQueue,
         wrs: &[SendWr<'_, SoftAv>],
         cqs: &mut RunCqs<'_>,
-        mut copy: impl FnMut(usize, usize, usize),
+        mem: &mut LockedPair<'_>,
     ) -> usize {
         let mut k = 0;
         for wr in wrs {
             if !plain(wr, self.lkey, self.kind) {
                 break;
             }
-            let sge = wr.sg_list[0];
+            let sge = wr.sg_list[0]; // one element: `plain` checked
             let len = sge.length as usize;
             if len > MAX_MSG || rq.psn != sq.attr.sq_psn {
                 break;
@@ -357,22 +345,18 @@ impl Run<'_> {
             if recv_id.is_some() {
                 rq.wrs.pop_front();
             }
-            copy(so, dofs, len);
+            mem.copy(so, dofs, len);
             let npkts = (len.wrapping_sub(1) >> self.mtu_shift) as u32 + 1;
             rq.psn = (rq.psn + npkts) & PSN_MASK;
             sq.attr.sq_psn = (sq.attr.sq_psn + npkts) & PSN_MASK;
             if let Some(wr_id) = recv_id {
-                let imm = match wr.op {
-                    SendOp::SendImm(i) => Some(i),
-                    _ => None,
-                };
                 cqs.recv.push(
                     Wc {
                         wr_id,
                         status: WcStatus::Success,
                         opcode: WcOpcode::Recv,
                         byte_len: len as u32,
-                        imm,
+                        imm: imm_of(&wr.op),
                         qp_num: self.dest.wire_qpn(),
                         src_qp: self.qp.qpn,
                         slid: self.slid,
@@ -387,10 +371,7 @@ impl Run<'_> {
                     Wc {
                         wr_id: wr.wr_id,
                         status: WcStatus::Success,
-                        opcode: match self.kind {
-                            Kind::Send { .. } => WcOpcode::Send,
-                            Kind::Write { .. } => WcOpcode::RdmaWrite,
-                        },
+                        opcode: send_opcode(&wr.op),
                         byte_len: len as u32,
                         qp_num: self.qp.wire_qpn(),
                         ..Wc::default()

@@ -624,9 +624,10 @@ impl SoftQp {
             let mut sq = self.inner.sq.lock();
             let mut i = 0;
             while i < wrs.len() {
-                // Plain RC SENDs run in batches; the rest, one by one below.
+                // Plain RC SENDs and WRITEs run in batches; the rest, one by
+                // one below.
                 if self.fabric.batched_sends.load(Ordering::Relaxed) {
-                    i += fast::rc_send_run(&self.fabric, &self.inner, &mut sq, &wrs[i..], &mut d);
+                    i += fast::rc_run(&self.fabric, &self.inner, &mut sq, &wrs[i..], &mut d);
                 }
                 let Some(wr) = wrs.get(i) else {
                     break;
