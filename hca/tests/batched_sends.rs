@@ -165,6 +165,22 @@ struct World {
     events: Arc<Mutex<Vec<Vec<String>>>>,
 }
 
+/// An RC QP with the default caps on `scq`/`rcq`.
+fn rc_qp(h: &SoftHca, pd: &SoftPd, scq: &SoftCq, rcq: &SoftCq, sig_all: bool) -> SoftQp {
+    h.create_qp(
+        pd,
+        &QpInit {
+            qp_type: QpType::Rc,
+            send_cq: scq,
+            recv_cq: rcq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: sig_all,
+        },
+    )
+    .unwrap()
+}
+
 /// Per-scenario settings.
 #[derive(Clone, Copy, Debug)]
 struct Knobs {
@@ -226,22 +242,8 @@ fn world(layout: Layout, batched: bool, k: Knobs) -> World {
             [0, 1, 2, 3],
         ),
     };
-    let mk_qp = |h: &SoftHca, pd: &SoftPd, s: usize, r: usize| {
-        h.create_qp(
-            pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                send_cq: &cqs[s],
-                recv_cq: &cqs[r],
-                srq: None,
-                caps: QpCaps::default(),
-                sq_sig_all: sig_all,
-            },
-        )
-        .unwrap()
-    };
-    let qa = mk_qp(&hca_a, pd_a, idx[0], idx[1]);
-    let qb = mk_qp(&hca_b, pd_b, idx[2], idx[3]);
+    let qa = rc_qp(&hca_a, pd_a, &cqs[idx[0]], &cqs[idx[1]], sig_all);
+    let qb = rc_qp(&hca_b, pd_b, &cqs[idx[2]], &cqs[idx[3]], sig_all);
     connect_rnr(&qa, ALL, lid_b, qb.qpn(), 0x10, 0x20, rnr_retry);
     connect_rnr(&qb, b_access, 1, qa.qpn(), 0x20, 0x10, rnr_retry);
 
@@ -769,20 +771,7 @@ fn runs_in_both_directions_with_table_churn_neither_deadlock_nor_fail() {
     };
     let (ha, pa, ca) = mk(0xa1, 11);
     let (hb, pb, cb) = mk(0xb1, 12);
-    let mkqp = |h: &SoftHca, pd: &SoftPd, cq: &SoftCq| {
-        h.create_qp(
-            pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                caps: QpCaps::default(),
-                sq_sig_all: false,
-            },
-        )
-        .unwrap()
-    };
+    let mkqp = |h: &SoftHca, pd: &SoftPd, cq: &SoftCq| rc_qp(h, pd, cq, cq, false);
     let (qa, qb) = (mkqp(&ha, &pa, &ca), mkqp(&hb, &pb, &cb));
     connect(&qa, ALL, 12, qb.qpn(), 0, 0);
     connect(&qb, ALL, 11, qa.qpn(), 0, 0);
