@@ -687,7 +687,10 @@ impl Bench {
     }
 
     /// Wait until `done` holds: on the condition variable (threaded), or
-    /// pumping the CM on this thread (polled).
+    /// pumping the CM on this thread (polled). Out of line so a profiler
+    /// can collect exactly the timed windows (`connect` plus `wait`; see
+    /// docs/benchmarks.md).
+    #[inline(never)]
     fn wait(&self, what: &str, done: impl Fn(&TrackState) -> bool) -> BenchResult<()> {
         if self.drive == CmDrive::Thread {
             return self.track.wait(what, done);
@@ -756,6 +759,7 @@ impl Bench {
     }
 
     /// Stamp the start and send the REQ.
+    #[inline(never)]
     fn connect(&self, slot: usize, qp: Handle<Qp>, service_id: u64) -> BenchResult<()> {
         let handler = active_handler(self.al.instance().clone(), self.track.clone(), slot);
         let req = ConnectRequest::new(service_id, devinfo::DEFAULT_LIDS[1]);
