@@ -107,7 +107,7 @@ struct Window {
 }
 
 impl Window {
-    #[inline]
+    #[inline(always)]
     fn of(f: Field) -> Option<Window> {
         if !f.is_well_formed() {
             return None;
@@ -120,7 +120,7 @@ impl Window {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn load(self, buf: &[u8; MAD_LEN]) -> u64 {
         let mut word = [0u8; 8];
         word.copy_from_slice(&buf[self.start..self.start + 8]);
@@ -143,6 +143,7 @@ impl<'a> Reader<'a> {
         Self { buf }
     }
 
+    #[inline(always)]
     pub fn uint(&self, f: Field) -> u64 {
         debug_assert!(f.is_well_formed(), "bad layout entry {f:?}");
         match Window::of(f) {
@@ -155,29 +156,35 @@ impl<'a> Reader<'a> {
     // field width and the tables only use them on fields no wider than the
     // target type (checked by `debug_assert`).
 
+    #[inline(always)]
     pub fn u8(&self, f: Field) -> u8 {
         debug_assert!(f.width <= 8);
         self.uint(f) as u8
     }
 
+    #[inline(always)]
     pub fn u16(&self, f: Field) -> u16 {
         debug_assert!(f.width <= 16);
         self.uint(f) as u16
     }
 
+    #[inline(always)]
     pub fn u32(&self, f: Field) -> u32 {
         debug_assert!(f.width <= 32);
         self.uint(f) as u32
     }
 
+    #[inline(always)]
     pub fn u64(&self, f: Field) -> u64 {
         self.uint(f)
     }
 
+    #[inline(always)]
     pub fn flag(&self, f: Field) -> bool {
         self.uint(f) != 0
     }
 
+    #[inline(always)]
     pub fn bytes<const N: usize>(&self, b: Blob) -> [u8; N] {
         debug_assert!(b.is_well_formed() && b.len == N, "bad layout entry {b:?}");
         let mut out = [0u8; N];
@@ -220,6 +227,7 @@ impl Writer {
 
     /// Stores `value` after checking it fits the field: a wider value would
     /// silently corrupt its neighbours, so it is an encode error instead.
+    #[inline(always)]
     pub fn uint(&mut self, f: Field, value: u64) -> Result<(), WireError> {
         if value > f.max() {
             return Err(WireError::FieldOutOfRange {
@@ -231,6 +239,7 @@ impl Writer {
         Ok(())
     }
 
+    #[inline(always)]
     pub fn flag(&mut self, f: Field, value: bool) {
         self.raw(f, u64::from(value));
     }
@@ -238,6 +247,7 @@ impl Writer {
     /// Copies `src` into the blob, zero-filling the rest of it. Callers pass
     /// sources no longer than the blob (the types guarantee it); anything longer
     /// is cut rather than spilled into the next field.
+    #[inline(always)]
     pub fn bytes(&mut self, b: Blob, src: &[u8]) {
         debug_assert!(b.is_well_formed() && src.len() <= b.len, "bad blob {b:?}");
         if self.check_only {
@@ -257,6 +267,7 @@ impl Writer {
     /// The field's bytes are loaded as one big-endian word, merged under the
     /// field's mask and stored back: a handful of instructions per field
     /// instead of a loop over bytes (a REQ has some fifty fields).
+    #[inline(always)]
     fn raw(&mut self, f: Field, value: u64) {
         debug_assert!(f.is_well_formed(), "bad layout entry {f:?}");
         if self.check_only {

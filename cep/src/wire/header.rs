@@ -87,6 +87,7 @@ impl MadHeader {
         Ok(Self::read(&Reader::new(&mad)))
     }
 
+    #[inline(always)]
     pub(crate) fn read(r: &Reader<'_>) -> Self {
         Self {
             base_version: r.u8(BASE_VERSION_F),
@@ -114,6 +115,7 @@ impl MadHeader {
         out
     }
 
+    #[inline(always)]
     pub(crate) fn write(&self, w: &mut Writer) {
         // Every field is written at its full width, so these cannot fail.
         let fields: [(Field, u64); 10] = [

@@ -241,6 +241,7 @@ impl PathLayout {
         [self.local_gid, self.remote_gid]
     }
 
+    #[inline(always)]
     fn read(&self, r: &Reader<'_>) -> PathInfo {
         PathInfo {
             local_lid: r.u16(self.local_lid),
@@ -257,6 +258,7 @@ impl PathLayout {
         }
     }
 
+    #[inline(always)]
     fn write(&self, p: &PathInfo, w: &mut Writer) -> Result<(), WireError> {
         w.uint(self.local_lid, p.local_lid.into())?;
         w.uint(self.remote_lid, p.remote_lid.into())?;
