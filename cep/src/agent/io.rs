@@ -65,6 +65,9 @@ pub(crate) struct Io<D: Device> {
     free_send: Vec<u32>,
     avs: IdMap<PeerAddr, D::Av>,
     pub(crate) counters: IoCounters,
+    /// Completion scratch for `receive` and `reclaim`, kept so a poll of
+    /// an empty CQ does not initialise a fresh batch every time.
+    wcs: [Wc; POLL_BATCH],
 }
 
 impl<D: Device> Io<D> {
@@ -146,6 +149,7 @@ impl<D: Device> Io<D> {
             free_send: (0..send_buffers).rev().collect(),
             avs: id_map(),
             counters: IoCounters::default(),
+            wcs: [Wc::default(); POLL_BATCH],
         };
         for slot in 0..recv_buffers {
             io.post_recv(dev, slot)?;
@@ -173,12 +177,12 @@ impl<D: Device> Io<D> {
     /// and reposts its buffer. Returns the MADs in arrival order; the
     /// number of completions seen is `out.len()` plus the errors counted.
     pub(crate) fn receive(&mut self, dev: &D, out: &mut Vec<Received>) -> usize {
-        let mut wcs = [Wc::default(); POLL_BATCH];
-        let n = match dev.poll_cq(&self.recv_cq, &mut wcs) {
+        let n = match dev.poll_cq(&self.recv_cq, &mut self.wcs) {
             Ok(n) => n,
             Err(_) => return 0,
         };
-        for wc in &wcs[..n] {
+        for i in 0..n {
+            let wc = self.wcs[i];
             let slot = wc.wr_id as u32;
             if wc.status != WcStatus::Success {
                 // A flush means the QP left RTS (shutdown): the buffer is
@@ -222,11 +226,10 @@ impl<D: Device> Io<D> {
     /// Frees the send buffers of completed sends; a send that completed in
     /// error is counted and, if it left QP1 in SQE, QP1 goes back to RTS.
     pub(crate) fn reclaim(&mut self, dev: &D) {
-        let mut wcs = [Wc::default(); POLL_BATCH];
         loop {
-            let n = dev.poll_cq(&self.send_cq, &mut wcs).unwrap_or(0);
+            let n = dev.poll_cq(&self.send_cq, &mut self.wcs).unwrap_or(0);
             let mut sqe = false;
-            for wc in &wcs[..n] {
+            for wc in &self.wcs[..n] {
                 self.free_send.push(wc.wr_id as u32);
                 if wc.status != WcStatus::Success {
                     self.counters.send_errors += 1;
@@ -236,7 +239,7 @@ impl<D: Device> Io<D> {
             if sqe {
                 self.recover(dev);
             }
-            if n < wcs.len() {
+            if n < POLL_BATCH {
                 break;
             }
         }

@@ -172,6 +172,13 @@ struct Core<D: Device> {
     thread_wakes_at: Option<Nanos>,
     /// Rounds run by `serve_inline` (`AgentStats::served_inline`).
     served_inline: u64,
+    /// MADs taken from QP1 in the current round; kept between rounds so a
+    /// round allocates nothing.
+    received: Vec<io::Received>,
+    /// Set by `spawn`: an agent thread sleeps on `Shared::signal`. Without
+    /// one (poll mode, busy polling with `serve`) nobody waits for a kick
+    /// or a receive-CQ notification, so neither is armed nor sent.
+    threaded: bool,
 }
 
 impl<D: Device> Core<D> {
@@ -345,12 +352,13 @@ impl<D: Device> Shared<D> {
             return Err(shut_down());
         };
         let mut out = PollOutcome::default();
-        let mut mads = Vec::new();
-        let mut armed = false;
+        let mads = &mut core.received;
+        // Poll mode needs no notification: whoever polls comes back anyway.
+        let mut armed = !core.threaded;
         loop {
             mads.clear();
-            let seen = io.receive(&self.dev, &mut mads);
-            for m in &mads {
+            let seen = io.receive(&self.dev, mads);
+            for m in mads.iter() {
                 match core.ep.handle_datagram(now, m.from, &m.mad[..m.len]) {
                     Err(_) => io.counters.malformed += 1,
                     Ok(Disposition::Ignored(_)) => io.counters.ignored += 1,
@@ -374,7 +382,7 @@ impl<D: Device> Shared<D> {
         }
         self.flush(core);
         out.next_timeout = core.ep.next_timeout();
-        let threaded = matches!(core.clock, Clock::Monotonic { .. });
+        let threaded = core.threaded;
         let kick = if agent_thread {
             core.thread_wakes_at = Some(out.next_timeout.unwrap_or(Nanos(u64::MAX)));
             false
@@ -406,7 +414,7 @@ impl<D: Device> Shared<D> {
         let now = core.clock.now();
         let r = f(&mut core.ep, now).map_err(proto_error);
         self.flush(core);
-        let kick = matches!(core.clock, Clock::Monotonic { .. }) && core.take_kick();
+        let kick = core.threaded && core.take_kick();
         drop(guard);
         if kick {
             self.signal.kick();
@@ -523,6 +531,8 @@ impl<D: Device + 'static> CmAgent<D> {
                 backlog: VecDeque::new(),
                 thread_wakes_at: None,
                 served_inline: 0,
+                received: Vec::new(),
+                threaded: false,
             }),
             events: Mutex::new(Events {
                 queue: VecDeque::new(),
@@ -621,6 +631,7 @@ impl<D: Device + 'static> CmAgent<D> {
             let base = core.clock.now();
             let origin = Instant::now();
             core.clock = Clock::Monotonic { origin, base };
+            core.threaded = true;
             (origin, base)
         };
         let shared = self.shared.clone();
