@@ -17,11 +17,11 @@
 //!   parent's core alive, so a parent's destroy callback always comes after
 //!   its children's.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Deref;
 
 use crate::error::{Error, Result};
+use crate::fast_hash::{id_map, IdMap};
 use crate::handle::{Handle, Kind, RawHandle};
 use crate::instance::AlInstance;
 use crate::sync::atomic::{AtomicU8, Ordering};
@@ -112,9 +112,10 @@ pub(crate) struct ChildSet {
 struct ChildList {
     /// Set when the owner starts being destroyed: no child may join after.
     sealed: bool,
-    /// Ordered, so a cascade visits children in the same order every run
-    /// (the loom models replay executions and need determinism).
-    members: BTreeMap<RawHandle, DestroyFn>,
+    /// Hashed by handle (handles are ours, not a peer's), so joining and
+    /// leaving cost no tree rebalancing on every object create and destroy;
+    /// a cascade sorts them (see `seal_and_take`).
+    members: IdMap<RawHandle, DestroyFn>,
 }
 
 impl ChildSet {
@@ -122,16 +123,22 @@ impl ChildSet {
         ChildSet {
             inner: Mutex::new(ChildList {
                 sealed: false,
-                members: BTreeMap::new(),
+                members: id_map(),
             }),
         }
     }
 
-    /// Seal the set and take its members, for the owner's cascade.
+    /// Seal the set and take its members, for the owner's cascade, in
+    /// handle order: a cascade visits children in the same order every run
+    /// (the loom models replay executions and need determinism).
     pub(crate) fn seal_and_take(&self) -> Vec<(RawHandle, DestroyFn)> {
-        let mut list = self.inner.lock();
-        list.sealed = true;
-        std::mem::take(&mut list.members).into_iter().collect()
+        let mut members: Vec<(RawHandle, DestroyFn)> = {
+            let mut list = self.inner.lock();
+            list.sealed = true;
+            std::mem::take(&mut list.members).into_iter().collect()
+        };
+        members.sort_unstable_by_key(|&(h, _)| h);
+        members
     }
 
     fn remove(&self, h: RawHandle) {
