@@ -55,8 +55,20 @@ pub type ListenHandler = std::sync::Arc<dyn Fn(Handle<Listen>, Handle<Cep>, &Eve
 pub struct PortCm {
     key: (usize, u8),
     drive: CmDrive,
+    /// The port's LID, GID 0 and P_Key 0, read once when the agent starts
+    /// (they are what the agent's endpoint was configured with), so a
+    /// connect does not query the port.
+    addr: PortAddr,
     agent: CmAgent<Dev>,
     routes: std::sync::Arc<Routes>,
+}
+
+/// What a REQ says about the local port.
+#[derive(Clone, Copy, Debug)]
+struct PortAddr {
+    lid: u16,
+    gid: [u8; 16],
+    pkey: u16,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -156,6 +168,12 @@ impl PortUse {
             return Ok(PortUse(pcm.clone()));
         }
         let drive = drive.unwrap_or_default();
+        let attr = ca.port(port)?;
+        let addr = PortAddr {
+            lid: attr.lid,
+            gid: attr.gid_table.first().copied().unwrap_or([0; 16]),
+            pkey: attr.pkey_table.first().copied().unwrap_or(0xffff),
+        };
         let agent = CmAgent::new(ca.device().clone(), port, AgentConfig::default())?;
         let routes = std::sync::Arc::new(Routes::default());
         let sink_routes = routes.clone();
@@ -173,6 +191,7 @@ impl PortUse {
         let pcm = std::sync::Arc::new(PortCm {
             key,
             drive,
+            addr,
             agent,
             routes,
         });
@@ -832,10 +851,8 @@ pub fn connect(
             )))
         }
     };
-    let ca = qp.pd().ca().clone();
-    let port_attr = ca.port(request.port)?;
-    let port_use = PortUse::acquire(&ca, request.port, None)?;
-    let local_gid = port_attr.gid_table.first().copied().unwrap_or([0; 16]);
+    let port_use = PortUse::acquire(qp.pd().ca(), request.port, None)?;
+    let local = port_use.0.addr;
     let req = Req {
         service_id: request.service_id,
         local_qpn: qp.qpn(),
@@ -851,11 +868,11 @@ pub fn connect(
         rnr_retry_count: request.rnr_retry_count & 7,
         max_cm_retries: request.max_cm_retries & 0xf,
         path_mtu: mtu_code(request.path_mtu),
-        pkey: port_attr.pkey_table.first().copied().unwrap_or(0xffff),
+        pkey: local.pkey,
         primary_path: PathInfo {
-            local_lid: port_attr.lid,
+            local_lid: local.lid,
             remote_lid: request.remote_lid,
-            local_gid,
+            local_gid: local.gid,
             remote_gid: request.remote_gid.unwrap_or([0; 16]),
             hop_limit: 0xff,
             subnet_local: request.remote_gid.is_none(),
