@@ -269,7 +269,10 @@ impl<D: Device> Io<D> {
 
     /// Sends as many of `backlog` as there are free send buffers, in order.
     /// A MAD that cannot be encoded or posted is dropped and counted (the
-    /// CM's own retries cover a lost MAD).
+    /// CM's own retries cover a lost MAD). Completed sends are reaped only
+    /// when the pool runs dry: the send CQ holds one more entry than there
+    /// are send buffers, so it cannot overflow, and a send that completed
+    /// in error is noticed (and QP1 recovered) at the next reap.
     pub(crate) fn send(&mut self, dev: &D, backlog: &mut VecDeque<Transmit>) {
         if self.free_send.is_empty() {
             self.reclaim(dev);
@@ -281,18 +284,15 @@ impl<D: Device> Io<D> {
             }) else {
                 break;
             };
-            let t = *t;
+            let sent = self.send_one(dev, slot, t);
             backlog.pop_front();
-            if self.send_one(dev, slot, &t).is_err() {
+            if sent.is_err() {
                 self.counters.send_errors += 1;
                 self.free_send.push(slot);
                 self.recover(dev);
             } else {
                 self.counters.sent += 1;
             }
-            // Synchronous providers complete sends at once: keep the pool
-            // full without waiting for the next round.
-            self.reclaim(dev);
         }
     }
 

@@ -706,10 +706,17 @@ impl<D: Device + 'static> CmAgent<D> {
     // Introspection
     // ------------------------------------------------------------------
 
-    /// Counters and table sizes.
+    /// Counters and table sizes. Reaps completed sends first (sending
+    /// reaps only when the pool runs dry), so `sends_outstanding` and
+    /// `send_errors` are current.
     pub fn stats(&self) -> AgentStats {
         let send_buffers = self.shared.config.send_buffers;
-        self.shared.with_core(|c| {
+        let mut guard = self.shared.core.lock();
+        let c = &mut *guard;
+        if let Some(io) = c.io.as_mut() {
+            io.reclaim(&self.shared.dev);
+        }
+        {
             let io =
                 c.io.as_ref()
                     .map(|io| (io.counters, io.sends_outstanding(send_buffers)));
@@ -727,7 +734,7 @@ impl<D: Device + 'static> CmAgent<D> {
                 allocated_ids: c.ep.allocated_ids(),
                 served_inline: c.served_inline,
             }
-        })
+        }
     }
 
     /// The state of a CEP (`None`: not allocated).
