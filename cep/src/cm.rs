@@ -24,10 +24,9 @@
 //! The agent delivers events with none of its locks held; the event sink
 //! takes only the routes lock, and never calls the agent while holding it.
 
-use std::collections::HashMap;
 use std::fmt;
 
-use al::fast_hash::IdMap;
+use al::fast_hash::{id_map, IdMap};
 use al::sync::{Arc, Mutex};
 use al::{create, post_callback, AlInstance, Error, Handle, Kind, Obj, Object, RawHandle, Result};
 use hca::provider::{Access, AvAttr, Mtu, QpModify, QpState};
@@ -98,7 +97,9 @@ struct RouteTable {
 }
 
 struct Registry {
-    ports: HashMap<(usize, u8), (std::sync::Arc<PortCm>, usize)>,
+    /// Keyed by (device instance, port): ours, so the id hash (every
+    /// connect and every passive CEP looks its port up here).
+    ports: IdMap<(usize, u8), (std::sync::Arc<PortCm>, usize)>,
     /// Ports whose agent is shutting down: a new agent for the port must
     /// wait, because the old one still holds the port's QP1.
     closing: std::collections::HashSet<(usize, u8)>,
@@ -114,7 +115,7 @@ fn registry() -> &'static RegistryCell {
     al::global! {
         static REGISTRY: RegistryCell = RegistryCell {
             registry: Mutex::new(Registry {
-                ports: HashMap::new(),
+                ports: id_map(),
                 closing: Default::default(),
             }),
             closed: al::sync::Condvar::new(),

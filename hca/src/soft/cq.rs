@@ -59,6 +59,11 @@ impl WcRing {
     fn pop_into(&mut self, out: &mut [Wc]) -> usize {
         let cap = self.buf.len();
         let n = out.len().min(self.len);
+        if n == 0 {
+            // An empty poll (the common case for a busy-polling consumer)
+            // copies nothing.
+            return 0;
+        }
         let first = n.min(cap - self.head);
         out[..first].copy_from_slice(&self.buf[self.head..self.head + first]);
         out[first..n].copy_from_slice(&self.buf[..n - first]);
