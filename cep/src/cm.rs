@@ -54,20 +54,8 @@ pub type ListenHandler = std::sync::Arc<dyn Fn(Handle<Listen>, Handle<Cep>, &Eve
 pub struct PortCm {
     key: (usize, u8),
     drive: CmDrive,
-    /// The port's LID, GID 0 and P_Key 0, read once when the agent starts
-    /// (they are what the agent's endpoint was configured with), so a
-    /// connect does not query the port.
-    addr: PortAddr,
     agent: CmAgent<Dev>,
     routes: std::sync::Arc<Routes>,
-}
-
-/// What a REQ says about the local port.
-#[derive(Clone, Copy, Debug)]
-struct PortAddr {
-    lid: u16,
-    gid: [u8; 16],
-    pkey: u16,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -169,12 +157,6 @@ impl PortUse {
             return Ok(PortUse(pcm.clone()));
         }
         let drive = drive.unwrap_or_default();
-        let attr = ca.port(port)?;
-        let addr = PortAddr {
-            lid: attr.lid,
-            gid: attr.gid_table.first().copied().unwrap_or([0; 16]),
-            pkey: attr.pkey_table.first().copied().unwrap_or(0xffff),
-        };
         let agent = CmAgent::new(ca.device().clone(), port, AgentConfig::default())?;
         let routes = std::sync::Arc::new(Routes::default());
         let sink_routes = routes.clone();
@@ -192,7 +174,6 @@ impl PortUse {
         let pcm = std::sync::Arc::new(PortCm {
             key,
             drive,
-            addr,
             agent,
             routes,
         });
@@ -853,7 +834,10 @@ pub fn connect(
         }
     };
     let port_use = PortUse::acquire(qp.pd().ca(), request.port, None)?;
-    let local = port_use.0.addr;
+    // The port's address and P_Key as its agent read them when it started
+    // (P_Key index 0, `AgentConfig::default()`): no port query per REQ.
+    let local = port_use.0.agent.local_addr();
+    let pkey = port_use.0.agent.pkey();
     let req = Req {
         service_id: request.service_id,
         local_qpn: qp.qpn(),
@@ -869,7 +853,7 @@ pub fn connect(
         rnr_retry_count: request.rnr_retry_count & 7,
         max_cm_retries: request.max_cm_retries & 0xf,
         path_mtu: mtu_code(request.path_mtu),
-        pkey: local.pkey,
+        pkey,
         primary_path: PathInfo {
             local_lid: local.lid,
             remote_lid: request.remote_lid,

@@ -212,6 +212,9 @@ struct Shared<D: Device> {
     dev: D,
     port: u8,
     local: PeerAddr,
+    /// The P_Key at `config.pkey_index`: the partition every MAD of this
+    /// agent is sent in.
+    pkey: u16,
     config: AgentConfig,
     core: Mutex<Core<D>>,
     events: Mutex<Events>,
@@ -475,12 +478,12 @@ impl<D: Device + 'static> CmAgent<D> {
         let attr = dev.query();
         let port_attr = dev.query_port(port)?;
         let gid = port_attr.gid_table.first().copied().unwrap_or([0; 16]);
-        if usize::from(config.pkey_index) >= port_attr.pkey_table.len() {
+        let Some(&pkey) = port_attr.pkey_table.get(usize::from(config.pkey_index)) else {
             return Err(Error::invalid_parameter(format!(
                 "P_Key index {} is outside port {port}'s table",
                 config.pkey_index
             )));
-        }
+        };
         let mut ep_config = EndpointConfig::new(attr.node_guid);
         // Ports of one device get different id seeds unless told otherwise.
         ep_config.id_seed = ep_config.id_seed.wrapping_add(u32::from(port) << 12);
@@ -523,6 +526,7 @@ impl<D: Device + 'static> CmAgent<D> {
                 lid: port_attr.lid,
                 gid,
             },
+            pkey,
             config,
             core: Mutex::new(Core {
                 ep: Endpoint::new(ep_config),
@@ -553,6 +557,11 @@ impl<D: Device + 'static> CmAgent<D> {
     /// This port's address: its LID and GID index 0. Peers connect to it.
     pub fn local_addr(&self) -> PeerAddr {
         self.shared.local
+    }
+
+    /// The P_Key at this agent's P_Key index (`AgentConfig::pkey_index`).
+    pub fn pkey(&self) -> u16 {
+        self.shared.pkey
     }
 
     /// The port number.
@@ -716,24 +725,22 @@ impl<D: Device + 'static> CmAgent<D> {
         if let Some(io) = c.io.as_mut() {
             io.reclaim(&self.shared.dev);
         }
-        {
-            let io =
-                c.io.as_ref()
-                    .map(|io| (io.counters, io.sends_outstanding(send_buffers)));
-            let (k, outstanding) = io.unwrap_or_default();
-            AgentStats {
-                mads_sent: k.sent,
-                mads_received: k.received,
-                dropped_malformed: k.malformed,
-                ignored: k.ignored,
-                send_errors: k.send_errors,
-                recv_errors: k.recv_errors,
-                send_backlog: c.backlog.len(),
-                sends_outstanding: outstanding,
-                live_connections: c.ep.live_connections(),
-                allocated_ids: c.ep.allocated_ids(),
-                served_inline: c.served_inline,
-            }
+        let io =
+            c.io.as_ref()
+                .map(|io| (io.counters, io.sends_outstanding(send_buffers)));
+        let (k, outstanding) = io.unwrap_or_default();
+        AgentStats {
+            mads_sent: k.sent,
+            mads_received: k.received,
+            dropped_malformed: k.malformed,
+            ignored: k.ignored,
+            send_errors: k.send_errors,
+            recv_errors: k.recv_errors,
+            send_backlog: c.backlog.len(),
+            sends_outstanding: outstanding,
+            live_connections: c.ep.live_connections(),
+            allocated_ids: c.ep.allocated_ids(),
+            served_inline: c.served_inline,
         }
     }
 
