@@ -44,6 +44,19 @@
 //! completion. This is what the fabric and the verbs layer cost for a MAD
 //! each way; it has no thread switch and no CM encode/decode.
 //!
+//! # The bare exchange
+//!
+//! What the wire and the verbs alone make a connection cost, measured on
+//! the floor's UD pair in the same rounds (one per serial connection): the
+//! real codec encodes a REQ, a REP and an RTU and decodes each on the other
+//! side, each MAD travels as one floor-style UD SEND, and a fresh RC QP pair
+//! is queried and moved RESET -> INIT -> RTR -> RTS with the attributes the
+//! messages negotiate, in the order `cm::connect`, `cm::accept`, `cm::rtu`
+//! and the passive RTU handling do it. No CEP, comm id, table, timer, CID
+//! binding, event or callback: everything the CM itself adds is left out,
+//! so the bare exchange over the floor is how close to the floor any CM on
+//! these verbs and this codec could come.
+//!
 //! Also measured in the same rounds, for context:
 //! * **REQ -> REJ**: a `connect` to a service nobody listens on; the peer's
 //!   agent answers with a REJ. Time from before `connect` to the active
@@ -66,8 +79,9 @@ use std::time::{Duration, Instant};
 use al::{Al, AlConfig, AlInstance, ExecutorMode, Handle};
 use cep::cm::{self, AcceptReply, Cep, CmDrive, CmHandler, CmPort, ConnectRequest, ListenHandler};
 use cep::proto::Event;
+use cep::wire::{self, CmMad, CmMessage, PathInfo, Rep, Req, Rtu, TransportType};
 use hca::provider::{
-    Access, AvAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
+    Access, AvAttr, Mtu, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
 };
 use hca::verbs::{self, Av, Ca, Cq, Pd};
 use hca::{RegisteredBuffer, SoftProvider};
@@ -311,6 +325,10 @@ pub struct ConnRateReport {
     pub mad_rtt: Dist,
     /// Context: mpsc round trip through an echo thread.
     pub thread_echo_rtt: Dist,
+    /// Context: the bare exchange (REQ, REP, RTU through the codec and the
+    /// floor's UD SENDs, with the QP transitions a connection needs; no CM
+    /// objects, tables, timers or callbacks), same thread.
+    pub bare_exchange: Dist,
 }
 
 impl ConnRateReport {
@@ -355,6 +373,14 @@ impl ConnRateReport {
         out.push_str(&row(
             "context: mpsc round trip via an echo thread",
             &self.thread_echo_rtt,
+        ));
+        out.push_str(&row(
+            "context: bare REQ/REP/RTU + QP transitions, no CM",
+            &self.bare_exchange,
+        ));
+        out.push_str(&format!(
+            "  (bare exchange / MAD round trip: {:.1}x, before any CM object, table, timer or callback)\n",
+            self.bare_exchange.median_us / self.mad_rtt.median_us
         ));
         for m in [&self.polled, &self.threaded].into_iter().flatten() {
             out.push('\n');
@@ -408,6 +434,8 @@ impl ConnRateReport {
              \"ratio_connect_vs_mad_rtt\":{},\"target_ratio\":{},\"target_met\":{},\
              \"ratio_threaded_connect_vs_mad_rtt\":{},\
              \"thread_echo_rtt_median_us\":{},\"thread_echo_rtt_p99_us\":{},\
+             \"bare_exchange_median_us\":{},\"bare_exchange_p99_us\":{},\
+             \"ratio_bare_exchange_vs_mad_rtt\":{},\
              \"krcore_connect_us\":{}{}{}}}",
             c.connections,
             c.in_flight,
@@ -423,6 +451,9 @@ impl ConnRateReport {
             json_f64(self.ratio_threaded(), 3),
             json_f64(self.thread_echo_rtt.median_us, 3),
             json_f64(self.thread_echo_rtt.p99_us, 3),
+            json_f64(self.bare_exchange.median_us, 3),
+            json_f64(self.bare_exchange.p99_us, 3),
+            json_f64(self.bare_exchange.median_us / self.mad_rtt.median_us, 3),
             json_f64(KRCORE_CONNECT_US, 3),
             self.polled.as_ref().map_or(String::new(), |m| format!(
                 ",{}",
@@ -950,6 +981,162 @@ impl UdPair {
         self.one_way(al, 1, wc)?;
         Ok(t0.elapsed())
     }
+
+    /// Encode `mad` into `from`'s send area and SEND it to the other side.
+    fn send_mad(&self, al: &Al, from: usize, mad: &CmMad, wc: &mut [Wc; 1]) -> BenchResult<()> {
+        let bytes =
+            wire::encode(mad).map_err(|e| format!("encoding a {}: {e}", mad.message_kind()))?;
+        self.bufs[from]
+            .write(0, &bytes)
+            .map_err(al_err("writing a send buffer"))?;
+        self.one_way(al, from, wc)
+    }
+
+    /// Decode the MAD that side `to` just received.
+    fn received_mad(&self, to: usize) -> BenchResult<CmMessage> {
+        let mut mad = [0u8; MAD_SIZE];
+        self.bufs[to]
+            .read(MAD_SIZE + GRH_SIZE, &mut mad)
+            .map_err(al_err("reading a receive buffer"))?;
+        Ok(wire::decode(&mad)
+            .map_err(|e| format!("decoding a received MAD: {e}"))?
+            .message)
+    }
+
+    /// The bare exchange: the work any CM connection of two RC QPs must do
+    /// on this fabric, and nothing else. The real codec encodes and decodes
+    /// a REQ, a REP and an RTU, each sent as a 256-byte UD SEND exactly as
+    /// the floor sends it; the two QPs are queried and modified as
+    /// `cm::connect`, `cm::accept`, `cm::rtu` and the passive RTU handling
+    /// do (RESET -> INIT on both, INIT -> RTR -> RTS with the negotiated
+    /// attributes). Left out is everything the CM adds on top: CEP objects
+    /// and their handles, comm ids and the agent's tables, timers, CID
+    /// binding, event queues and executor callbacks. What this costs over
+    /// the floor bounds from below what any CM built on these verbs can
+    /// reach. The QPs must be fresh (RESET).
+    #[inline(never)]
+    fn bare_connect(
+        &self,
+        al: &Al,
+        qps: [Handle<Qp>; 2],
+        wc: &mut [Wc; 1],
+    ) -> BenchResult<Duration> {
+        let lids = [devinfo::DEFAULT_LIDS[0], devinfo::DEFAULT_LIDS[1]];
+        let modify = |qp: &Qp, m: &QpModify| qp.modify(m).map_err(al_err("modify_qp"));
+        let to_init = |qp: &Qp| -> BenchResult<()> {
+            if qp.query().map_err(al_err("query_qp"))?.state != QpState::Init {
+                modify(
+                    qp,
+                    &QpModify::to(QpState::Init)
+                        .pkey_index(0)
+                        .port(1)
+                        .access(ConnectRequest::new(0, 0).access),
+                )?;
+            }
+            Ok(())
+        };
+        let t0 = Instant::now();
+        // Active: INIT, REQ.
+        let active = al.resolve_live(qps[0]).map_err(al_err("resolving a QP"))?;
+        to_init(&active)?;
+        let req = Req {
+            local_comm_id: 1,
+            service_id: SERVICE_ID,
+            local_qpn: active.qpn(),
+            starting_psn: active.qpn() & 0xff_ffff,
+            responder_resources: 4,
+            initiator_depth: 4,
+            remote_cm_response_timeout: 16,
+            local_cm_response_timeout: 16,
+            transport_service_type: TransportType::Rc,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            max_cm_retries: 4,
+            path_mtu: 5,
+            pkey: 0xffff,
+            primary_path: PathInfo {
+                local_lid: lids[0],
+                remote_lid: lids[1],
+                hop_limit: 0xff,
+                subnet_local: true,
+                local_ack_timeout: 14,
+                ..PathInfo::default()
+            },
+            ..Req::default()
+        };
+        self.send_mad(al, 0, &CmMad::new(1, req), wc)?;
+        // Passive: the REQ; INIT, RTR; REP.
+        let CmMessage::Req(req) = self.received_mad(1)? else {
+            return Err("the bare exchange received something other than its REQ".into());
+        };
+        let passive = al.resolve_live(qps[1]).map_err(al_err("resolving a QP"))?;
+        to_init(&passive)?;
+        modify(
+            &passive,
+            &QpModify::to(QpState::Rtr)
+                .av(AvAttr::lid(1, req.primary_path.local_lid))
+                .path_mtu(Mtu::Mtu4096)
+                .dest_qpn(req.local_qpn)
+                .rq_psn(req.starting_psn)
+                .max_dest_rd_atomic(req.initiator_depth)
+                .min_rnr_timer(12),
+        )?;
+        let rep = Rep {
+            local_comm_id: 2,
+            remote_comm_id: req.local_comm_id,
+            local_qpn: passive.qpn(),
+            starting_psn: passive.qpn() & 0xff_ffff,
+            responder_resources: req.initiator_depth,
+            initiator_depth: req.responder_resources,
+            target_ack_delay: 10,
+            rnr_retry_count: 7,
+            ..Rep::default()
+        };
+        self.send_mad(al, 1, &CmMad::new(1, rep), wc)?;
+        // Active: the REP; RTR, RTS; RTU.
+        let CmMessage::Rep(rep) = self.received_mad(0)? else {
+            return Err("the bare exchange received something other than its REP".into());
+        };
+        modify(
+            &active,
+            &QpModify::to(QpState::Rtr)
+                .av(AvAttr::lid(1, req.primary_path.remote_lid))
+                .path_mtu(Mtu::Mtu4096)
+                .dest_qpn(rep.local_qpn)
+                .rq_psn(rep.starting_psn)
+                .max_dest_rd_atomic(rep.initiator_depth)
+                .min_rnr_timer(12),
+        )?;
+        modify(
+            &active,
+            &QpModify::to(QpState::Rts)
+                .sq_psn(req.starting_psn)
+                .timeout(req.primary_path.local_ack_timeout)
+                .retry_cnt(req.retry_count)
+                .rnr_retry(rep.rnr_retry_count)
+                .max_rd_atomic(rep.responder_resources),
+        )?;
+        let rtu = Rtu {
+            local_comm_id: rep.remote_comm_id,
+            remote_comm_id: rep.local_comm_id,
+            ..Rtu::default()
+        };
+        self.send_mad(al, 0, &CmMad::new(1, rtu), wc)?;
+        // Passive: the RTU; RTS.
+        let CmMessage::Rtu(_) = self.received_mad(1)? else {
+            return Err("the bare exchange received something other than its RTU".into());
+        };
+        modify(
+            &passive,
+            &QpModify::to(QpState::Rts)
+                .sq_psn(rep.starting_psn)
+                .timeout(req.primary_path.local_ack_timeout)
+                .retry_cnt(req.retry_count)
+                .rnr_retry(req.rnr_retry_count)
+                .max_rd_atomic(rep.initiator_depth),
+        )?;
+        Ok(t0.elapsed())
+    }
 }
 
 // -------------------------------------------------------------------- run --
@@ -958,6 +1145,8 @@ impl UdPair {
 struct Floor {
     mad: Vec<f64>,
     echo: Vec<f64>,
+    /// The bare exchange ([`UdPair::bare_connect`]).
+    bare: Vec<f64>,
     ping: mpsc::Sender<[u8; MAD_SIZE]>,
     pong: mpsc::Receiver<[u8; MAD_SIZE]>,
 }
@@ -1042,6 +1231,13 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
         }
         for _ in 0..n {
             floor.echo.push(us(floor.echo_rtt()?));
+        }
+        for _ in 0..n {
+            let pair = [bench.rc_qp(0)?, bench.rc_qp(1)?];
+            qps.extend(pair);
+            floor
+                .bare
+                .push(us(ud.bare_connect(&bench.al, pair, &mut wc)?));
         }
         bench.teardown(&mut qps)?;
         done += n;
@@ -1130,6 +1326,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
     let mut floor = Floor {
         mad: Vec::new(),
         echo: Vec::new(),
+        bare: Vec::new(),
         ping: ping_tx,
         pong: pong_rx,
     };
@@ -1146,6 +1343,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
     let Floor {
         mad,
         echo: echo_v,
+        bare,
         ping,
         ..
     } = floor;
@@ -1158,6 +1356,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
         polled,
         mad_rtt: Dist::of(mad),
         thread_echo_rtt: Dist::of(echo_v),
+        bare_exchange: Dist::of(bare),
     })
 }
 
@@ -1177,6 +1376,10 @@ mod tests {
         let r = run(&cfg).unwrap();
         assert_eq!(r.mad_rtt.n, 2 * 6 * MAD_RTTS_PER_CONNECTION);
         assert!(r.mad_rtt.median_us > 0.0);
+        // One bare exchange per serial connection, in both modes; it sends
+        // three MADs, so it cannot beat one round trip.
+        assert_eq!(r.bare_exchange.n, 2 * 6);
+        assert!(r.bare_exchange.median_us > r.mad_rtt.median_us);
         let (polled, threaded) = (r.polled.as_ref().unwrap(), r.threaded.as_ref().unwrap());
         for m in [polled, threaded] {
             assert_eq!(m.connect.n, 6);
@@ -1200,6 +1403,8 @@ mod tests {
             "\"threaded_conns_per_sec\":",
             "\"threaded_connect_median_us\":",
             "\"polled_legs_median_us\":{\"req_to_listener\":",
+            "\"bare_exchange_median_us\":",
+            "\"ratio_bare_exchange_vs_mad_rtt\":",
         ] {
             assert!(json.contains(key), "{key} missing from {json}");
         }
