@@ -18,6 +18,8 @@
 #![warn(missing_docs)]
 
 pub mod buffer;
+pub mod erf;
+pub mod packet;
 pub mod provider;
 pub mod qp_state;
 pub mod soft;
