@@ -18,7 +18,9 @@ use crate::soft::fabric::{FabricInner, HcaNode, Packet, PktKind, PortCore};
 use crate::soft::mr::{
     copy_lists, gather, resolve_local, resolve_remote, scatter, Payload, SegList,
 };
-use crate::soft::qp::{send_opcode, PendingWr, QpInner, RecvQueue, SendQueue, WrView, PSN_MASK};
+use crate::soft::qp::{
+    send_opcode, PendingWr, QpInner, RecvQueue, SendQueue, UdInfo, WrView, PSN_MASK,
+};
 
 /// Largest message (IBTA: 2^31).
 pub(crate) const MAX_MSG: usize = 1 << 31;
@@ -307,6 +309,12 @@ fn send_datagram(
         return ok;
     }
     let imm = imm_of(&wr.op);
+    // Every datagram takes the next PSN of its QP, as on a real link.
+    let psn = sq.attr.sq_psn;
+    sq.attr.sq_psn = (psn + 1) & PSN_MASK;
+    if f.capture_on.load(Ordering::Acquire) {
+        capture_datagram(f, &src, &ud, psn, imm, local);
+    }
     let Some((node, dport)) = f.route(&ud.av) else {
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
         return ok;
@@ -527,6 +535,45 @@ fn grh_bytes(src: &SrcInfo, dgid: Gid, len: usize) -> [u8; GRH_SIZE] {
     h[8..24].copy_from_slice(&src.sgid);
     h[24..40].copy_from_slice(&g.dgid);
     h
+}
+
+/// Show a datagram to the fabric's capture tap, if one is still set.
+fn capture_datagram(
+    f: &FabricInner,
+    src: &SrcInfo,
+    ud: &UdInfo,
+    psn: u32,
+    imm: Option<u32>,
+    local: &SegList,
+) {
+    let Some(tap) = f.capture.read().clone() else {
+        return;
+    };
+    let Some(payload) = gather(local) else {
+        return; // the send fails its local checks and puts nothing on the link
+    };
+    let packet = crate::packet::UdPacket {
+        vl: 0,
+        sl: ud.av.sl & 0x0f,
+        dlid: ud.av.dlid,
+        slid: src.slid,
+        grh: ud.av.grh.map(|g| crate::packet::Grh {
+            traffic_class: g.traffic_class,
+            flow_label: g.flow_label & 0xf_ffff,
+            hop_limit: g.hop_limit,
+            sgid: src.sgid,
+            dgid: g.dgid,
+        }),
+        solicited: src.solicited,
+        pkey: src.pkey,
+        dest_qpn: ud.qpn & PSN_MASK,
+        psn,
+        qkey: src.qkey,
+        src_qpn: src.sqpn,
+        immediate: imm,
+        payload,
+    };
+    tap(&packet);
 }
 
 /// A SEND (or SEND with immediate) arriving at `dest`.

@@ -18,6 +18,9 @@ use crate::soft::hca::SoftHca;
 use crate::soft::mr::MrTable;
 use crate::soft::qp::QpInner;
 
+/// What [`Fabric::set_capture`] hands each datagram to.
+pub type CaptureTap = std::sync::Arc<dyn Fn(&crate::packet::UdPacket) + Send + Sync>;
+
 /// Key of a GSI QP in an HCA's QP table (above every 24-bit QPN).
 pub(crate) const GSI_KEY: u32 = 0xff00_0000;
 
@@ -316,6 +319,10 @@ pub(crate) struct FabricInner {
     pub(crate) batched_sends: AtomicBool,
     pub(crate) waiters: Mutex<Vec<Arc<QpInner>>>,
     pub(crate) stats: Stats,
+    /// Whether `capture` holds a tap (checked first, so a fabric nobody
+    /// captures pays one relaxed load per datagram).
+    pub(crate) capture_on: AtomicBool,
+    pub(crate) capture: RwLock<Option<CaptureTap>>,
 }
 
 impl FabricInner {
@@ -445,6 +452,8 @@ impl Fabric {
                 batched_sends: AtomicBool::new(true),
                 waiters: Mutex::new(Vec::new()),
                 stats: Stats::default(),
+                capture_on: AtomicBool::new(false),
+                capture: RwLock::new(None),
             }),
         }
     }
@@ -627,6 +636,23 @@ impl Fabric {
     /// out when debugging.
     pub fn set_batched_sends(&self, on: bool) {
         self.inner.batched_sends.store(on, Ordering::Relaxed);
+    }
+
+    /// Show every UD datagram a port of this fabric sends (QP1's MADs
+    /// included) to `tap`, as the packet an InfiniBand link would carry
+    /// ([`crate::packet::UdPacket`]); `None` stops. A datagram is shown
+    /// when its port sends it, before routing, fault injection or the
+    /// receiver's checks, as a capture on the sender's link would see it.
+    /// The soft fabric moves RC and UC data by memory copy, not packets, so
+    /// only datagrams are shown. The tap runs on the sending thread with
+    /// the sender's send queue locked: it must be quick and must not call
+    /// into the fabric.
+    pub fn set_capture(&self, tap: Option<CaptureTap>) {
+        let mut slot = self.inner.capture.write();
+        self.inner
+            .capture_on
+            .store(tap.is_some(), Ordering::Release);
+        *slot = tap;
     }
 
     /// One tick: deliver queued packets whose delay ran out (in queue
