@@ -14,6 +14,7 @@ pub use cep;
 pub use hca;
 pub use qp;
 
+pub mod capture;
 pub mod devinfo;
 pub mod fuzzing;
 pub mod perf;

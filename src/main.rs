@@ -32,6 +32,10 @@ enum Command {
         /// Print one JSON object instead of the step list.
         #[arg(long)]
         json: bool,
+        /// Write every datagram the fabric carries (the CM's MADs) to this
+        /// file as InfiniBand packets (ERF records; `tshark -r FILE` decodes them).
+        #[arg(long, value_name = "FILE")]
+        capture: Option<std::path::PathBuf>,
     },
     /// Print what this build contains and run a quick self-check.
     Overview,
@@ -186,13 +190,15 @@ fn main() -> ExitCode {
         iterations: 1000,
         size: 4096,
         json: false,
+        capture: None,
     }) {
         Command::Pingpong {
             loopback,
             iterations,
             size,
             json,
-        } => pingpong(loopback, iterations, size, json),
+            capture,
+        } => pingpong(loopback, iterations, size, json, capture),
         Command::Overview => overview(),
         Command::Devinfo { json } => devinfo(json),
         Command::Perf { bench } => perf(bench),
@@ -231,11 +237,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn pingpong(loopback: bool, iterations: u32, size: usize, json: bool) -> Result<(), String> {
+fn pingpong(
+    loopback: bool,
+    iterations: u32,
+    size: usize,
+    json: bool,
+    capture: Option<std::path::PathBuf>,
+) -> Result<(), String> {
     if !loopback {
         return Err("only --loopback (the embedded in-process fabric) is available".into());
     }
-    let report = ibal::pingpong::run(&ibal::pingpong::PingPongConfig { iterations, size })?;
+    let report = ibal::pingpong::run(&ibal::pingpong::PingPongConfig {
+        iterations,
+        size,
+        capture,
+    })?;
     if json {
         println!("{}", report.to_json());
     } else {
@@ -363,7 +379,7 @@ fn overview() -> Result<(), String> {
     );
     println!();
     println!("Commands:");
-    println!("  ibal [pingpong --loopback] [--iterations N] [--size S] [--json]");
+    println!("  ibal [pingpong --loopback] [--iterations N] [--size S] [--json] [--capture FILE]");
     println!("                                                the main job: connect through the CM, WRITE+SEND ping-pong, disconnect, leak check");
     println!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
     println!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");

@@ -6,6 +6,7 @@
 //! N iterations with the data checked byte for byte; disconnect (DREQ,
 //! DREP, timewait); destroy; and a check that nothing is left live.
 
+use std::path::PathBuf;
 use std::sync::{Arc as StdArc, Condvar as StdCondvar, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ use hca::verbs::{self, Cq, Mr, Pd};
 use hca::RegisteredBuffer;
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 
+use crate::capture::FabricCapture;
 use crate::devinfo;
 
 /// The service the passive side listens on.
@@ -29,6 +31,9 @@ pub struct PingPongConfig {
     pub iterations: u32,
     /// Bytes written each way per round trip.
     pub size: usize,
+    /// Capture every datagram (the CM's MADs) into this file
+    /// ([`crate::capture`]).
+    pub capture: Option<PathBuf>,
 }
 
 impl Default for PingPongConfig {
@@ -36,6 +41,7 @@ impl Default for PingPongConfig {
         PingPongConfig {
             iterations: 1000,
             size: 4096,
+            capture: None,
         }
     }
 }
@@ -58,6 +64,8 @@ pub struct PingPongReport {
     /// Payload bytes moved (both directions) per second.
     pub bandwidth_mb_s: f64,
     pub cm_mads_sent: u64,
+    /// Packets written to the `--capture` file.
+    pub captured_packets: Option<u64>,
     pub live_after_close: usize,
 }
 
@@ -110,7 +118,7 @@ impl PingPongReport {
             })
             .collect();
         format!(
-            "{{\"job\":\"pingpong\",\"iterations\":{},\"size\":{},\"steps\":[{}],\"rtt_median_us\":{:.3},\"rtt_p99_us\":{:.3},\"bandwidth_mb_s\":{:.3},\"cm_mads_sent\":{},\"live_after_close\":{}}}",
+            "{{\"job\":\"pingpong\",\"iterations\":{},\"size\":{},\"steps\":[{}],\"rtt_median_us\":{:.3},\"rtt_p99_us\":{:.3},\"bandwidth_mb_s\":{:.3},\"cm_mads_sent\":{},\"captured_packets\":{},\"live_after_close\":{}}}",
             self.config.iterations,
             self.config.size,
             steps.join(","),
@@ -118,6 +126,8 @@ impl PingPongReport {
             self.rtt_p99_us,
             self.bandwidth_mb_s,
             self.cm_mads_sent,
+            self.captured_packets
+                .map_or("null".to_string(), |n| n.to_string()),
             self.live_after_close
         )
     }
@@ -203,6 +213,10 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
 
     let t = Instant::now();
     let provider = devinfo::default_provider();
+    let capture = match &config.capture {
+        Some(path) => Some(FabricCapture::start(provider.fabric(), path)?),
+        None => None,
+    };
     let al = Al::open().map_err(err)?;
     step("open AL and fabric", t, format!("AL {}", al.handle()));
 
@@ -420,6 +434,19 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
     }
     let before_close = al.stats();
     step("destroy", t, format!("left before close: {before_close}"));
+    let captured_packets = match (capture, &config.capture) {
+        (Some(c), Some(path)) => {
+            let t = Instant::now();
+            let n = c.finish()?;
+            step(
+                "write capture",
+                t,
+                format!("{n} packets to {}", path.display()),
+            );
+            Some(n)
+        }
+        _ => None,
+    };
     let t = Instant::now();
     let stats = al.close().map_err(err)?;
     step("close AL", t, format!("{stats}"));
@@ -434,6 +461,7 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
         rtt_p99_us: p99,
         bandwidth_mb_s: bandwidth,
         cm_mads_sent,
+        captured_packets,
         live_after_close: live,
     })
 }
@@ -447,6 +475,7 @@ mod tests {
         let report = run(&PingPongConfig {
             iterations: 20,
             size: 1000,
+            capture: None,
         })
         .unwrap();
         assert_eq!(report.live_after_close, 0);
@@ -460,7 +489,8 @@ mod tests {
     fn bad_settings_are_refused() {
         assert!(run(&PingPongConfig {
             iterations: 0,
-            size: 10
+            size: 10,
+            capture: None,
         })
         .is_err());
     }
