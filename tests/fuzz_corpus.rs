@@ -81,6 +81,24 @@ fn sweep(seed: u64, runs: usize, min_len: usize, span: u64, harness: fn(&[u8])) 
 }
 
 #[test]
+fn ib_capture_corpus_replays_clean() {
+    let n = replay("ib_capture", ibal::fuzzing::ib_capture);
+    assert!(n > 0, "the ib_capture seed corpus is missing");
+}
+
+/// Random bytes, and captures with a few bytes changed.
+#[test]
+fn ib_capture_survives_random_inputs() {
+    sweep(
+        0x51f1_5eed_0ca9_7e11,
+        2000,
+        0,
+        700,
+        ibal::fuzzing::ib_capture,
+    );
+}
+
+#[test]
 fn al_api_corpus_replays_clean() {
     let n = replay("al_api", ibal::fuzzing::al_api);
     assert!(n > 0, "the al_api seed corpus is missing");
@@ -261,4 +279,42 @@ fn regenerate_seed_corpora() {
     for (name, bytes) in seeds {
         std::fs::write(api_dir.join(format!("seed-{name}")), bytes).unwrap();
     }
+
+    // ib_capture: a captured ping-pong (five CM MADs as packets) and one
+    // packet with a GRH and immediate data, alone.
+    let capture_dir = root.join("ib_capture");
+    std::fs::create_dir_all(&capture_dir).unwrap();
+    let erf_path = capture_dir.join("seed-pingpong.erf");
+    ibal::pingpong::run(&ibal::pingpong::PingPongConfig {
+        iterations: 1,
+        size: 8,
+        capture: Some(erf_path),
+    })
+    .unwrap();
+    let packet = ibal::hca::packet::UdPacket {
+        vl: 0,
+        sl: 2,
+        dlid: 7,
+        slid: 9,
+        grh: Some(ibal::hca::packet::Grh {
+            traffic_class: 3,
+            flow_label: 0x12345,
+            hop_limit: 64,
+            sgid: [0xfe; 16],
+            dgid: [0x80; 16],
+        }),
+        solicited: true,
+        pkey: 0x8001,
+        dest_qpn: 0x42,
+        psn: 77,
+        qkey: 0x1111_2222,
+        src_qpn: 0x43,
+        immediate: Some(5),
+        payload: b"a datagram of some length".to_vec(),
+    };
+    std::fs::write(
+        capture_dir.join("seed-grh-immediate.packet"),
+        packet.encode().unwrap(),
+    )
+    .unwrap();
 }
