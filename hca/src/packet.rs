@@ -381,6 +381,31 @@ impl UdPacket {
     }
 }
 
+/// Recomputes the ICRC and VCRC of a packet whose headers or payload were
+/// edited in place (tests, tools, fuzzing). The bytes need a 4-byte-aligned
+/// body plus the VCRC, an LRH naming an IBA transport, and room for the
+/// headers that LRH announces; nothing else is checked.
+pub fn refresh_crcs(b: &mut [u8]) -> Result<(), PacketError> {
+    let n = b.len();
+    if n < LRH_LEN + BTH_LEN + ICRC_LEN + VCRC_LEN || n % 4 != VCRC_LEN {
+        return Err(PacketError::Truncated { len: n });
+    }
+    let global = match b[1] & 0x03 {
+        LNH_IBA_LOCAL => false,
+        LNH_IBA_GLOBAL => true,
+        other => return Err(PacketError::LinkNextHeader(other)),
+    };
+    let icrc_at = n - VCRC_LEN - ICRC_LEN;
+    if global && icrc_at < LRH_LEN + GRH_LEN + BTH_LEN {
+        return Err(PacketError::Truncated { len: n });
+    }
+    let i = icrc(&b[..icrc_at], global).to_le_bytes();
+    b[icrc_at..icrc_at + ICRC_LEN].copy_from_slice(&i);
+    let v = vcrc(&b[..n - VCRC_LEN]).to_le_bytes();
+    b[n - VCRC_LEN..].copy_from_slice(&v);
+    Ok(())
+}
+
 fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
@@ -568,12 +593,49 @@ mod tests {
         }
         let mut rc = mad_packet().encode().unwrap();
         rc[8] = 0x04; // RC SEND Only
-        let n = rc.len();
-        let icrc = icrc(&rc[..n - 6], false).to_le_bytes();
-        rc[n - 6..n - 2].copy_from_slice(&icrc);
-        let vcrc = vcrc(&rc[..n - 2]).to_le_bytes();
-        rc[n - 2..].copy_from_slice(&vcrc);
+        refresh_crcs(&mut rc).unwrap();
         assert_eq!(UdPacket::decode(&rc), Err(PacketError::NotUdSend(0x04)));
+        // Each header check, behind valid CRCs.
+        let edits: [(usize, u8, PacketError); 4] = [
+            (0, 0x01, PacketError::LinkVersion(1)),
+            (9, 0x01, PacketError::TransportVersion(1)),
+            (
+                5,
+                0x00,
+                PacketError::PacketLength {
+                    lrh_words: 0,
+                    bytes: rc.len() - 2,
+                },
+            ),
+            (
+                8,
+                0x64,
+                PacketError::Icrc {
+                    carried: 0,
+                    computed: 0,
+                },
+            ),
+        ];
+        for (at, value, want) in edits {
+            let mut b = mad_packet().encode().unwrap();
+            b[at] = value;
+            if !matches!(want, PacketError::Icrc { .. }) {
+                refresh_crcs(&mut b).unwrap();
+            } else {
+                b[30] ^= 1; // payload changed, CRCs left alone: VCRC fixed only
+                let n = b.len();
+                let v = vcrc(&b[..n - 2]).to_le_bytes();
+                b[n - 2..].copy_from_slice(&v);
+            }
+            let got = UdPacket::decode(&b).unwrap_err();
+            assert_eq!(
+                std::mem::discriminant(&got),
+                std::mem::discriminant(&want),
+                "byte {at} = {value:#x}: {got}"
+            );
+        }
+        let mut short = vec![0u8; 10];
+        assert!(refresh_crcs(&mut short).is_err());
     }
 
     #[test]
@@ -612,9 +674,7 @@ mod tests {
                 b.truncate(b.len() - (b.len() + 2) % 4);
                 let words = ((b.len() - 2) / 4) as u16;
                 b[4..6].copy_from_slice(&words.to_be_bytes());
-                let n = b.len();
-                let v = vcrc(&b[..n - 2]).to_le_bytes();
-                b[n - 2..].copy_from_slice(&v);
+                let _ = refresh_crcs(&mut b);
             }
             let _ = UdPacket::decode(&b);
         }
