@@ -312,7 +312,7 @@ fn send_datagram(
     // Every datagram takes the next PSN of its QP, as on a real link.
     let psn = sq.attr.sq_psn;
     sq.attr.sq_psn = (psn + 1) & PSN_MASK;
-    if f.capture_on.load(Ordering::Acquire) {
+    if f.capture_on.load(Ordering::Relaxed) {
         capture_datagram(f, &src, &ud, psn, imm, local);
     }
     let Some((node, dport)) = f.route(&ud.av) else {
@@ -566,7 +566,7 @@ fn capture_datagram(
         }),
         solicited: src.solicited,
         pkey: src.pkey,
-        dest_qpn: ud.qpn & PSN_MASK,
+        dest_qpn: ud.qpn & 0x00ff_ffff, // QPNs are 24 bits on the wire
         psn,
         qkey: src.qkey,
         src_qpn: src.sqpn,

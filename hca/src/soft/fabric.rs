@@ -320,7 +320,8 @@ pub(crate) struct FabricInner {
     pub(crate) waiters: Mutex<Vec<Arc<QpInner>>>,
     pub(crate) stats: Stats,
     /// Whether `capture` holds a tap (checked first, so a fabric nobody
-    /// captures pays one relaxed load per datagram).
+    /// captures pays one relaxed load per datagram; the lock publishes the
+    /// tap itself).
     pub(crate) capture_on: AtomicBool,
     pub(crate) capture: RwLock<Option<CaptureTap>>,
 }
@@ -651,7 +652,7 @@ impl Fabric {
         let mut slot = self.inner.capture.write();
         self.inner
             .capture_on
-            .store(tap.is_some(), Ordering::Release);
+            .store(tap.is_some(), Ordering::Relaxed);
         *slot = tap;
     }
 
