@@ -712,7 +712,32 @@ fn mtu_code(mtu: Mtu) -> u8 {
     }
 }
 
-fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> QpModify {
+/// RTR attributes of a connected QP on `port` toward the peer port at
+/// `dlid`, with the REQ's path MTU and what the peer sent: its QPN, its
+/// starting PSN (our receive PSN), and the RDMA READ/atomic requests we
+/// accept from it. [`accept`] (passive) and [`rtu`] (active) apply these.
+pub fn rtr_attrs(
+    port: u8,
+    dlid: u16,
+    req: &Req,
+    dest_qpn: u32,
+    rq_psn: u32,
+    max_dest_rd_atomic: u8,
+) -> QpModify {
+    QpModify::to(QpState::Rtr)
+        .av(AvAttr::lid(port, dlid))
+        .path_mtu(ibta_mtu(req.path_mtu))
+        .dest_qpn(dest_qpn)
+        .rq_psn(rq_psn)
+        .max_dest_rd_atomic(max_dest_rd_atomic)
+        .min_rnr_timer(12)
+}
+
+/// RTS attributes of a connected QP: our starting PSN, the REQ's ACK
+/// timeout and retry count, the RNR retries the peer asked for, and the
+/// RDMA READ/atomic requests we may have outstanding. [`rtu`] (active) and
+/// the passive side's RTU handling apply these.
+pub fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> QpModify {
     QpModify::to(QpState::Rts)
         .sq_psn(sq_psn)
         .timeout(req.primary_path.local_ack_timeout)
@@ -721,8 +746,9 @@ fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> QpModi
         .max_rd_atomic(max_rd_atomic)
 }
 
-/// Bring `qp` to INIT for a connection on `port` (from RESET or ERR).
-fn qp_to_init(qp: &Obj<Qp>, port: u8, access: Access) -> Result<()> {
+/// Bring `qp` to INIT for a connection on `port` (from RESET or ERR), as
+/// [`connect`] and [`accept`] do before they send.
+pub fn qp_to_init(qp: &Obj<Qp>, port: u8, access: Access) -> Result<()> {
     let state = qp.query()?.state;
     if state == QpState::Init {
         return Ok(());
@@ -990,15 +1016,14 @@ pub fn accept(
         h.raw(),
         || {
             qp_to_init(&qp, port, reply.access)?;
-            qp.modify(
-                &QpModify::to(QpState::Rtr)
-                    .av(AvAttr::lid(port, req.primary_path.local_lid))
-                    .path_mtu(ibta_mtu(req.path_mtu))
-                    .dest_qpn(req.local_qpn)
-                    .rq_psn(req.starting_psn)
-                    .max_dest_rd_atomic(responder_resources)
-                    .min_rnr_timer(12),
-            )?;
+            qp.modify(&rtr_attrs(
+                port,
+                req.primary_path.local_lid,
+                &req,
+                req.local_qpn,
+                req.starting_psn,
+                responder_resources,
+            ))?;
             let mut st = c.state.lock();
             if st.closed {
                 return Err(Error::invalid_state("the CEP was destroyed during accept"));
@@ -1047,15 +1072,14 @@ pub fn rtu(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()>
             )))
         }
     };
-    qp.modify(
-        &QpModify::to(QpState::Rtr)
-            .av(AvAttr::lid(port, req.primary_path.remote_lid))
-            .path_mtu(ibta_mtu(req.path_mtu))
-            .dest_qpn(rep.local_qpn)
-            .rq_psn(rep.starting_psn)
-            .max_dest_rd_atomic(rep.initiator_depth)
-            .min_rnr_timer(12),
-    )?;
+    qp.modify(&rtr_attrs(
+        port,
+        req.primary_path.remote_lid,
+        &req,
+        rep.local_qpn,
+        rep.starting_psn,
+        rep.initiator_depth,
+    ))?;
     qp.modify(&rts_attrs(
         req.starting_psn,
         &req,

@@ -81,7 +81,7 @@ use cep::cm::{self, AcceptReply, Cep, CmDrive, CmHandler, CmPort, ConnectRequest
 use cep::proto::Event;
 use cep::wire::{self, CmMad, CmMessage, PathInfo, Rep, Req, Rtu, TransportType};
 use hca::provider::{
-    Access, AvAttr, Mtu, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
+    Access, AvAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
 };
 use hca::verbs::{self, Av, Ca, Cq, Pd};
 use hca::{RegisteredBuffer, SoftProvider};
@@ -1006,10 +1006,10 @@ impl UdPair {
     /// The bare exchange: the work any CM connection of two RC QPs must do
     /// on this fabric, and nothing else. The real codec encodes and decodes
     /// a REQ, a REP and an RTU, each sent as a 256-byte UD SEND exactly as
-    /// the floor sends it; the two QPs are queried and modified as
-    /// `cm::connect`, `cm::accept`, `cm::rtu` and the passive RTU handling
-    /// do (RESET -> INIT on both, INIT -> RTR -> RTS with the negotiated
-    /// attributes). Left out is everything the CM adds on top: CEP objects
+    /// the floor sends it; the two QPs go RESET -> INIT -> RTR -> RTS
+    /// through the CM's own `cm::qp_to_init`, `cm::rtr_attrs` and
+    /// `cm::rts_attrs`, in the order `cm::connect`, `cm::accept`, `cm::rtu`
+    /// and the passive RTU handling apply them. Left out is everything the CM adds on top: CEP objects
     /// and their handles, comm ids and the agent's tables, timers, CID
     /// binding, event queues and executor callbacks. What this costs over
     /// the floor bounds from below what any CM built on these verbs can
@@ -1023,22 +1023,11 @@ impl UdPair {
     ) -> BenchResult<Duration> {
         let lids = [devinfo::DEFAULT_LIDS[0], devinfo::DEFAULT_LIDS[1]];
         let modify = |qp: &Qp, m: &QpModify| qp.modify(m).map_err(al_err("modify_qp"));
-        let to_init = |qp: &Qp| -> BenchResult<()> {
-            if qp.query().map_err(al_err("query_qp"))?.state != QpState::Init {
-                modify(
-                    qp,
-                    &QpModify::to(QpState::Init)
-                        .pkey_index(0)
-                        .port(1)
-                        .access(ConnectRequest::new(0, 0).access),
-                )?;
-            }
-            Ok(())
-        };
+        let access = ConnectRequest::new(0, 0).access;
         let t0 = Instant::now();
         // Active: INIT, REQ.
         let active = al.resolve_live(qps[0]).map_err(al_err("resolving a QP"))?;
-        to_init(&active)?;
+        cm::qp_to_init(&active, 1, access).map_err(al_err("active QP to INIT"))?;
         let req = Req {
             local_comm_id: 1,
             service_id: SERVICE_ID,
@@ -1070,16 +1059,17 @@ impl UdPair {
             return Err("the bare exchange received something other than its REQ".into());
         };
         let passive = al.resolve_live(qps[1]).map_err(al_err("resolving a QP"))?;
-        to_init(&passive)?;
+        cm::qp_to_init(&passive, 1, access).map_err(al_err("passive QP to INIT"))?;
         modify(
             &passive,
-            &QpModify::to(QpState::Rtr)
-                .av(AvAttr::lid(1, req.primary_path.local_lid))
-                .path_mtu(Mtu::Mtu4096)
-                .dest_qpn(req.local_qpn)
-                .rq_psn(req.starting_psn)
-                .max_dest_rd_atomic(req.initiator_depth)
-                .min_rnr_timer(12),
+            &cm::rtr_attrs(
+                1,
+                req.primary_path.local_lid,
+                &req,
+                req.local_qpn,
+                req.starting_psn,
+                req.initiator_depth,
+            ),
         )?;
         let rep = Rep {
             local_comm_id: 2,
@@ -1099,22 +1089,23 @@ impl UdPair {
         };
         modify(
             &active,
-            &QpModify::to(QpState::Rtr)
-                .av(AvAttr::lid(1, req.primary_path.remote_lid))
-                .path_mtu(Mtu::Mtu4096)
-                .dest_qpn(rep.local_qpn)
-                .rq_psn(rep.starting_psn)
-                .max_dest_rd_atomic(rep.initiator_depth)
-                .min_rnr_timer(12),
+            &cm::rtr_attrs(
+                1,
+                req.primary_path.remote_lid,
+                &req,
+                rep.local_qpn,
+                rep.starting_psn,
+                rep.initiator_depth,
+            ),
         )?;
         modify(
             &active,
-            &QpModify::to(QpState::Rts)
-                .sq_psn(req.starting_psn)
-                .timeout(req.primary_path.local_ack_timeout)
-                .retry_cnt(req.retry_count)
-                .rnr_retry(rep.rnr_retry_count)
-                .max_rd_atomic(rep.responder_resources),
+            &cm::rts_attrs(
+                req.starting_psn,
+                &req,
+                rep.rnr_retry_count,
+                rep.responder_resources,
+            ),
         )?;
         let rtu = Rtu {
             local_comm_id: rep.remote_comm_id,
@@ -1128,12 +1119,12 @@ impl UdPair {
         };
         modify(
             &passive,
-            &QpModify::to(QpState::Rts)
-                .sq_psn(rep.starting_psn)
-                .timeout(req.primary_path.local_ack_timeout)
-                .retry_cnt(req.retry_count)
-                .rnr_retry(req.rnr_retry_count)
-                .max_rd_atomic(rep.initiator_depth),
+            &cm::rts_attrs(
+                rep.starting_psn,
+                &req,
+                req.rnr_retry_count,
+                rep.initiator_depth.min(req.responder_resources),
+            ),
         )?;
         Ok(t0.elapsed())
     }
