@@ -86,7 +86,7 @@ fn ib_capture_corpus_replays_clean() {
     assert!(n > 0, "the ib_capture seed corpus is missing");
 }
 
-/// Random bytes, and captures with a few bytes changed.
+/// Random byte strings of up to 700 bytes.
 #[test]
 fn ib_capture_survives_random_inputs() {
     sweep(

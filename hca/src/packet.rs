@@ -234,12 +234,9 @@ impl UdPacket {
             p.extend_from_slice(&imm.to_be_bytes());
         }
         p.extend_from_slice(&self.payload);
-        p.resize(p.len() + pad, 0);
-        let icrc = icrc(&p, self.grh.is_some());
-        p.extend_from_slice(&icrc.to_le_bytes());
-        let vcrc = vcrc(&p);
-        p.extend_from_slice(&vcrc.to_le_bytes());
+        p.resize(p.len() + pad + ICRC_LEN + VCRC_LEN, 0);
         debug_assert_eq!(p.len(), total + VCRC_LEN);
+        refresh_crcs(&mut p)?;
         Ok(p)
     }
 
