@@ -307,7 +307,7 @@ pub fn cm_protocol(data: &[u8]) {
             }
             4 => {
                 if let Some(c) = pick(&known) {
-                    let _ = ep.send_mra(c, arg % 32, &[]);
+                    let _ = ep.send_mra(now, c, arg % 32, &[]);
                 }
             }
             5 => {

@@ -33,7 +33,7 @@ use hca::provider::{Access, AvAttr, Mtu, QpModify, QpState};
 use hca::verbs::{Ca, Dev};
 use qp::{CidState, Qp};
 
-use crate::agent::{AgentConfig, CmAgent, EventSink};
+use crate::agent::{AgentConfig, CmAgent, Delivery, EventSink};
 use crate::proto::{
     ConnId, ConnectParams, Event, LapParams, PeerAddr, SidrParams, SidrReplyParams,
 };
@@ -55,7 +55,7 @@ pub struct PortCm {
     key: (usize, u8),
     drive: CmDrive,
     agent: CmAgent<Dev>,
-    routes: std::sync::Arc<Routes>,
+    routes: Arc<Routes>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -64,50 +64,48 @@ enum Route {
     Listen(Handle<Listen>),
 }
 
-/// ConnId -> object, plus events that arrived before their CEP registered.
+/// ConnId -> object. Every id is published here before the first MAD that
+/// could draw an answer leaves (see `publish`), and removed by the
+/// object's teardown or by the id's `Released`; so an event whose id has
+/// no route belongs to an object already gone and is dropped.
 #[derive(Default)]
 struct Routes {
-    inner: Mutex<RouteTable>,
-    /// The port these routes belong to, set once it exists: refusing a
-    /// request must reach the agent even when its listen is already out of
-    /// the handle table (a listen destroy removes it before its teardown
-    /// cancels the listen in the agent).
-    port: std::sync::OnceLock<std::sync::Weak<PortCm>>,
+    inner: Mutex<IdMap<ConnId, Route>>,
 }
 
-#[derive(Default)]
-struct RouteTable {
-    routes: IdMap<ConnId, Route>,
-    /// Events for a connection whose `connect` has not returned yet (the
-    /// peer can answer before the caller records the id). Delivered, in
-    /// order, by the registration.
-    parked: IdMap<ConnId, Vec<Event>>,
+impl Routes {
+    /// Publish `key -> route`. Called by the agent's `*_published` calls
+    /// under the agent lock, after the id is allocated and before the
+    /// request is sent: the routes lock is a leaf below the agent lock.
+    fn publish(&self, key: ConnId, route: Route) {
+        self.inner.lock().insert(key, route);
+    }
+
+    /// Routes currently published (a leak check for tests and stress).
+    fn len(&self) -> usize {
+        self.inner.lock().len()
+    }
 }
 
+/// The port agents of the process.
 struct Registry {
     /// Keyed by (device instance, port): ours, so the id hash (every
-    /// connect and every passive CEP looks its port up here).
-    ports: IdMap<(usize, u8), (std::sync::Arc<PortCm>, usize)>,
-    /// Ports whose agent is shutting down: a new agent for the port must
-    /// wait, because the old one still holds the port's QP1.
-    closing: std::collections::HashSet<(usize, u8)>,
+    /// connect and every passive CEP looks its port up here). The count is
+    /// the port's users (`PortUse`s); the last one shuts the agent down.
+    ports: IdMap<(usize, u8), (Arc<PortCm>, usize)>,
+    /// Ports whose agent was told to shut down but may still hold QP1
+    /// (a thread was inside the agent then; it destroys QP1 as it leaves).
+    /// A new agent on the port first makes sure the old QP1 is gone.
+    /// Entries whose QP1 is gone are pruned whenever a port closes.
+    closing: IdMap<(usize, u8), Arc<PortCm>>,
 }
 
-struct RegistryCell {
-    registry: Mutex<Registry>,
-    /// Signalled when a port's shutdown finishes.
-    closed: al::sync::Condvar,
-}
-
-fn registry() -> &'static RegistryCell {
+fn registry() -> &'static Mutex<Registry> {
     al::global! {
-        static REGISTRY: RegistryCell = RegistryCell {
-            registry: Mutex::new(Registry {
-                ports: id_map(),
-                closing: Default::default(),
-            }),
-            closed: al::sync::Condvar::new(),
-        };
+        static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+            ports: id_map(),
+            closing: id_map(),
+        });
     }
     &REGISTRY
 }
@@ -129,8 +127,10 @@ pub enum CmDrive {
     Poll,
 }
 
-/// A counted use of a port's CM; the last use shuts the agent down.
-struct PortUse(std::sync::Arc<PortCm>);
+/// A counted use of a port's CM; the last use shuts the agent down, without
+/// waiting for anything (see [`CmAgent::shutdown`]), wherever that drop
+/// runs: an AL executor, an agent thread, under the routes lock.
+struct PortUse(Arc<PortCm>);
 
 impl PortUse {
     /// A use of `port`'s CM, starting its agent if it has none. `drive`
@@ -138,10 +138,14 @@ impl PortUse {
     /// match how the port already runs.
     fn acquire(ca: &Obj<Ca>, port: u8, drive: Option<CmDrive>) -> Result<PortUse> {
         let key = (ca.device().instance_key(), port);
-        let cell = registry();
-        let mut reg = cell.registry.lock();
-        while reg.closing.contains(&key) {
-            cell.closed.wait(&mut reg);
+        let mut reg = registry().lock();
+        if let Some(old) = reg.closing.remove(&key) {
+            // The last agent on this port is shutting down: its QP1 must
+            // be gone before a new agent can have the port's GSI QP. Off
+            // the registry lock; a bounded wait for the old agent's lock.
+            drop(reg);
+            old.agent.finish_shutdown();
+            reg = registry().lock();
         }
         if let Some((pcm, users)) = reg.ports.get_mut(&key) {
             if drive.is_some_and(|d| d != pcm.drive) {
@@ -158,7 +162,7 @@ impl PortUse {
         }
         let drive = drive.unwrap_or_default();
         let agent = CmAgent::new(ca.device().clone(), port, AgentConfig::default())?;
-        let routes = std::sync::Arc::new(Routes::default());
+        let routes = Arc::new(Routes::default());
         let sink_routes = routes.clone();
         let sink: EventSink = std::sync::Arc::new(move |ev| deliver(&sink_routes, ev));
         agent.set_event_sink(Some(sink));
@@ -171,13 +175,12 @@ impl PortUse {
             #[cfg(ibal_loom)]
             CmDrive::Poll => {}
         }
-        let pcm = std::sync::Arc::new(PortCm {
+        let pcm = Arc::new(PortCm {
             key,
             drive,
             agent,
             routes,
         });
-        let _ = pcm.routes.port.set(std::sync::Arc::downgrade(&pcm));
         reg.ports.insert(key, (pcm.clone(), 1));
         Ok(PortUse(pcm))
     }
@@ -185,7 +188,7 @@ impl PortUse {
 
 impl Clone for PortUse {
     fn clone(&self) -> Self {
-        let mut reg = registry().registry.lock();
+        let mut reg = registry().lock();
         if let Some((_, users)) = reg.ports.get_mut(&self.0.key) {
             *users += 1;
         }
@@ -195,8 +198,7 @@ impl Clone for PortUse {
 
 impl Drop for PortUse {
     fn drop(&mut self) {
-        let cell = registry();
-        let mut reg = cell.registry.lock();
+        let mut reg = registry().lock();
         let last = match reg.ports.get_mut(&self.0.key) {
             Some((_, users)) => {
                 *users -= 1;
@@ -208,43 +210,37 @@ impl Drop for PortUse {
             return;
         }
         reg.ports.remove(&self.0.key);
-        reg.closing.insert(self.0.key);
+        reg.closing.retain(|_, old| !old.agent.qp1_released());
+        reg.closing.insert(self.0.key, self.0.clone());
         drop(reg);
-        // Off the registry lock: shutting down may join the agent thread,
-        // whose event sink can take the registry lock.
         self.0.agent.shutdown();
-        cell.registry.lock().closing.remove(&self.0.key);
-        cell.closed.notify_all();
-    }
-}
-
-/// What routing decided to do once the routes lock is released: these
-/// call the agent or destroy a CEP (whose teardown takes the routes lock).
-enum After {
-    /// Refuse a request whose listen is gone or closing.
-    Refuse(Handle<Listen>, ConnId),
-    /// End a request whose listen was cancelled after it was routed.
-    DestroyCep(Handle<Cep>),
-}
-
-impl After {
-    fn run(self, routes: &Routes) {
-        match self {
-            After::Refuse(listen, conn) => refuse(routes, listen, conn),
-            After::DestroyCep(cep) => destroy_cep(cep.raw()),
-        }
     }
 }
 
 /// The agent's event sink: route each event to its object, in order.
-fn deliver(routes: &Routes, ev: Event) {
+fn deliver(routes: &Routes, ev: Event) -> Delivery {
     let after = {
         let mut table = routes.inner.lock();
         route_event(&mut table, ev)
     };
-    if let Some(after) = after {
-        after.run(routes);
+    match after {
+        Some(After::Refuse(conn)) => Delivery::Refuse(conn),
+        Some(After::DestroyCep(cep)) => {
+            destroy_cep(cep.raw());
+            Delivery::Taken
+        }
+        None => Delivery::Taken,
     }
+}
+
+/// What routing decided to do once the routes lock is released.
+enum After {
+    /// Refuse a request whose listen is gone or closing (the agent sends
+    /// the REJ: [`Delivery::Refuse`]).
+    Refuse(ConnId),
+    /// End a request whose listen was cancelled after it was routed (the
+    /// CEP's teardown, which takes the routes lock, sends the REJ).
+    DestroyCep(Handle<Cep>),
 }
 
 /// The routing key of an event: a request names the new connection but
@@ -258,12 +254,12 @@ fn route_key(ev: &Event) -> ConnId {
 
 /// Route one event with the routes lock held (the caller's `table`).
 /// Returns what to do once the lock is released.
-fn route_event(table: &mut RouteTable, ev: Event) -> Option<After> {
+fn route_event(table: &mut IdMap<ConnId, Route>, ev: Event) -> Option<After> {
     let key = route_key(&ev);
-    match table.routes.get(&key).copied() {
+    match table.get(&key).copied() {
         Some(Route::Cep(cep)) => {
             if matches!(ev, Event::Released { .. }) {
-                table.routes.remove(&key);
+                table.remove(&key);
             }
             dispatch_cep(cep, ev);
             None
@@ -272,70 +268,28 @@ fn route_event(table: &mut RouteTable, ev: Event) -> Option<After> {
             Event::ConnectRequest { conn: new, .. } | Event::SidrRequest { conn: new, .. } => {
                 match new_passive_cep(listen, new) {
                     Some(cep) => {
-                        table.routes.insert(new, Route::Cep(cep));
+                        table.insert(new, Route::Cep(cep));
                         dispatch_request(listen, cep, ev)
                     }
                     // The listen is gone or its AL is closing.
-                    None => Some(After::Refuse(listen, new)),
+                    #[cfg(not(ibal_mutant = "refuse_dropped"))]
+                    None => Some(After::Refuse(new)),
+                    // MUTANT (loom-tests/run.sh --mutants): a request no
+                    // listen will take is dropped unanswered (left in
+                    // REQ_RCVD, the peer waits for nothing).
+                    #[cfg(ibal_mutant = "refuse_dropped")]
+                    None => None,
                 }
             }
             Event::Released { .. } => {
-                table.routes.remove(&key);
+                table.remove(&key);
                 None
             }
             _ => None,
         },
-        None => {
-            // Not registered (yet). The end of a connection nobody holds is
-            // dropped; anything else waits for its registration.
-            if !matches!(ev, Event::Released { .. } | Event::TimewaitExited { .. }) {
-                table.parked.entry(key).or_default().push(ev);
-            } else {
-                table.parked.remove(&key);
-            }
-            None
-        }
-    }
-}
-
-/// Record `key -> route` and route, in order, what arrived before. The
-/// agent must not be called with the routes lock held (it may deliver
-/// events on the calling thread, into `deliver`, which takes that lock), so
-/// registrations happen after the agent call that produced the id.
-fn register(routes: &Routes, key: ConnId, route: Route) {
-    let after: Vec<After> = {
-        let mut table = routes.inner.lock();
-        table.routes.insert(key, route);
-        let parked = table.parked.remove(&key).unwrap_or_default();
-        parked
-            .into_iter()
-            .filter_map(|ev| route_event(&mut table, ev))
-            .collect()
-    };
-    for a in after {
-        a.run(routes);
-    }
-}
-
-fn refuse(routes: &Routes, listen: Handle<Listen>, conn: ConnId) {
-    #[cfg(not(ibal_mutant = "refuse_through_listen"))]
-    let port = {
-        let _ = listen;
-        routes.port.get().and_then(std::sync::Weak::upgrade)
-    };
-    // MUTANT (loom-tests/run.sh --mutants): the agent reached through the
-    // listen, which a destroy has already taken out of the table: the
-    // request is left in REQ_RCVD, unanswered.
-    #[cfg(ibal_mutant = "refuse_through_listen")]
-    let port = {
-        let _ = routes;
-        Listen::table()
-            .get(listen.raw())
-            .ok()
-            .map(|l| l.port.0.clone())
-    };
-    if let Some(port) = port {
-        let _ = port.agent.reject(conn, RejectReason::NoResources, &[], &[]);
+        // No route: the object is gone (its teardown removed the route and
+        // told the agent); what is left of its connection is dropped.
+        None => None,
     }
 }
 
@@ -436,6 +390,12 @@ impl CmPort {
     pub fn stats(&self) -> crate::agent::AgentStats {
         self.port.0.agent.stats()
     }
+    /// Connection ids the port routes to CEP and listen objects: one per
+    /// listen and per CEP whose connection the agent still holds. A leak
+    /// check: with no CEP or listen of any AL left on the port, 0.
+    pub fn routes(&self) -> usize {
+        self.port.0.routes.len()
+    }
     /// How the port's agent is driven.
     pub fn drive(&self) -> CmDrive {
         self.port.0.drive
@@ -498,7 +458,10 @@ pub fn poll(al: &AlInstance, port: Handle<CmPort>) -> Result<crate::agent::PollO
 /// A listen on a service id on one port.
 pub struct Listen {
     port: PortUse,
-    conn: ConnId,
+    /// The listener's id in the agent, once `listen` got it. Written by
+    /// `listen` and taken by teardown under this lock, so a listen
+    /// destroyed while it starts (AL close) is cancelled exactly once.
+    conn: Mutex<Option<ConnId>>,
     service_id: u64,
     on_request: ListenHandler,
     cep_handler: CmHandler,
@@ -509,7 +472,9 @@ impl Object for Listen {
     al::object_table!(Listen);
 
     fn teardown(obj: &Arc<Obj<Self>>) {
-        let _ = obj.port.0.agent.cancel_listen(obj.conn);
+        if let Some(conn) = obj.conn.lock().take() {
+            let _ = obj.port.0.agent.cancel_listen(conn);
+        }
     }
 }
 
@@ -541,29 +506,54 @@ pub fn listen(
 ) -> Result<Handle<Listen>> {
     let ca = al.resolve_live(ca)?;
     let port_use = PortUse::acquire(&ca, port, None)?;
-    let routes = port_use.0.routes.clone();
-    let conn = port_use.0.agent.listen(service_id)?;
     let obj = create(al, None, |_| {
         Ok(Listen {
-            port: port_use.clone(),
-            conn,
+            port: port_use,
+            conn: Mutex::new(None),
             service_id,
             on_request,
             cep_handler: handler,
         })
-    });
-    match obj {
-        Ok(obj) => {
-            // Requests that beat this registration were parked under the
-            // listener's id; registering routes them now, in order.
-            register(&routes, conn, Route::Listen(obj.handle()));
-            Ok(obj.handle())
+    })?;
+    let h = obj.handle();
+    let started = {
+        let mut conn = obj.conn.lock();
+        if obj.core().is_destroying() {
+            // AL close took it before it started: nothing to cancel.
+            Err(Error::Destroying {
+                kind: Kind::LISTEN,
+                raw: h.raw().as_u64(),
+            })
+        } else {
+            let routes = &obj.port.0.routes;
+            start_listen(&obj.port.0.agent, routes, service_id, h).map(|id| *conn = Some(id))
         }
+    };
+    match started {
+        Ok(()) => Ok(h),
         Err(e) => {
-            let _ = port_use.0.agent.cancel_listen(conn);
+            let _ = al.destroy(h, None);
             Err(e)
         }
     }
+}
+
+/// Start the agent's listener, its route published before any REQ can be
+/// matched to it.
+fn start_listen(
+    agent: &CmAgent<Dev>,
+    routes: &Routes,
+    service_id: u64,
+    h: Handle<Listen>,
+) -> Result<ConnId> {
+    #[cfg(not(ibal_mutant = "route_after_start"))]
+    return agent.listen_published(service_id, |id| routes.publish(id, Route::Listen(h)));
+    // MUTANT (loom-tests/run.sh --mutants): the route is published after
+    // the agent call, as the old code did: what arrives in between is lost.
+    #[cfg(ibal_mutant = "route_after_start")]
+    return agent
+        .listen(service_id)
+        .inspect(|&id| routes.publish(id, Route::Listen(h)));
 }
 
 // ------------------------------------------------------------------- CEPs --
@@ -575,6 +565,8 @@ struct CepState {
     /// Set by teardown: nothing may start on this CEP any more.
     closed: bool,
     passive: bool,
+    /// An accept holds this CEP (see `Cep::claim_for_accept`).
+    accepting: bool,
     /// The QP bound to this CEP (its CID slot names this CEP).
     qp: Option<Arc<Obj<Qp>>>,
     req: Option<Req>,
@@ -604,7 +596,7 @@ impl Object for Cep {
             (st.conn.take(), st.qp.take())
         };
         if let Some(conn) = conn {
-            obj.port.0.routes.inner.lock().routes.remove(&conn);
+            obj.port.0.routes.inner.lock().remove(&conn);
             let _ = obj.port.0.agent.destroy(conn);
         }
         if let Some(qp) = qp {
@@ -631,6 +623,42 @@ impl Cep {
     pub fn protocol_state(&self) -> Option<crate::proto::State> {
         let conn = self.state.lock().conn?;
         self.port.0.agent.state(conn)
+    }
+
+    /// Check that this CEP can be accepted now and reserve it for one
+    /// accept: the passive side of a REQ still waiting for an answer, not
+    /// closed, not bound, not being accepted by another call. Nothing else
+    /// changes until the accept's own QP is bound.
+    fn claim_for_accept(&self) -> Result<(ConnId, Req)> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(Error::invalid_state("the CEP is being destroyed"));
+        }
+        if !st.passive {
+            return Err(Error::invalid_state(
+                "accept answers a request a listen handed over; this CEP is the active side",
+            ));
+        }
+        if st.qp.is_some() || st.accepting {
+            return Err(Error::invalid_state(
+                "this request is already accepted (or being accepted) on a QP",
+            ));
+        }
+        let (Some(conn), Some(req)) = (st.conn, st.req) else {
+            return Err(Error::invalid_state(
+                "no connection request to accept on this CEP (SIDR is answered with sidr_reply)",
+            ));
+        };
+        match self.port.0.agent.state(conn) {
+            Some(crate::proto::State::ReqRcvd | crate::proto::State::MraReqSent) => {}
+            other => {
+                return Err(Error::invalid_state(format!(
+                    "accept needs a request waiting for an answer; the connection is in {other:?}"
+                )))
+            }
+        }
+        st.accepting = true;
+        Ok((conn, req))
     }
 
     fn conn(&self) -> Result<ConnId> {
@@ -898,7 +926,6 @@ pub fn connect(
         lid: request.remote_lid,
         gid: request.remote_gid.unwrap_or([0; 16]),
     };
-    let routes = port_use.0.routes.clone();
     let cep = create(al, None, |_| {
         Ok(Cep {
             port: port_use,
@@ -915,27 +942,43 @@ pub fn connect(
         h.raw(),
         || {
             qp_to_init(&qp, request.port, request.access)?;
+            // Held across the agent call: a teardown (AL close, QP destroy)
+            // either ran before (closed) or finds the connection's id.
             let mut st = cep.state.lock();
             if st.closed {
-                return Err(cep
-                    .core()
-                    .check_live()
-                    .err()
-                    .unwrap_or(Error::invalid_state("the CEP was destroyed during connect")));
+                return Err(cep_destroyed(&cep));
             }
-            let conn = cep.port.0.agent.connect(ConnectParams::new(peer, req))?;
+            let conn = start_connect(&cep, ConnectParams::new(peer, req), h)?;
             st.conn = Some(conn);
             st.qp = Some(qp.clone());
             st.req = Some(req);
             st.peer = Some(peer);
-            drop(st);
-            register(&routes, conn, Route::Cep(h));
             Ok(())
         },
         destroy_cep,
     )
     .map_err(|e| bind_error(&qp, e))?;
     Ok(h)
+}
+
+/// Send the REQ, the CEP's route published before it can leave.
+fn start_connect(cep: &Obj<Cep>, params: ConnectParams, h: Handle<Cep>) -> Result<ConnId> {
+    let (agent, routes) = (&cep.port.0.agent, &cep.port.0.routes);
+    #[cfg(not(ibal_mutant = "route_after_start"))]
+    return agent.connect_published(params, |id| routes.publish(id, Route::Cep(h)));
+    // MUTANT (loom-tests/run.sh --mutants): published after the REQ left.
+    #[cfg(ibal_mutant = "route_after_start")]
+    return agent
+        .connect(params)
+        .inspect(|&id| routes.publish(id, Route::Cep(h)));
+}
+
+/// The error of a call that found its CEP destroyed under it.
+fn cep_destroyed(cep: &Obj<Cep>) -> Error {
+    Error::Destroying {
+        kind: Kind::CEP,
+        raw: cep.core().handle().as_u64(),
+    }
 }
 
 /// What [`accept`] sends.
@@ -973,6 +1016,29 @@ impl Default for AcceptReply {
 /// Accept the connection request of `cep` on `qp`: bind, move the QP to
 /// INIT and RTR from the negotiated attributes, and send the REP. The QP
 /// goes to RTS when the connection is established (RTU received).
+///
+/// # When accept fails
+///
+/// One rule for every way accept can lose (`docs/cm.md`, "Accept
+/// outcomes"):
+///
+/// * `Err(Destroying { kind: CEP, .. })` (or `InvalidHandle` for `cep`):
+///   the CEP is gone or going: destroyed by the user, by AL close, or by a
+///   destroy of `qp` that took the binding during the call. Its destroy
+///   sends the REJ the connection's state calls for.
+/// * Any other error (a wrong side or state, another accept already made or
+///   in progress, a QP that is gone, being destroyed, already connected or
+///   of the wrong kind, a refused parameter): nothing changed. The CEP is
+///   still waiting for an answer and may be accepted on another QP,
+///   rejected or destroyed; `qp` is in the state it was in, and neither its
+///   CID slot nor any other QP's binding was touched. (If the connection
+///   ended meanwhile, by the peer's REJ or the answer deadline, the CEP's
+///   handler hears of it as usual and the CEP goes.)
+///
+/// A request nobody answers is not kept forever: when the active side has
+/// given up (its REQ retries, from the REQ's own timeouts), the CM rejects
+/// it (REJ Timeout), the handler gets [`Event::Timeout`] with
+/// [`TimedOut::Answer`](crate::proto::TimedOut::Answer), and the CEP goes.
 pub fn accept(
     al: &AlInstance,
     cep: Handle<Cep>,
@@ -981,19 +1047,55 @@ pub fn accept(
 ) -> Result<()> {
     let c = al.resolve(cep)?.to_arc();
     let qp = al.resolve_live(qp)?;
-    let (req, port) = {
-        let st = c.state.lock();
-        let req = st
-            .req
-            .ok_or_else(|| Error::invalid_state("no connection request to accept on this CEP"))?;
-        (req, c.port.0.agent.port())
-    };
-    let conn = c.conn()?;
     if qp.pd().ca().device().instance_key() != c.port.0.key.0 {
         return Err(Error::invalid_parameter(
             "the QP is on another device than the connection request",
         ));
     }
+    let private_data = PrivateData::new(&reply.private_data)
+        .map_err(|e| Error::invalid_parameter(e.to_string()))?;
+    let (conn, req) = c.claim_for_accept()?;
+    let result = accept_claimed(&c, &qp, conn, &req, reply, private_data);
+    c.state.lock().accepting = false;
+    match result {
+        Ok(()) => Ok(()),
+        Err(_) if c.core().is_destroying() => Err(cep_destroyed(&c)),
+        Err(e) => Err(bind_error(&qp, e)),
+    }
+}
+
+/// The body of [`accept`], with the CEP claimed (no other accept runs).
+fn accept_claimed(
+    c: &Obj<Cep>,
+    qp: &Arc<Obj<Qp>>,
+    conn: ConnId,
+    req: &Req,
+    reply: &AcceptReply,
+    private_data: PrivateData<196>,
+) -> Result<()> {
+    let expected = match req.transport_service_type {
+        TransportType::Rc => hca::QpType::Rc,
+        TransportType::Uc => hca::QpType::Uc,
+        other => {
+            return Err(Error::invalid_state(format!(
+                "the request asks for {other:?}, which accept cannot serve"
+            )))
+        }
+    };
+    if qp.qp_type() != expected {
+        return Err(Error::invalid_parameter(format!(
+            "the request asks for a {expected:?} QP, not {:?}",
+            qp.qp_type()
+        )));
+    }
+    let before = qp.query()?;
+    if !matches!(before.state, QpState::Reset | QpState::Init | QpState::Err) {
+        return Err(Error::invalid_state(format!(
+            "accept needs a QP in RESET, INIT or ERR, not {:?}",
+            before.state
+        )));
+    }
+    let port = c.port.0.agent.port();
     let responder_resources = reply.responder_resources.min(req.initiator_depth);
     let initiator_depth = reply.initiator_depth.min(req.responder_resources);
     let rep = Rep {
@@ -1006,46 +1108,59 @@ pub fn accept(
         end_to_end_flow_control: false,
         rnr_retry_count: reply.rnr_retry_count & 7,
         srq: qp.has_srq(),
-        private_data: PrivateData::new(&reply.private_data)
-            .map_err(|e| Error::invalid_parameter(e.to_string()))?,
+        private_data,
         ..Rep::default()
     };
-    let h = c.handle();
-    let result = binding::bind_and_start(
-        qp.cid(),
-        h.raw(),
-        || {
-            qp_to_init(&qp, port, reply.access)?;
-            qp.modify(&rtr_attrs(
-                port,
-                req.primary_path.local_lid,
-                &req,
-                req.local_qpn,
-                req.starting_psn,
-                responder_resources,
-            ))?;
-            let mut st = c.state.lock();
-            if st.closed {
-                return Err(Error::invalid_state("the CEP was destroyed during accept"));
-            }
-            st.qp = Some(qp.clone());
-            st.rep = Some(rep);
-            drop(st);
-            c.port.0.agent.accept(conn, rep).inspect_err(|_| {
-                c.state.lock().qp = None;
-            })
-        },
-        |_| {},
-    );
-    match result {
-        Ok(()) => Ok(()),
-        Err(e @ Error::Destroying { .. }) => {
-            // QP destroy won the race: this connection cannot go on.
-            let _ = al.destroy(cep, None);
-            Err(e)
+    let start = || {
+        qp_to_init(qp, port, reply.access)?;
+        qp.modify(&rtr_attrs(
+            port,
+            req.primary_path.local_lid,
+            req,
+            req.local_qpn,
+            req.starting_psn,
+            responder_resources,
+        ))?;
+        let mut st = c.state.lock();
+        if st.closed {
+            return Err(cep_destroyed(c));
         }
-        Err(e) => Err(bind_error(&qp, e)),
+        st.qp = Some(qp.clone());
+        st.rep = Some(rep);
+        drop(st);
+        c.port.0.agent.accept(conn, rep).inspect_err(|_| {
+            let mut st = c.state.lock();
+            st.qp = None;
+            st.rep = None;
+        })
+    };
+    // A lost bind destroys nothing: the CEP stays answerable.
+    binding::bind_and_start(
+        qp.cid(),
+        c.core().handle(),
+        || start().inspect_err(|_| restore_qp(qp, &before)),
+        |_| {},
+    )
+}
+
+/// Put back the state a failed accept found `qp` in (RESET, INIT with its
+/// port, P_Key index and access, or ERR).
+fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
+    if qp.query().is_ok_and(|now| now.state == before.state) {
+        return;
     }
+    let _ = match before.state {
+        QpState::Err => qp.modify(&QpModify::to(QpState::Err)),
+        QpState::Init => qp.modify(&QpModify::to(QpState::Reset)).and_then(|()| {
+            qp.modify(
+                &QpModify::to(QpState::Init)
+                    .pkey_index(before.pkey_index)
+                    .port(before.port)
+                    .access(before.access),
+            )
+        }),
+        _ => qp.modify(&QpModify::to(QpState::Reset)),
+    };
 }
 
 /// Active side, after the reply: move the QP to RTR and RTS from the REP,
@@ -1152,7 +1267,6 @@ pub fn sidr_request(
 ) -> Result<Handle<Cep>> {
     let ca = al.resolve_live(ca)?;
     let port_use = PortUse::acquire(&ca, port, None)?;
-    let routes = port_use.0.routes.clone();
     let cep = create(al, None, |_| {
         Ok(Cep {
             port: port_use,
@@ -1164,20 +1278,34 @@ pub fn sidr_request(
         })
     })?;
     let h = cep.handle();
-    let mut st = cep.state.lock();
-    match cep.port.0.agent.sidr_request(params) {
-        Ok(conn) => {
-            st.conn = Some(conn);
-            drop(st);
-            register(&routes, conn, Route::Cep(h));
-            Ok(h)
+    let started = {
+        let mut st = cep.state.lock();
+        if st.closed {
+            Err(cep_destroyed(&cep))
+        } else {
+            start_sidr(&cep, params, h).map(|conn| st.conn = Some(conn))
         }
+    };
+    match started {
+        Ok(()) => Ok(h),
         Err(e) => {
-            drop(st);
             let _ = al.destroy(h, None);
             Err(e)
         }
     }
+}
+
+/// Send the SIDR_REQ, the CEP's route published before it can leave.
+fn start_sidr(cep: &Obj<Cep>, params: SidrParams, h: Handle<Cep>) -> Result<ConnId> {
+    let (agent, routes) = (&cep.port.0.agent, &cep.port.0.routes);
+    #[cfg(not(ibal_mutant = "route_after_start"))]
+    return agent.sidr_request_published(params, |id| routes.publish(id, Route::Cep(h)));
+    // MUTANT (loom-tests/run.sh --mutants): published after the SIDR_REQ
+    // left: a fast reply and its Released find no route and are dropped.
+    #[cfg(ibal_mutant = "route_after_start")]
+    return agent
+        .sidr_request(params)
+        .inspect(|&id| routes.publish(id, Route::Cep(h)));
 }
 
 /// Answer a SIDR request (the CEP from the listen callback).
@@ -1189,5 +1317,5 @@ pub fn sidr_reply(al: &AlInstance, cep: Handle<Cep>, reply: SidrReplyParams) -> 
 
 /// Agents running in this process (one per device port in use).
 pub fn active_ports() -> usize {
-    registry().registry.lock().ports.len()
+    registry().lock().ports.len()
 }

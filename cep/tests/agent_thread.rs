@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use al::sync::Arc;
-use cep::agent::EventSink;
+use cep::agent::{Delivery, EventSink};
 use cep::proto::{DisconnectCause, Event, State};
 use common::*;
 
@@ -31,6 +31,7 @@ fn forward(tx: mpsc::Sender<Event>) -> EventSink {
     let tx = al::sync::Mutex::new(tx);
     Arc::new(move |e| {
         let _ = tx.lock().send(e);
+        Delivery::Taken
     })
 }
 
@@ -54,6 +55,7 @@ fn connect_and_disconnect_in_thread_mode() {
             }
         }
         let _ = tx_b.lock().send(e);
+        Delivery::Taken
     })));
     let listener = b.listen(SVC).unwrap();
     a.spawn().unwrap();
@@ -157,6 +159,7 @@ fn shutdown_from_the_sink_on_the_agent_thread_does_not_deadlock() {
             }
             let _ = tx.lock().send(());
         }
+        Delivery::Taken
     })));
     a.spawn().unwrap();
     b.spawn().unwrap();

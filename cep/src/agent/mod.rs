@@ -37,6 +37,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use al::sync::atomic::{fence, AtomicBool, Ordering};
 use al::sync::{Arc, Mutex, MutexGuard};
 use al::{Error, Result};
 use hca::provider::Device;
@@ -51,9 +52,24 @@ use io::Io;
 use wait::Signal;
 
 /// Where events go: called once per event, in order, with no agent lock
-/// held. It may call any agent method. It must not own the agent (a cycle
-/// that only [`CmAgent::shutdown`] breaks); capture a `Weak` instead.
-pub type EventSink = std::sync::Arc<dyn Fn(Event) + Send + Sync>;
+/// held. It may call any agent method, but must not own the agent: what it
+/// needs of the agent for an event it cannot place, it asks for in its
+/// [`Delivery`] answer, so no reference cycle and no `Weak` is needed.
+///
+/// (A `std` `Arc` of a closure: loom's `Arc` cannot hold a `dyn Fn`, and an
+/// immutable closure box carries no state the modelled races are about.)
+pub type EventSink = std::sync::Arc<dyn Fn(Event) -> Delivery + Send + Sync>;
+
+/// What an [`EventSink`] did with an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Taken (or deliberately dropped).
+    Taken,
+    /// A connection or SIDR request that nobody will answer (its listener
+    /// is going): the agent rejects it at once (REJ with reason
+    /// NoResources) rather than leave the peer to time out.
+    Refuse(ConnId),
+}
 
 /// Settings of one agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,17 +235,19 @@ struct Shared<D: Device> {
     core: Mutex<Core<D>>,
     events: Mutex<Events>,
     signal: Arc<Signal>,
+    /// Set by `shutdown`. Whoever releases the core lock after it is set
+    /// destroys QP1 (see `Shared::unlock`), so shutting down never waits
+    /// for another thread.
+    closing: AtomicBool,
     /// Set by `spawn`: lets the completion hook serve the agent inline
-    /// (`serve_inline`). Weak, because the hook lives inside this agent's
-    /// own CQ. Not under loom (its `Arc` has no `Weak`; models use polled
-    /// agents, which are never served from the hook).
-    #[cfg(not(ibal_loom))]
-    inline: InlineCell<D>,
+    /// (`serve_inline`). The hook lives inside this agent's own CQ, so the
+    /// strong reference it finds here is a cycle that `release_io` breaks
+    /// by emptying the slot when QP1 and its CQs go.
+    inline: InlineSlot<D>,
 }
 
 /// Where the completion hook finds its agent once it runs in thread mode.
-#[cfg(not(ibal_loom))]
-type InlineCell<D> = std::sync::Arc<std::sync::OnceLock<std::sync::Weak<Shared<D>>>>;
+type InlineSlot<D> = Arc<Mutex<Option<Arc<Shared<D>>>>>;
 
 /// Resets `Events::delivering` even if a sink panics.
 struct DeliveringGuard<'a>(&'a Mutex<Events>);
@@ -301,8 +319,39 @@ impl<D: Device> Shared<D> {
                 };
                 (event, sink)
             };
-            sink(event);
+            if let Delivery::Refuse(conn) = sink(event) {
+                // Our own `deliver` inside `call` returns at once (this
+                // thread is delivering); the REJ's events, if any, are
+                // delivered by this loop.
+                let _ =
+                    self.call(|ep, now| ep.reject(now, conn, RejectReason::NoResources, &[], &[]));
+            }
         }
+    }
+
+    /// Releases the core lock; if a shutdown was asked meanwhile and the
+    /// lock is free, finishes it (destroys QP1). The releaser and
+    /// `CmAgent::shutdown` each look at the other's side after a SeqCst
+    /// fence, so at least one of them sees both the flag and a free lock.
+    fn unlock(&self, guard: MutexGuard<'_, Core<D>>) {
+        drop(guard);
+        fence(Ordering::SeqCst);
+        if self.closing.load(Ordering::Relaxed) {
+            if let Some(mut core) = self.core.try_lock() {
+                self.release_io(&mut core);
+            }
+        }
+    }
+
+    /// The end of a shutdown, core lock held: destroy QP1, its CQs and
+    /// buffers, and drop the sink and the completion hook's reference.
+    fn release_io(&self, core: &mut Core<D>) {
+        let Some(io) = core.io.take() else {
+            return;
+        };
+        io.destroy(&self.dev);
+        self.events.lock().sink = None;
+        self.inline.lock().take();
     }
 
     /// The body of `poll` and of one agent-thread round: receive, fire due
@@ -320,7 +369,6 @@ impl<D: Device> Shared<D> {
     /// delivering thread may hold this agent's core lock itself (the agent
     /// answering its own MAD) or another agent's, and must never wait for
     /// one. Returns false when the caller should kick the thread instead.
-    #[cfg(not(ibal_loom))]
     fn serve_inline(&self) -> bool {
         if self.signal.is_stopped() {
             return false;
@@ -394,7 +442,7 @@ impl<D: Device> Shared<D> {
             // have armed a timer earlier than the thread's.
             threaded && core.take_kick()
         };
-        drop(guard);
+        self.unlock(guard);
         if kick {
             self.signal.kick();
         }
@@ -418,7 +466,7 @@ impl<D: Device> Shared<D> {
         let r = f(&mut core.ep, now).map_err(proto_error);
         self.flush(core);
         let kick = core.threaded && core.take_kick();
-        drop(guard);
+        self.unlock(guard);
         if kick {
             self.signal.kick();
         }
@@ -428,7 +476,9 @@ impl<D: Device> Shared<D> {
 
     fn with_core<R>(&self, f: impl FnOnce(&Core<D>) -> R) -> R {
         let guard: MutexGuard<'_, Core<D>> = self.core.lock();
-        f(&guard)
+        let r = f(&guard);
+        self.unlock(guard);
+        r
     }
 
     /// The agent thread: serve, then sleep until kicked or the next
@@ -500,9 +550,7 @@ impl<D: Device + 'static> CmAgent<D> {
         });
         let signal = Arc::new(Signal::new());
         let kick = signal.clone();
-        #[cfg(not(ibal_loom))]
-        let inline: InlineCell<D> = Default::default();
-        #[cfg(not(ibal_loom))]
+        let inline: InlineSlot<D> = Arc::new(Mutex::new(None));
         let hook_inline = inline.clone();
         let io = Io::new(
             &dev,
@@ -511,11 +559,9 @@ impl<D: Device + 'static> CmAgent<D> {
             config.recv_buffers,
             config.send_buffers,
             io::hook(move || {
-                #[cfg(not(ibal_loom))]
-                if let Some(shared) = hook_inline.get().and_then(std::sync::Weak::upgrade) {
-                    if shared.serve_inline() {
-                        return;
-                    }
+                let shared = hook_inline.lock().clone();
+                if shared.is_some_and(|s| s.serve_inline()) {
+                    return;
                 }
                 kick.kick()
             }),
@@ -544,7 +590,7 @@ impl<D: Device + 'static> CmAgent<D> {
                 delivering: false,
             }),
             signal,
-            #[cfg(not(ibal_loom))]
+            closing: AtomicBool::new(false),
             inline,
             dev,
         });
@@ -651,11 +697,7 @@ impl<D: Device + 'static> CmAgent<D> {
         *thread = Some(handle);
         // From now on a MAD arriving on QP1 is served by the thread that
         // delivered it when the agent is free, the agent thread otherwise.
-        #[cfg(not(ibal_loom))]
-        let _ = self
-            .shared
-            .inline
-            .set(std::sync::Arc::downgrade(&self.shared));
+        *self.shared.inline.lock() = Some(self.shared.clone());
         Ok(())
     }
 
@@ -664,30 +706,45 @@ impl<D: Device + 'static> CmAgent<D> {
         self.thread.lock().is_some()
     }
 
-    /// Stops the agent: the thread (if any) is told to stop and joined
-    /// (unless this is the agent thread itself, e.g. from the event sink:
-    /// it then ends after the current round), QP1 and every provider
-    /// object are destroyed and the sink is dropped. Events not delivered
-    /// yet stay in the queue ([`next_event`](Self::next_event)).
-    /// Idempotent.
+    /// Stops the agent without waiting for anything: the thread (if any)
+    /// is told to stop and left to end on its own after its current round
+    /// (it is never joined, so this may run anywhere: on the agent thread,
+    /// in an event sink, on an AL executor, under a caller's lock). QP1 and
+    /// every provider object are destroyed here if the agent is idle, or
+    /// else by whichever thread holds the agent's lock, as it releases it;
+    /// the sink is dropped with them. Events not delivered yet stay in the
+    /// queue ([`next_event`](Self::next_event)). Idempotent.
     pub fn shutdown(&self) {
         self.shared.signal.stop();
-        let handle = self.thread.lock().take();
-        if let Some(h) = handle {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
-            }
+        drop(self.thread.lock().take());
+        self.shared.closing.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if let Some(mut core) = self.shared.core.try_lock() {
+            self.shared.release_io(&mut core);
         }
-        let io = self.shared.core.lock().io.take();
-        if let Some(io) = io {
-            io.destroy(&self.shared.dev);
-        }
-        self.shared.events.lock().sink = None;
+    }
+
+    /// After [`shutdown`](Self::shutdown): make sure QP1 is gone by the
+    /// time this returns, taking the agent's lock if a thread still holds
+    /// it (a bounded wait: no agent lock holder waits on anything but
+    /// leaf locks). For the one caller that needs the port's QP1 back at
+    /// once: a new agent on the same port.
+    pub fn finish_shutdown(&self) {
+        self.shutdown();
+        let mut core = self.shared.core.lock();
+        self.shared.release_io(&mut core);
+    }
+
+    /// Whether QP1 and the agent's provider objects are gone (a shutdown
+    /// finished). Never waits: an agent whose lock is held reads as not
+    /// released.
+    pub fn qp1_released(&self) -> bool {
+        self.shared.core.try_lock().is_some_and(|c| c.io.is_none())
     }
 
     /// Whether [`shutdown`](Self::shutdown) ran.
     pub fn is_shut_down(&self) -> bool {
-        self.shared.with_core(|c| c.io.is_none())
+        self.shared.closing.load(Ordering::SeqCst)
     }
 
     // ------------------------------------------------------------------
@@ -729,7 +786,7 @@ impl<D: Device + 'static> CmAgent<D> {
             c.io.as_ref()
                 .map(|io| (io.counters, io.sends_outstanding(send_buffers)));
         let (k, outstanding) = io.unwrap_or_default();
-        AgentStats {
+        let stats = AgentStats {
             mads_sent: k.sent,
             mads_received: k.received,
             dropped_malformed: k.malformed,
@@ -741,7 +798,9 @@ impl<D: Device + 'static> CmAgent<D> {
             live_connections: c.ep.live_connections(),
             allocated_ids: c.ep.allocated_ids(),
             served_inline: c.served_inline,
-        }
+        };
+        self.shared.unlock(guard);
+        stats
     }
 
     /// The state of a CEP (`None`: not allocated).
@@ -770,7 +829,22 @@ impl<D: Device + 'static> CmAgent<D> {
 
     /// Listens for REQs and SIDR_REQs to `service_id`.
     pub fn listen(&self, service_id: u64) -> Result<ConnId> {
-        self.shared.call(|ep, _| ep.listen(service_id))
+        self.listen_published(service_id, |_| {})
+    }
+
+    /// [`listen`](Self::listen), calling `publish` with the listener's id
+    /// before any REQ can be matched to it. `publish` runs under the
+    /// agent's lock: it may take leaf locks, never call the agent.
+    pub fn listen_published(
+        &self,
+        service_id: u64,
+        publish: impl FnOnce(ConnId),
+    ) -> Result<ConnId> {
+        self.shared.call(|ep, _| {
+            let id = ep.listen(service_id)?;
+            publish(id);
+            Ok(id)
+        })
     }
 
     /// Stops listening.
@@ -780,7 +854,23 @@ impl<D: Device + 'static> CmAgent<D> {
 
     /// Sends a REQ; returns the new CEP (its id is the local comm id).
     pub fn connect(&self, params: ConnectParams) -> Result<ConnId> {
-        self.shared.call(|ep, now| ep.connect(now, params))
+        self.connect_published(params, |_| {})
+    }
+
+    /// [`connect`](Self::connect), calling `publish` with the new id before
+    /// the REQ can leave, so whatever routes the id's events is in place
+    /// before the peer can answer. `publish` runs under the agent's lock:
+    /// it may take leaf locks, never call the agent.
+    pub fn connect_published(
+        &self,
+        params: ConnectParams,
+        publish: impl FnOnce(ConnId),
+    ) -> Result<ConnId> {
+        self.shared.call(|ep, now| {
+            let id = ep.connect(now, params)?;
+            publish(id);
+            Ok(id)
+        })
     }
 
     /// Answers a REQ with a REP.
@@ -803,7 +893,7 @@ impl<D: Device + 'static> CmAgent<D> {
     /// Sends an MRA for the REQ, REP or LAP just received.
     pub fn send_mra(&self, conn: ConnId, service_timeout: u8, private_data: &[u8]) -> Result<()> {
         self.shared
-            .call(|ep, _| ep.send_mra(conn, service_timeout, private_data))
+            .call(|ep, now| ep.send_mra(now, conn, service_timeout, private_data))
     }
 
     /// Sends the RTU (active side).
@@ -847,7 +937,22 @@ impl<D: Device + 'static> CmAgent<D> {
 
     /// Sends a SIDR_REQ; returns the SIDR CEP.
     pub fn sidr_request(&self, params: SidrParams) -> Result<ConnId> {
-        self.shared.call(|ep, now| ep.sidr_request(now, params))
+        self.sidr_request_published(params, |_| {})
+    }
+
+    /// [`sidr_request`](Self::sidr_request), calling `publish` with the new
+    /// id before the SIDR_REQ can leave (see
+    /// [`connect_published`](Self::connect_published)).
+    pub fn sidr_request_published(
+        &self,
+        params: SidrParams,
+        publish: impl FnOnce(ConnId),
+    ) -> Result<ConnId> {
+        self.shared.call(|ep, now| {
+            let id = ep.sidr_request(now, params)?;
+            publish(id);
+            Ok(id)
+        })
     }
 
     /// Answers a SIDR_REQ.

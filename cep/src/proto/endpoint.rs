@@ -4,9 +4,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::ids::IdSlab;
 use super::{
-    mra_wait_nanos, packet_life_time_from_ack_timeout, response_wait_nanos, timewait_nanos, ConnId,
-    ConnectParams, DisconnectCause, Disposition, EndpointConfig, Event, LapParams, Nanos, PeerAddr,
-    ProtoError, RejectOrigin, SidrParams, SidrReplyParams, State, TimedOut, Transmit,
+    answer_deadline_nanos, mra_wait_nanos, packet_life_time_from_ack_timeout, response_wait_nanos,
+    timewait_nanos, ConnId, ConnectParams, DisconnectCause, Disposition, EndpointConfig, Event,
+    LapParams, Nanos, PeerAddr, ProtoError, RejectOrigin, SidrParams, SidrReplyParams, State,
+    TimedOut, Transmit, SIDR_ANSWER_DEADLINE_NANOS,
 };
 use crate::wire::{
     ApStatus, Apr, CmMad, CmMessage, Drep, Dreq, Lap, MessageMraed, MessageRejected, Mra,
@@ -55,6 +56,9 @@ struct Conn {
     resend: Option<CmMad>,
     /// The last answer sent, repeated when a duplicate request arrives.
     last_reply: Option<CmMad>,
+    /// Passive side: how long the request may wait for the user's answer
+    /// (see `answer_deadline_nanos`).
+    answer_wait: u64,
 }
 
 impl Conn {
@@ -83,6 +87,7 @@ impl Conn {
             timer: None,
             resend: None,
             last_reply: None,
+            answer_wait: 0,
         }
     }
 
@@ -531,7 +536,7 @@ impl Endpoint {
             CmMessage::Rtu(m) => self.on_rtu(m),
             CmMessage::Dreq(m) => self.on_dreq(now, from, tid, m),
             CmMessage::Drep(m) => self.on_drep(now, m),
-            CmMessage::SidrReq(m) => self.on_sidr_req(from, tid, m),
+            CmMessage::SidrReq(m) => self.on_sidr_req(now, from, tid, m),
             CmMessage::SidrRep(m) => self.on_sidr_rep(m),
             CmMessage::Lap(m) => self.on_lap(tid, m),
             CmMessage::Apr(m) => self.on_apr(tid, m),
@@ -630,6 +635,13 @@ impl Endpoint {
             return Disposition::Answered;
         };
         self.register_remote(id, remote_key, qpn_key);
+        let plt = packet_life_time_from_ack_timeout(req.primary_path.local_ack_timeout);
+        let deadline =
+            answer_deadline_nanos(plt, req.remote_cm_response_timeout, req.max_cm_retries);
+        if let Some(c) = self.conns.get_mut(id) {
+            c.answer_wait = deadline;
+        }
+        self.set_timer(id, now.saturating_add(deadline));
         self.emit(Event::ConnectRequest {
             conn: ConnId(id),
             listener: ConnId(listener),
@@ -980,7 +992,7 @@ impl Endpoint {
         Disposition::Handled
     }
 
-    fn on_sidr_req(&mut self, from: PeerAddr, tid: u64, req: SidrReq) -> Disposition {
+    fn on_sidr_req(&mut self, now: Nanos, from: PeerAddr, tid: u64, req: SidrReq) -> Disposition {
         let key = (req.request_id, from);
         if self.sidr_remote.contains_key(&key) {
             return Disposition::Ignored("duplicate SIDR_REQ");
@@ -1002,6 +1014,7 @@ impl Endpoint {
             c.remote_comm_id = req.request_id;
             c.tid = tid;
             c.sidr_key = Some(key);
+            c.answer_wait = SIDR_ANSWER_DEADLINE_NANOS;
             c
         });
         let Some(id) = made else {
@@ -1010,6 +1023,7 @@ impl Endpoint {
             return Disposition::Answered;
         };
         self.sidr_remote.insert(key, id);
+        self.set_timer(id, now.saturating_add(SIDR_ANSWER_DEADLINE_NANOS));
         self.emit(Event::SidrRequest {
             conn: ConnId(id),
             listener: ConnId(listener),
@@ -1075,6 +1089,10 @@ impl Endpoint {
             return;
         };
         let retry_state = match state {
+            State::ReqRcvd | State::MraReqSent | State::SidrReqRcvd => {
+                self.answer_timed_out(now, id, state);
+                return;
+            }
             State::ReqSent | State::MraReqRcvd => State::ReqSent,
             State::RepSent | State::MraRepRcvd => State::RepSent,
             State::LapSent | State::MraLapRcvd => State::LapSent,
@@ -1132,6 +1150,28 @@ impl Endpoint {
                 });
                 self.free(id);
             }
+        }
+    }
+
+    /// A received request nobody answered in time (the peer has given up):
+    /// REJ(Timeout) and TIMEWAIT for a REQ; a SIDR CEP is simply freed (a
+    /// SIDR requester needs no answer to stop).
+    fn answer_timed_out(&mut self, now: Nanos, id: u32, state: State) {
+        let conn = ConnId(id);
+        self.emit(Event::Timeout {
+            conn,
+            message: TimedOut::Answer,
+        });
+        if state == State::SidrReqRcvd {
+            self.free(id);
+        } else {
+            self.reject_and_timewait(
+                now,
+                id,
+                RejectReason::Timeout,
+                MessageRejected::Req,
+                PrivateData::zeroed(),
+            );
         }
     }
 
@@ -1263,6 +1303,7 @@ impl Endpoint {
     /// just received, asking the peer to wait `service_timeout` longer.
     pub fn send_mra(
         &mut self,
+        now: Nanos,
         conn: ConnId,
         service_timeout: u8,
         private_data: &[u8],
@@ -1279,6 +1320,8 @@ impl Endpoint {
         } else {
             c.tid
         };
+        let mra_wait =
+            response_wait_nanos(c.packet_life_time, service_timeout).saturating_add(c.answer_wait);
         let mra = Mra {
             local_comm_id: c.id,
             remote_comm_id: c.remote_comm_id,
@@ -1287,6 +1330,11 @@ impl Endpoint {
             private_data: PrivateData::new(private_data)?,
         };
         check_encodes(mra)?;
+        if next == State::MraReqSent {
+            // The peer now waits the service timeout before it resumes its
+            // REQ retries: the answer deadline moves out by as much.
+            self.set_timer(conn.0, now.saturating_add(mra_wait));
+        }
         self.set_state(conn.0, next);
         self.send_reply(conn.0, CmMad::new(tid, mra));
         Ok(())

@@ -171,6 +171,9 @@ impl State {
         matches!(
             self,
             Self::ReqSent
+                | Self::ReqRcvd
+                | Self::MraReqSent
+                | Self::SidrReqRcvd
                 | Self::MraReqRcvd
                 | Self::RepSent
                 | Self::MraRepRcvd
@@ -225,6 +228,10 @@ pub enum TimedOut {
     Lap,
     /// No SIDR_REP; the SIDR CEP is released.
     SidrReq,
+    /// Nobody answered the peer's REQ (or SIDR_REQ) before the peer's own
+    /// retries ran out: the CM sent a REJ with reason Timeout (for a REQ)
+    /// and the CEP is reclaimed. See [`answer_deadline_nanos`].
+    Answer,
 }
 
 /// Who produced a REJ reported by [`Event::Rejected`].
@@ -520,6 +527,26 @@ pub const fn response_wait_nanos(packet_life_time: u8, response_timeout: u8) -> 
         .saturating_mul(2)
         .saturating_add(cm_timeout_to_nanos(response_timeout))
 }
+
+/// How long a received REQ may wait for the user's answer (accept, reject
+/// or MRA) before the CM reclaims it: the time the active side keeps
+/// retrying the REQ, `MaxCMRetries + 1` waits of `2 * PacketLifeTime +
+/// RemoteCMResponseTimeout`, plus one more wait so a REP sent at the last
+/// moment is not cut short. After that the active side has given up, so an
+/// accept could only produce a REP nobody takes.
+pub const fn answer_deadline_nanos(
+    packet_life_time: u8,
+    response_timeout: u8,
+    max_retries: u8,
+) -> u64 {
+    response_wait_nanos(packet_life_time, response_timeout).saturating_mul(max_retries as u64 + 2)
+}
+
+/// How long a received SIDR_REQ may wait for `sidr_reply`. A SIDR_REQ
+/// carries no timeouts, so this is the deadline of a REQ with the
+/// largest response timeout the CM itself uses (2^20 x 4.096 us, about
+/// 4.3 s) and three retries: about 21 s.
+pub const SIDR_ANSWER_DEADLINE_NANOS: u64 = answer_deadline_nanos(0, 20, 3);
 
 /// How long a CEP stays in TIMEWAIT:
 /// `2 * PacketLifeTime + TargetACKDelay` (the last term only when a REP

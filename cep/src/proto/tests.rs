@@ -793,7 +793,9 @@ fn mra_extends_the_timeout() {
     sim.pump(&mut noop);
     let b = sim.first_conn_request(1);
     let service_timeout = 20; // ~4.3 s, far beyond the REQ wait
-    sim.eps[1].send_mra(b, service_timeout, b"wait").unwrap();
+    sim.eps[1]
+        .send_mra(sim.now, b, service_timeout, b"wait")
+        .unwrap();
     sim.pump(&mut noop);
     assert_eq!(sim.eps[0].state(a), Some(State::MraReqRcvd));
     assert!(matches!(
@@ -825,7 +827,7 @@ fn mra_expiry_resends_req_and_duplicate_req_gets_mra() {
         .unwrap();
     sim.pump(&mut noop);
     let b = sim.first_conn_request(1);
-    sim.eps[1].send_mra(b, 1, &[]).unwrap();
+    sim.eps[1].send_mra(sim.now, b, 1, &[]).unwrap();
     // Past one MRA wait (plus the trip of the MRA) but before the retries
     // run out.
     let mra_wait = mra_wait_nanos(PLT, 1);
@@ -867,7 +869,7 @@ fn duplicate_req_never_makes_a_second_connection() {
     };
     assert_eq!(b_ep.poll_event(), None);
     // In MRA_REQ_SENT a duplicate REQ repeats the MRA.
-    b_ep.send_mra(b, 18, &[]).unwrap();
+    b_ep.send_mra(now, b, 18, &[]).unwrap();
     let mra = b_ep.poll_transmit().unwrap();
     assert_eq!(b_ep.handle_mad(now, addr(0), req), Disposition::Answered);
     assert_eq!(b_ep.poll_transmit().unwrap().mad, mra.mad);
@@ -930,7 +932,7 @@ fn mra_for_rep() {
     let b = sim.first_conn_request(1);
     sim.eps[1].accept(sim.now, b, rep_for(0x22)).unwrap();
     sim.pump(&mut noop);
-    sim.eps[0].send_mra(a, 20, &[]).unwrap();
+    sim.eps[0].send_mra(sim.now, a, 20, &[]).unwrap();
     assert_eq!(sim.eps[0].state(a), Some(State::MraRepSent));
     sim.pump(&mut noop);
     assert_eq!(sim.eps[1].state(b), Some(State::MraRepRcvd));
@@ -1223,7 +1225,7 @@ fn lap_apr() {
         }
         e => panic!("unexpected {e:?}"),
     }
-    sim.eps[1].send_mra(b, 20, &[]).unwrap();
+    sim.eps[1].send_mra(sim.now, b, 20, &[]).unwrap();
     sim.pump(&mut noop);
     assert_eq!(sim.eps[0].state(a), Some(State::MraLapRcvd));
     sim.run_until(sim.now.saturating_add(10 * wait()), &mut noop);
@@ -1414,12 +1416,12 @@ fn reach(target: State, side: usize) -> (Sim, ConnId) {
     type Act = fn(&mut Sim, ConnId, ConnId);
     let acts: [Act; 12] = [
         |_, _, _| {},
-        |s, _, b| s.eps[1].send_mra(b, 20, &[]).unwrap(),
+        |s, _, b| s.eps[1].send_mra(s.now, b, 20, &[]).unwrap(),
         |s, _, b| s.eps[1].accept(s.now, b, rep_for(0x22)).unwrap(),
-        |s, a, _| s.eps[0].send_mra(a, 20, &[]).unwrap(),
+        |s, a, _| s.eps[0].send_mra(s.now, a, 20, &[]).unwrap(),
         |s, a, _| s.eps[0].send_rtu(a, &[]).unwrap(),
         |s, a, _| s.eps[0].lap(s.now, a, alt_path()).unwrap(),
-        |s, _, b| s.eps[1].send_mra(b, 20, &[]).unwrap(),
+        |s, _, b| s.eps[1].send_mra(s.now, b, 20, &[]).unwrap(),
         |s, _, b| s.eps[1].apr(b, ApStatus::Success, &[], &[]).unwrap(),
         |s, a, _| s.eps[0].disconnect(s.now, a, &[]).unwrap(),
         |_, _, _| {},
