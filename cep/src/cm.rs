@@ -634,15 +634,21 @@ impl Cep {
         if st.closed {
             return Err(Error::invalid_state("the CEP is being destroyed"));
         }
-        if !st.passive {
-            return Err(Error::invalid_state(
-                "accept answers a request a listen handed over; this CEP is the active side",
-            ));
-        }
-        if st.qp.is_some() || st.accepting {
-            return Err(Error::invalid_state(
-                "this request is already accepted (or being accepted) on a QP",
-            ));
+        // MUTANT (loom-tests/run.sh --mutants): the old accept checked
+        // neither the side nor an accept already made, and overwrote the
+        // CEP's QP before the protocol call (clearing it when that failed).
+        #[cfg(not(ibal_mutant = "accept_unclaimed"))]
+        {
+            if !st.passive {
+                return Err(Error::invalid_state(
+                    "accept answers a request a listen handed over; this CEP is the active side",
+                ));
+            }
+            if st.qp.is_some() || st.accepting {
+                return Err(Error::invalid_state(
+                    "this request is already accepted (or being accepted) on a QP",
+                ));
+            }
         }
         let (Some(conn), Some(req)) = (st.conn, st.req) else {
             return Err(Error::invalid_state(
@@ -1054,7 +1060,13 @@ pub fn accept(
     }
     let private_data = PrivateData::new(&reply.private_data)
         .map_err(|e| Error::invalid_parameter(e.to_string()))?;
-    let (conn, req) = c.claim_for_accept()?;
+    let (conn, req) = c.claim_for_accept().map_err(|e| {
+        if c.core().is_destroying() {
+            cep_destroyed(&c)
+        } else {
+            e
+        }
+    })?;
     let result = accept_claimed(&c, &qp, conn, &req, reply, private_data);
     c.state.lock().accepting = false;
     match result {

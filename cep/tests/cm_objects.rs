@@ -10,50 +10,13 @@ use al::{Al, Error, Handle, Kind};
 use cep::cm::{self, AcceptReply, CmHandler, ConnectRequest, ListenHandler};
 use cep::proto::Event;
 use cep::wire::RejectReason;
-use hca::provider::{Access, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
-use hca::verbs::{self, Ca, Cq, Pd};
-use hca::{Fabric, HcaConfig, RegisteredBuffer, SoftProvider};
-use qp::{create_qp, post_recv, post_send, query_qp, CidState, Qp, QpCreate};
+use hca::provider::{Access, QpState, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
+use hca::verbs;
+use hca::RegisteredBuffer;
+use qp::{post_recv, post_send, query_qp, CidState};
 
-const SERVICE: u64 = 0x1000_0000_0000_00aa;
-
-struct Side {
-    ca: Handle<Ca>,
-    pd: Handle<Pd>,
-    cq: Handle<Cq>,
-    qp: Handle<Qp>,
-}
-
-fn provider() -> SoftProvider {
-    let f = Fabric::new();
-    f.add_hca(HcaConfig::new(0xa000, &[1])).unwrap();
-    f.add_hca(HcaConfig::new(0xb000, &[2])).unwrap();
-    SoftProvider::new(f)
-}
-
-fn side(al: &Al, p: &SoftProvider, guid: u64) -> Side {
-    let ca = verbs::open_ca(al.instance(), p, guid).unwrap();
-    let pd = verbs::alloc_pd(al.instance(), ca).unwrap();
-    let cq = verbs::create_cq(al.instance(), ca, 256, None, None).unwrap();
-    let qp = new_qp(al, pd, cq);
-    Side { ca, pd, cq, qp }
-}
-
-fn new_qp(al: &Al, pd: Handle<Pd>, cq: Handle<Cq>) -> Handle<Qp> {
-    create_qp(al.instance(), pd, QpCreate::new(QpType::Rc, cq)).unwrap()
-}
-
-fn wait(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what} (ports {})",
-            cm::active_ports()
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
+mod cm_world;
+use cm_world::{new_qp, provider, side, wait, Side, SERVICE};
 
 /// Every event each side saw, by name.
 #[derive(Default)]

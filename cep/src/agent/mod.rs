@@ -271,6 +271,14 @@ fn proto_error(e: ProtoError) -> Error {
     }
 }
 
+/// A process-wide count of agents created, to seed each one's comm ids
+/// differently. Identity only, never synchronisation: a plain std atomic
+/// is enough even under the model checker.
+fn next_incarnation() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 fn shut_down() -> Error {
     Error::invalid_state("the CM agent is shut down")
 }
@@ -535,8 +543,15 @@ impl<D: Device + 'static> CmAgent<D> {
             )));
         };
         let mut ep_config = EndpointConfig::new(attr.node_guid);
-        // Ports of one device get different id seeds unless told otherwise.
-        ep_config.id_seed = ep_config.id_seed.wrapping_add(u32::from(port) << 12);
+        // Ports of one device, and successive agents of one port, get
+        // different id seeds unless told otherwise: a port whose agent is
+        // shut down and started again must not hand out the comm ids its
+        // peers still hold in timewait (they would take a new REQ for a
+        // duplicate of the old one and reject it as stale).
+        ep_config.id_seed = ep_config
+            .id_seed
+            .wrapping_add(u32::from(port) << 12)
+            .wrapping_add(next_incarnation().wrapping_mul(0x9E37_79B9));
         if let Some(seed) = config.id_seed {
             ep_config.id_seed = seed;
         }
