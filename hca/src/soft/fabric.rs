@@ -221,13 +221,33 @@ impl PortCore {
     }
 }
 
+/// The identity of a device or protection domain: unique among every
+/// device and PD of the process, for its whole life (64 bits do not wrap).
+///
+/// Cross-object checks ("is this SRQ/AV/MR in the QP's PD?", "is this CQ
+/// on this device?") compare these, so an object of another device can
+/// never pass for one of ours, as it did when PD ids were per-device
+/// counters that all started at 1 (issue 12). Comparing two of them is one
+/// integer compare, which is all the per-work-request path can afford.
+pub(crate) type Identity = u64;
+
+/// A fresh [`Identity`].
+pub(crate) fn new_identity() -> Identity {
+    // A plain std atomic, also under loom: the only property wanted is
+    // uniqueness, which a relaxed fetch_add gives, and a static cannot
+    // hold a loom atomic.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// What QPs and MRs of an HCA share (no back references).
 pub(crate) struct HcaCore {
+    /// This device's identity (its CQs carry it).
+    pub(crate) id: Identity,
     pub(crate) attr: DeviceAttr,
     pub(crate) ports: Vec<PortCore>,
     pub(crate) mrs: MrTable,
     pub(crate) next_qpn: AtomicU32,
-    pub(crate) next_id: AtomicU32,
 }
 
 impl HcaCore {
@@ -533,11 +553,11 @@ impl Fabric {
             })
             .collect();
         let core = Arc::new(HcaCore {
-            mrs: MrTable::new(attr.max_mr as usize),
+            id: new_identity(),
+            mrs: MrTable::new(attr.max_mr),
             attr,
             ports,
             next_qpn: AtomicU32::new(0x100),
-            next_id: AtomicU32::new(1),
         });
         let node = Arc::new(HcaNode {
             core,

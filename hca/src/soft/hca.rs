@@ -12,7 +12,7 @@ use crate::provider::{
     QpAttr, QpInit, QpModify, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
 };
 use crate::soft::cq::{CqInner, Deferred};
-use crate::soft::fabric::{Fabric, FabricInner, HcaCore, HcaNode, GSI_KEY};
+use crate::soft::fabric::{new_identity, Fabric, FabricInner, HcaCore, HcaNode, Identity, GSI_KEY};
 use crate::soft::mr::MrInner;
 use crate::soft::qp::{QpInner, SrqInner, UdInfo, WrView, PSN_MASK};
 use crate::soft::{engine, fast};
@@ -62,10 +62,6 @@ impl SoftHca {
         Ok(())
     }
 
-    fn next_id(&self) -> u32 {
-        self.core().next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
     /// The fabric this HCA is on.
     pub fn fabric(&self) -> Fabric {
         Fabric {
@@ -103,7 +99,7 @@ impl SoftHca {
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<SoftPd> {
         Ok(SoftPd {
-            id: self.next_id(),
+            id: new_identity(),
             core: self.node.core.clone(),
         })
     }
@@ -119,6 +115,7 @@ impl SoftHca {
         }
         Ok(SoftCq {
             inner: Arc::new(CqInner::new(
+                self.core().id,
                 init.capacity as usize,
                 init.on_completion,
                 init.on_async_error,
@@ -192,9 +189,20 @@ impl SoftHca {
         gsi_port: u8,
         init: &QpInit<'_, SoftCq, SoftSrq>,
     ) -> Result<SoftQp> {
+        for (cq, which) in [(init.send_cq, "send"), (init.recv_cq, "receive")] {
+            if cq.inner.device != self.core().id {
+                return Err(Error::invalid_parameter(format!(
+                    "the {which} CQ belongs to another HCA"
+                )));
+            }
+        }
         if let Some(srq) = init.srq {
+            // PD identities are unique across devices: this also refuses
+            // an SRQ of another HCA.
             if srq.inner.pd != pd.id {
-                return Err(Error::invalid_parameter("the SRQ belongs to another PD"));
+                return Err(Error::invalid_parameter(
+                    "the SRQ belongs to another PD (or another HCA)",
+                ));
             }
         }
         let inner = Arc::new(QpInner::new(
@@ -261,7 +269,9 @@ impl SoftHca {
 
 /// A protection domain.
 pub struct SoftPd {
-    pub(crate) id: u32,
+    /// Unique across devices, so an SRQ, AV or MR that carries it cannot
+    /// belong to a PD of another device.
+    pub(crate) id: Identity,
     pub(crate) core: Arc<HcaCore>,
 }
 
@@ -508,7 +518,7 @@ impl SoftSrq {
 #[derive(Debug)]
 pub struct SoftAv {
     attr: AvAttr,
-    pd: u32,
+    pd: Identity,
 }
 
 impl SoftAv {
@@ -587,9 +597,11 @@ impl SoftQp {
                 )))
             }
             (true, Some(u)) => {
+                // One integer compare; PD identities are unique across
+                // devices, so an AV of another HCA fails it too.
                 if u.av.pd != qp.pd {
                     return Err(Error::invalid_parameter(format!(
-                        "send {i}: the AV belongs to another PD"
+                        "send {i}: the AV belongs to another PD (or another HCA)"
                     )));
                 }
                 if u.remote_qpn > PSN_MASK {

@@ -13,7 +13,7 @@ use crate::provider::{
 };
 use crate::qp_state;
 use crate::soft::cq::{CqInner, Deferred};
-use crate::soft::fabric::{FabricInner, HcaCore};
+use crate::soft::fabric::{FabricInner, HcaCore, Identity};
 use crate::soft::fast::RunCache;
 
 /// A scatter list kept with a posted receive; four entries inline.
@@ -55,7 +55,7 @@ pub(crate) struct RecvEntry {
 
 /// A shared receive queue.
 pub(crate) struct SrqInner {
-    pub(crate) pd: u32,
+    pub(crate) pd: Identity,
     pub(crate) max_sge: usize,
     pub(crate) max_wr: usize,
     pub(crate) q: Mutex<VecDeque<RecvEntry>>,
@@ -171,7 +171,7 @@ pub(crate) struct RecvQueue {
 pub(crate) struct QpInner {
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
-    pub(crate) pd: u32,
+    pub(crate) pd: Identity,
     pub(crate) hca: Arc<HcaCore>,
     pub(crate) send_cq: Arc<CqInner>,
     pub(crate) recv_cq: Arc<CqInner>,
@@ -200,7 +200,7 @@ impl QpInner {
     pub(crate) fn new(
         qpn: u32,
         qp_type: QpType,
-        pd: u32,
+        pd: Identity,
         hca: Arc<HcaCore>,
         send_cq: Arc<CqInner>,
         recv_cq: Arc<CqInner>,
