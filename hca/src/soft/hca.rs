@@ -12,7 +12,9 @@ use crate::provider::{
     QpAttr, QpInit, QpModify, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
 };
 use crate::soft::cq::{CqInner, Deferred};
-use crate::soft::fabric::{new_identity, Fabric, FabricInner, HcaCore, HcaNode, Identity, GSI_KEY};
+use crate::soft::fabric::{
+    new_identity, Charge, Counted, Fabric, FabricInner, HcaCore, HcaNode, Identity, GSI_KEY,
+};
 use crate::soft::mr::MrInner;
 use crate::soft::qp::{QpInner, SrqInner, UdInfo, WrView, PSN_MASK};
 use crate::soft::{engine, fast};
@@ -99,6 +101,7 @@ impl SoftHca {
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<SoftPd> {
         Ok(SoftPd {
+            _charge: self.node.core.charge(Counted::Pd)?,
             id: new_identity(),
             core: self.node.core.clone(),
         })
@@ -113,7 +116,9 @@ impl SoftHca {
                 init.capacity
             )));
         }
+        let charge = self.node.core.charge(Counted::Cq)?;
         Ok(SoftCq {
+            _charge: charge,
             inner: Arc::new(CqInner::new(
                 self.core().id,
                 init.capacity as usize,
@@ -133,7 +138,9 @@ impl SoftHca {
                 a.max_srq_wr, a.max_sge
             )));
         }
+        let charge = self.node.core.charge(Counted::Srq)?;
         Ok(SoftSrq {
+            _charge: charge,
             inner: Arc::new(SrqInner {
                 pd: pd.id,
                 max_sge: init.max_sge as usize,
@@ -146,19 +153,9 @@ impl SoftHca {
     /// Create an address vector.
     pub fn create_av(&self, pd: &SoftPd, attr: &AvAttr) -> Result<SoftAv> {
         self.check_pd(pd)?;
-        let port = self
-            .core()
-            .port(attr.port)
-            .ok_or_else(|| Error::invalid_parameter(format!("AV port {}", attr.port)))?;
-        if let Some(g) = attr.grh {
-            if g.sgid_index as usize >= port.gids.len() {
-                return Err(Error::invalid_parameter(format!(
-                    "AV sgid_index {} outside the GID table",
-                    g.sgid_index
-                )));
-            }
-        }
+        self.core().check_av(attr, "AV")?;
         Ok(SoftAv {
+            _charge: self.node.core.charge(Counted::Av)?,
             attr: *attr,
             pd: pd.id,
         })
@@ -180,6 +177,7 @@ impl SoftHca {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn make_qp(
         &self,
         pd: &SoftPd,
@@ -188,6 +186,7 @@ impl SoftHca {
         qp_type: QpType,
         gsi_port: u8,
         init: &QpInit<'_, SoftCq, SoftSrq>,
+        charge: Charge,
     ) -> Result<SoftQp> {
         for (cq, which) in [(init.send_cq, "send"), (init.recv_cq, "receive")] {
             if cq.inner.device != self.core().id {
@@ -223,6 +222,7 @@ impl SoftHca {
         }
         qps.insert(key, inner.clone());
         Ok(SoftQp {
+            _charge: charge,
             inner,
             fabric: self.fabric.clone(),
             node: self.node.clone(),
@@ -239,13 +239,16 @@ impl SoftHca {
             ));
         }
         self.check_caps(init)?;
+        // Charged before a QP number is looked for: with at most max_qp
+        // (< 2^24 - 2) QPs a free number always exists.
+        let charge = self.node.core.charge(Counted::Qp)?;
         let qpn = loop {
             let n = self.core().next_qpn.fetch_add(1, Ordering::Relaxed) & PSN_MASK;
             if n > 1 && !self.node.qps.read().contains_key(&n) {
                 break n;
             }
         };
-        self.make_qp(pd, qpn, qpn, init.qp_type, 0, init)
+        self.make_qp(pd, qpn, qpn, init.qp_type, 0, init, charge)
     }
 
     /// Create port `port`'s GSI QP (QP1, in RESET): a UD QP that carries
@@ -263,12 +266,15 @@ impl SoftHca {
         }
         self.check_caps(init)?;
         let key = GSI_KEY | port as u32;
-        self.make_qp(pd, key, key, QpType::Gsi, port, init)
+        let charge = self.node.core.charge(Counted::Qp)?;
+        self.make_qp(pd, key, key, QpType::Gsi, port, init, charge)
     }
 }
 
 /// A protection domain.
 pub struct SoftPd {
+    /// Its place in the HCA's `max_pd`.
+    _charge: Charge,
     /// Unique across devices, so an SRQ, AV or MR that carries it cannot
     /// belong to a PD of another device.
     pub(crate) id: Identity,
@@ -282,6 +288,13 @@ impl std::fmt::Debug for SoftPd {
 }
 
 fn check_access(access: Access) -> Result<()> {
+    if access.undefined_bits() != 0 {
+        return Err(Error::invalid_parameter(format!(
+            "access {:#x} has bits that name no right ({:#x})",
+            access.bits(),
+            access.undefined_bits()
+        )));
+    }
     if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
         && !access.contains(Access::LOCAL_WRITE)
     {
@@ -450,6 +463,9 @@ impl Drop for SoftMr {
 /// A completion queue.
 pub struct SoftCq {
     inner: Arc<CqInner>,
+    /// Its place in the HCA's `max_cq` (given back when the handle drops;
+    /// QPs may keep the queue itself alive a little longer).
+    _charge: Charge,
 }
 
 impl std::fmt::Debug for SoftCq {
@@ -491,6 +507,8 @@ impl SoftCq {
 /// A shared receive queue.
 pub struct SoftSrq {
     inner: Arc<SrqInner>,
+    /// Its place in the HCA's `max_srq`.
+    _charge: Charge,
 }
 
 impl std::fmt::Debug for SoftSrq {
@@ -517,6 +535,8 @@ impl SoftSrq {
 /// An address vector.
 #[derive(Debug)]
 pub struct SoftAv {
+    /// Its place in the HCA's `max_av`.
+    _charge: Charge,
     attr: AvAttr,
     pd: Identity,
 }
@@ -531,6 +551,8 @@ impl SoftAv {
 /// A queue pair. Dropping it destroys it (outstanding work is discarded
 /// without completions).
 pub struct SoftQp {
+    /// Its place in the HCA's `max_qp`.
+    _charge: Charge,
     inner: Arc<QpInner>,
     fabric: Arc<FabricInner>,
     node: Arc<HcaNode>,
