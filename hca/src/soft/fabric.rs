@@ -363,10 +363,11 @@ impl HcaCore {
     }
 
     /// Take a place for one more `what`, or fail with
-    /// `InsufficientResources` naming the limit.
-    pub(crate) fn charge(self: &Arc<Self>, what: Counted) -> Result<Charge> {
-        let max = self.limit(what);
-        self.counts[what as usize]
+    /// `InsufficientResources` naming the limit. (An associated function:
+    /// under loom `Arc` is not a std receiver type.)
+    pub(crate) fn charge(this: &Arc<Self>, what: Counted) -> Result<Charge> {
+        let max = this.limit(what);
+        this.counts[what as usize]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
@@ -377,7 +378,7 @@ impl HcaCore {
                 ))
             })?;
         Ok(Charge {
-            core: self.clone(),
+            core: this.clone(),
             what,
         })
     }

@@ -101,7 +101,7 @@ impl SoftHca {
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<SoftPd> {
         Ok(SoftPd {
-            _charge: self.node.core.charge(Counted::Pd)?,
+            _charge: HcaCore::charge(&self.node.core, Counted::Pd)?,
             id: new_identity(),
             core: self.node.core.clone(),
         })
@@ -116,7 +116,7 @@ impl SoftHca {
                 init.capacity
             )));
         }
-        let charge = self.node.core.charge(Counted::Cq)?;
+        let charge = HcaCore::charge(&self.node.core, Counted::Cq)?;
         Ok(SoftCq {
             _charge: charge,
             inner: Arc::new(CqInner::new(
@@ -138,7 +138,7 @@ impl SoftHca {
                 a.max_srq_wr, a.max_sge
             )));
         }
-        let charge = self.node.core.charge(Counted::Srq)?;
+        let charge = HcaCore::charge(&self.node.core, Counted::Srq)?;
         Ok(SoftSrq {
             _charge: charge,
             inner: Arc::new(SrqInner {
@@ -155,7 +155,7 @@ impl SoftHca {
         self.check_pd(pd)?;
         self.core().check_av(attr, "AV")?;
         Ok(SoftAv {
-            _charge: self.node.core.charge(Counted::Av)?,
+            _charge: HcaCore::charge(&self.node.core, Counted::Av)?,
             attr: *attr,
             pd: pd.id,
         })
@@ -241,7 +241,7 @@ impl SoftHca {
         self.check_caps(init)?;
         // Charged before a QP number is looked for: with at most max_qp
         // (< 2^24 - 2) QPs a free number always exists.
-        let charge = self.node.core.charge(Counted::Qp)?;
+        let charge = HcaCore::charge(&self.node.core, Counted::Qp)?;
         let qpn = loop {
             let n = self.core().next_qpn.fetch_add(1, Ordering::Relaxed) & PSN_MASK;
             if n > 1 && !self.node.qps.read().contains_key(&n) {
@@ -266,7 +266,7 @@ impl SoftHca {
         }
         self.check_caps(init)?;
         let key = GSI_KEY | port as u32;
-        let charge = self.node.core.charge(Counted::Qp)?;
+        let charge = HcaCore::charge(&self.node.core, Counted::Qp)?;
         self.make_qp(pd, key, key, QpType::Gsi, port, init, charge)
     }
 }
