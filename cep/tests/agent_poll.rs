@@ -383,6 +383,8 @@ fn bytes_on_the_wire_are_a_valid_256_byte_cm_mad() {
         max_cm_retries: RETRIES,
         remote_cm_response_timeout: RESP,
         local_cm_response_timeout: RESP,
+        // A REQ a peer can accept (connect refuses MTU code 0).
+        path_mtu: 5,
         ..Req::default()
     };
     req.primary_path.local_ack_timeout = PLT + 1;

@@ -54,13 +54,30 @@ impl Access {
     /// Remote peers may perform atomics.
     pub const REMOTE_ATOMIC: Access = Access(8);
 
+    /// Every right IBTA defines; any other bit is undefined.
+    pub const DEFINED: Access = Access(0xf);
+
     /// The raw bits.
     pub const fn bits(self) -> u32 {
         self.0
     }
-    /// Build from raw bits (unknown bits are kept and ignored).
-    pub const fn from_bits(bits: u32) -> Access {
+    /// Build from raw bits; `None` if a bit names no right.
+    pub const fn from_bits(bits: u32) -> Option<Access> {
+        if bits & !Access::DEFINED.0 == 0 {
+            Some(Access(bits))
+        } else {
+            None
+        }
+    }
+    /// Build from raw bits, keeping undefined ones (as a decoder of
+    /// foreign data must). Providers refuse such a value wherever it is
+    /// given (MR registration, QP modify) with `InvalidParameter`.
+    pub const fn from_bits_retain(bits: u32) -> Access {
         Access(bits)
+    }
+    /// The bits that name no right (0 for a valid value).
+    pub const fn undefined_bits(self) -> u32 {
+        self.0 & !Access::DEFINED.0
     }
     /// Whether every right in `other` is in `self`.
     pub const fn contains(self, other: Access) -> bool {

@@ -181,10 +181,24 @@ pub fn create_qp(al: &Arc<AlInstance>, pd: Handle<Pd>, init: QpCreate) -> Result
         Some(h) => Some(al.resolve(h)?.to_arc()),
         None => None,
     };
+    // Identity by object, not by provider id: the CQs must be of the PD's
+    // CA and the SRQ of the PD itself (the provider checks again, with
+    // identities unique across devices).
     for cq in [&send_cq, &recv_cq] {
         if !Arc::ptr_eq(cq.ca(), pd.ca()) {
             return Err(al::Error::invalid_parameter(
                 "the CQ belongs to another CA than the PD",
+            ));
+        }
+    }
+    if let Some(s) = &srq {
+        if !Arc::ptr_eq(s.pd(), &pd) {
+            return Err(al::Error::invalid_parameter(
+                if Arc::ptr_eq(s.pd().ca(), pd.ca()) {
+                    "the SRQ belongs to another PD"
+                } else {
+                    "the SRQ belongs to another CA than the PD"
+                },
             ));
         }
     }

@@ -288,6 +288,55 @@ fn a_cq_or_srq_with_bound_qps_is_busy_until_they_are_gone() {
     assert!(al.close().unwrap().is_clean());
 }
 
+/// Issue 12 (defect 4): an SRQ or CQ of another CA is refused by
+/// `create_qp`, even when it is that CA's first SRQ in its first PD (whose
+/// provider ids once equalled those of the first PD here), and the refusal
+/// leaves nothing bound.
+#[test]
+fn create_qp_refuses_an_srq_or_cq_of_another_ca() {
+    let p = fabric();
+    let al = Al::open().unwrap();
+    let (a, b) = (side(&al, &p, 0xa000, 1), side(&al, &p, 0xb000, 2));
+    let init = SrqInit {
+        max_wr: 16,
+        max_sge: 1,
+    };
+    let srq_b = verbs::create_srq(al.instance(), b.pd, init).unwrap();
+    let e = create_qp(
+        al.instance(),
+        a.pd,
+        QpCreate {
+            srq: Some(srq_b),
+            ..QpCreate::new(QpType::Rc, a.cq)
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidParameter(_)), "{e:?}");
+    // An SRQ of another PD of the same CA, likewise.
+    let pd2 = verbs::alloc_pd(al.instance(), a.ca).unwrap();
+    let srq_a2 = verbs::create_srq(al.instance(), pd2, init).unwrap();
+    let e = create_qp(
+        al.instance(),
+        a.pd,
+        QpCreate {
+            srq: Some(srq_a2),
+            ..QpCreate::new(QpType::Rc, a.cq)
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidParameter(_)), "{e:?}");
+    let e = create_qp(al.instance(), a.pd, QpCreate::new(QpType::Rc, b.cq)).unwrap_err();
+    assert!(matches!(e, Error::InvalidParameter(_)), "{e:?}");
+    for cq in [a.cq, b.cq] {
+        assert_eq!(al.resolve(cq).unwrap().bindings().count(), 0);
+    }
+    for srq in [srq_b, srq_a2] {
+        assert_eq!(al.resolve(srq).unwrap().bindings().count(), 0);
+        al.destroy_sync(srq).unwrap();
+    }
+    assert!(al.close().unwrap().is_clean());
+}
+
 #[test]
 fn closing_a_ca_cascades_and_handles_go_stale() {
     let p = fabric();

@@ -1229,6 +1229,21 @@ impl Endpoint {
         let mut req = params.req;
         req.local_ca_guid = self.config.local_ca_guid;
         check_encodes(req)?;
+        // What a peer (this CM included) must reject is refused here, so it
+        // is never sent: a 4-bit path MTU outside 1..=5 names no MTU.
+        match unsupported_req(&req) {
+            Some(RejectReason::InvalidMtu) => {
+                return Err(ProtoError::InvalidParam(
+                    "the REQ's path MTU code must be 1..=5 (256..4096 bytes)",
+                ))
+            }
+            Some(_) => {
+                return Err(ProtoError::InvalidParam(
+                    "the REQ's transport service type is not offered",
+                ))
+            }
+            None => {}
+        }
         let tid = self.alloc_tid();
         let id = self.alloc(|id| {
             let mut c = Conn::new(id, State::ReqSent, params.peer);

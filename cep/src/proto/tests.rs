@@ -1919,6 +1919,37 @@ fn a_req_of_another_class_version_is_rejected_with_ours_in_the_ari() {
     ep.check_invariants().unwrap();
 }
 
+/// Issue 12 (defect 5): a REQ whose path MTU code names no MTU is refused
+/// by `connect` (never sent), as a peer would reject it.
+#[test]
+fn connect_refuses_a_req_the_peer_must_reject() {
+    for mtu in [0u8, 6, 7, 15] {
+        let mut ep = Endpoint::new(config(0));
+        let mut p = connect_params(1, SVC, 0x10);
+        p.req.path_mtu = mtu;
+        assert!(
+            matches!(ep.connect(Nanos(0), p), Err(ProtoError::InvalidParam(_))),
+            "path MTU code {mtu}"
+        );
+        assert!(ep.poll_transmit().is_none(), "nothing sent");
+        assert_eq!(ep.live_connections(), 0);
+        ep.check_invariants().unwrap();
+    }
+    let mut ep = Endpoint::new(config(0));
+    let mut p = connect_params(1, SVC, 0x10);
+    p.req.transport_service_type = wire::TransportType::Extended;
+    assert!(matches!(
+        ep.connect(Nanos(0), p),
+        Err(ProtoError::InvalidParam(_))
+    ));
+    for mtu in 1..=5u8 {
+        let mut ep = Endpoint::new(config(0));
+        let mut p = connect_params(1, SVC, 0x10);
+        p.req.path_mtu = mtu;
+        ep.connect(Nanos(0), p).unwrap();
+    }
+}
+
 #[test]
 fn unsupported_transport_and_mtu_are_rejected_with_their_reasons() {
     for (tweak, reason) in [

@@ -7,6 +7,8 @@ use crate::provider::{AsyncEvent, AsyncHook, CompletionHook, CqArm, Wc, WcStatus
 use crate::soft::qp::QpInner;
 
 pub(crate) struct CqInner {
+    /// The device that created it: a QP may only use CQs of its own device.
+    pub(crate) device: crate::soft::fabric::Identity,
     state: Mutex<CqState>,
     on_completion: Option<CompletionHook>,
     on_async: Option<AsyncHook>,
@@ -78,11 +80,13 @@ impl WcRing {
 
 impl CqInner {
     pub(crate) fn new(
+        device: crate::soft::fabric::Identity,
         cap: usize,
         on_completion: Option<CompletionHook>,
         on_async: Option<AsyncHook>,
     ) -> CqInner {
         CqInner {
+            device,
             state: Mutex::new(CqState {
                 q: WcRing::new(cap),
                 armed: None,

@@ -73,7 +73,59 @@ pub struct HcaConfig {
     pub vendor_part_id: u32,
     /// Ports, numbered from 1.
     pub ports: Vec<PortConfig>,
+    /// The object counts and sizes the HCA advertises ([`DeviceAttr`]) and
+    /// enforces; small values let tests reach them.
+    pub limits: HcaLimits,
 }
+
+/// What a soft HCA advertises in its [`DeviceAttr`] and enforces: creating
+/// one object more than a `max_*` count allows fails with
+/// `InsufficientResources` naming the limit (destroying one frees its
+/// place); a size above a `max_*` size is `InvalidParameter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HcaLimits {
+    /// QPs, GSI QPs included (at most 2^24 - 2: QP numbers are 24 bits and
+    /// 0 and 1 are the special QPs').
+    pub max_qp: u32,
+    /// Work requests per QP queue.
+    pub max_qp_wr: u32,
+    /// Scatter/gather entries per work request.
+    pub max_sge: u32,
+    /// CQs.
+    pub max_cq: u32,
+    /// Entries per CQ.
+    pub max_cqe: u32,
+    /// MRs (at most 2^24 - 1: the MR key needs 8 bits beside the slot).
+    pub max_mr: u32,
+    /// PDs.
+    pub max_pd: u32,
+    /// SRQs.
+    pub max_srq: u32,
+    /// Work requests per SRQ.
+    pub max_srq_wr: u32,
+    /// AVs.
+    pub max_av: u32,
+}
+
+impl Default for HcaLimits {
+    fn default() -> Self {
+        HcaLimits {
+            max_qp: 1 << 16,
+            max_qp_wr: 1 << 14,
+            max_sge: 32,
+            max_cq: 1 << 16,
+            max_cqe: 1 << 20,
+            max_mr: 1 << 20,
+            max_pd: 1 << 16,
+            max_srq: 1 << 16,
+            max_srq_wr: 1 << 14,
+            max_av: 1 << 16,
+        }
+    }
+}
+
+/// Largest `max_qp`: every 24-bit QP number but 0 and 1.
+const MAX_QPS: u32 = (1 << 24) - 2;
 
 impl HcaConfig {
     /// An HCA with one port per LID in `lids`; port GUIDs are
@@ -89,6 +141,7 @@ impl HcaConfig {
                 .enumerate()
                 .map(|(i, &lid)| PortConfig::new(lid, node_guid.wrapping_add(i as u64 + 1)))
                 .collect(),
+            limits: HcaLimits::default(),
         }
     }
 }
@@ -221,18 +274,154 @@ impl PortCore {
     }
 }
 
+/// The identity of a device or protection domain: unique among every
+/// device and PD of the process, for its whole life (64 bits do not wrap).
+///
+/// Cross-object checks ("is this SRQ/AV/MR in the QP's PD?", "is this CQ
+/// on this device?") compare these, so an object of another device can
+/// never pass for one of ours, as it did when PD ids were per-device
+/// counters that all started at 1 (issue 12). Comparing two of them is one
+/// integer compare, which is all the per-work-request path can afford.
+pub(crate) type Identity = u64;
+
+/// A fresh [`Identity`].
+pub(crate) fn new_identity() -> Identity {
+    // A plain std atomic, also under loom: the only property wanted is
+    // uniqueness, which a relaxed fetch_add gives, and a static cannot
+    // hold a loom atomic.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// What QPs and MRs of an HCA share (no back references).
 pub(crate) struct HcaCore {
+    /// This device's identity (its CQs carry it).
+    pub(crate) id: Identity,
     pub(crate) attr: DeviceAttr,
     pub(crate) ports: Vec<PortCore>,
     pub(crate) mrs: MrTable,
     pub(crate) next_qpn: AtomicU32,
-    pub(crate) next_id: AtomicU32,
+    /// Live objects of each counted kind (MRs are counted by `mrs`).
+    counts: [AtomicU32; Counted::KINDS],
+}
+
+/// The kinds of object whose number an HCA limits (besides MRs, which its
+/// key table counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counted {
+    Pd,
+    Cq,
+    Qp,
+    Srq,
+    Av,
+}
+
+impl Counted {
+    const KINDS: usize = 5;
+
+    /// The limit's name in `DeviceAttr` and the objects' name.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Counted::Pd => ("max_pd", "PDs"),
+            Counted::Cq => ("max_cq", "CQs"),
+            Counted::Qp => ("max_qp", "QPs"),
+            Counted::Srq => ("max_srq", "SRQs"),
+            Counted::Av => ("max_av", "AVs"),
+        }
+    }
+}
+
+/// One object's place in its HCA's count; dropping it (with the object)
+/// gives the place back.
+pub(crate) struct Charge {
+    core: Arc<HcaCore>,
+    what: Counted,
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Charge({:?})", self.what)
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.core.counts[self.what as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl HcaCore {
+    fn limit(&self, what: Counted) -> u32 {
+        let a = &self.attr;
+        match what {
+            Counted::Pd => a.max_pd,
+            Counted::Cq => a.max_cq,
+            Counted::Qp => a.max_qp,
+            Counted::Srq => a.max_srq,
+            Counted::Av => a.max_av,
+        }
+    }
+
+    /// Take a place for one more `what`, or fail with
+    /// `InsufficientResources` naming the limit. (An associated function:
+    /// under loom `Arc` is not a std receiver type.)
+    pub(crate) fn charge(this: &Arc<Self>, what: Counted) -> Result<Charge> {
+        let max = this.limit(what);
+        this.counts[what as usize]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| {
+                let (limit, objects) = what.names();
+                Error::insufficient_resources(format!(
+                    "{limit} reached: the HCA allows {max} {objects}"
+                ))
+            })?;
+        Ok(Charge {
+            core: this.clone(),
+            what,
+        })
+    }
 }
 
 impl HcaCore {
     pub(crate) fn port(&self, n: u8) -> Option<&PortCore> {
         self.ports.get((n as usize).checked_sub(1)?)
+    }
+
+    /// An address vector must name a port of this CA, a GID of that port
+    /// and values that fit their IBTA fields (SL 4 bits, flow label 20);
+    /// anything else is refused, never masked into something else.
+    /// `what` names the AV in the error ("AV", "av", "alt_av").
+    pub(crate) fn check_av(&self, av: &AvAttr, what: &str) -> Result<()> {
+        let Some(port) = self.port(av.port) else {
+            return Err(Error::invalid_parameter(format!(
+                "{what}.port {} does not exist (the HCA has {})",
+                av.port,
+                self.ports.len()
+            )));
+        };
+        if av.sl > 15 {
+            return Err(Error::invalid_parameter(format!(
+                "{what}.sl {} does not fit 4 bits",
+                av.sl
+            )));
+        }
+        if let Some(g) = av.grh {
+            if g.sgid_index as usize >= port.gids.len() {
+                return Err(Error::invalid_parameter(format!(
+                    "{what}.sgid_index {} is outside port {}'s GID table",
+                    g.sgid_index, av.port
+                )));
+            }
+            if g.flow_label > 0xf_ffff {
+                return Err(Error::invalid_parameter(format!(
+                    "{what}.flow_label {:#x} does not fit 20 bits",
+                    g.flow_label
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -495,6 +684,13 @@ impl Fabric {
                 )));
             }
         }
+        let l = cfg.limits;
+        if l.max_qp > MAX_QPS || l.max_mr > crate::soft::mr::MAX_MRS {
+            return Err(Error::invalid_parameter(format!(
+                "limits: max_qp must be at most {MAX_QPS}, max_mr at most {}",
+                crate::soft::mr::MAX_MRS
+            )));
+        }
         let attr = DeviceAttr {
             name: cfg.name.clone(),
             node_guid: cfg.node_guid,
@@ -502,17 +698,17 @@ impl Fabric {
             vendor_part_id: cfg.vendor_part_id,
             hw_ver: 1,
             num_ports: cfg.ports.len() as u8,
-            max_qp: 1 << 16,
-            max_qp_wr: 1 << 14,
-            max_sge: 32,
-            max_cq: 1 << 16,
-            max_cqe: 1 << 20,
-            max_mr: 1 << 20,
+            max_qp: l.max_qp,
+            max_qp_wr: l.max_qp_wr,
+            max_sge: l.max_sge,
+            max_cq: l.max_cq,
+            max_cqe: l.max_cqe,
+            max_mr: l.max_mr,
             max_mr_size: 1 << 40,
-            max_pd: 1 << 16,
-            max_srq: 1 << 16,
-            max_srq_wr: 1 << 14,
-            max_av: 1 << 16,
+            max_pd: l.max_pd,
+            max_srq: l.max_srq,
+            max_srq_wr: l.max_srq_wr,
+            max_av: l.max_av,
             max_qp_rd_atomic: 16,
             max_qp_init_rd_atomic: 16,
             atomic_cap: AtomicCap::Hca,
@@ -533,11 +729,12 @@ impl Fabric {
             })
             .collect();
         let core = Arc::new(HcaCore {
-            mrs: MrTable::new(attr.max_mr as usize),
+            id: new_identity(),
+            mrs: MrTable::new(attr.max_mr),
             attr,
             ports,
             next_qpn: AtomicU32::new(0x100),
-            next_id: AtomicU32::new(1),
+            counts: std::array::from_fn(|_| AtomicU32::new(0)),
         });
         let node = Arc::new(HcaNode {
             core,

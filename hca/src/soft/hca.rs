@@ -12,7 +12,9 @@ use crate::provider::{
     QpAttr, QpInit, QpModify, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
 };
 use crate::soft::cq::{CqInner, Deferred};
-use crate::soft::fabric::{Fabric, FabricInner, HcaCore, HcaNode, GSI_KEY};
+use crate::soft::fabric::{
+    new_identity, Charge, Counted, Fabric, FabricInner, HcaCore, HcaNode, Identity, GSI_KEY,
+};
 use crate::soft::mr::MrInner;
 use crate::soft::qp::{QpInner, SrqInner, UdInfo, WrView, PSN_MASK};
 use crate::soft::{engine, fast};
@@ -62,10 +64,6 @@ impl SoftHca {
         Ok(())
     }
 
-    fn next_id(&self) -> u32 {
-        self.core().next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
     /// The fabric this HCA is on.
     pub fn fabric(&self) -> Fabric {
         Fabric {
@@ -103,7 +101,8 @@ impl SoftHca {
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<SoftPd> {
         Ok(SoftPd {
-            id: self.next_id(),
+            _charge: HcaCore::charge(&self.node.core, Counted::Pd)?,
+            id: new_identity(),
             core: self.node.core.clone(),
         })
     }
@@ -117,8 +116,11 @@ impl SoftHca {
                 init.capacity
             )));
         }
+        let charge = HcaCore::charge(&self.node.core, Counted::Cq)?;
         Ok(SoftCq {
+            _charge: charge,
             inner: Arc::new(CqInner::new(
+                self.core().id,
                 init.capacity as usize,
                 init.on_completion,
                 init.on_async_error,
@@ -136,7 +138,9 @@ impl SoftHca {
                 a.max_srq_wr, a.max_sge
             )));
         }
+        let charge = HcaCore::charge(&self.node.core, Counted::Srq)?;
         Ok(SoftSrq {
+            _charge: charge,
             inner: Arc::new(SrqInner {
                 pd: pd.id,
                 max_sge: init.max_sge as usize,
@@ -149,19 +153,9 @@ impl SoftHca {
     /// Create an address vector.
     pub fn create_av(&self, pd: &SoftPd, attr: &AvAttr) -> Result<SoftAv> {
         self.check_pd(pd)?;
-        let port = self
-            .core()
-            .port(attr.port)
-            .ok_or_else(|| Error::invalid_parameter(format!("AV port {}", attr.port)))?;
-        if let Some(g) = attr.grh {
-            if g.sgid_index as usize >= port.gids.len() {
-                return Err(Error::invalid_parameter(format!(
-                    "AV sgid_index {} outside the GID table",
-                    g.sgid_index
-                )));
-            }
-        }
+        self.core().check_av(attr, "AV")?;
         Ok(SoftAv {
+            _charge: HcaCore::charge(&self.node.core, Counted::Av)?,
             attr: *attr,
             pd: pd.id,
         })
@@ -183,6 +177,7 @@ impl SoftHca {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn make_qp(
         &self,
         pd: &SoftPd,
@@ -191,10 +186,22 @@ impl SoftHca {
         qp_type: QpType,
         gsi_port: u8,
         init: &QpInit<'_, SoftCq, SoftSrq>,
+        charge: Charge,
     ) -> Result<SoftQp> {
+        for (cq, which) in [(init.send_cq, "send"), (init.recv_cq, "receive")] {
+            if cq.inner.device != self.core().id {
+                return Err(Error::invalid_parameter(format!(
+                    "the {which} CQ belongs to another HCA"
+                )));
+            }
+        }
         if let Some(srq) = init.srq {
+            // PD identities are unique across devices: this also refuses
+            // an SRQ of another HCA.
             if srq.inner.pd != pd.id {
-                return Err(Error::invalid_parameter("the SRQ belongs to another PD"));
+                return Err(Error::invalid_parameter(
+                    "the SRQ belongs to another PD (or another HCA)",
+                ));
             }
         }
         let inner = Arc::new(QpInner::new(
@@ -215,6 +222,7 @@ impl SoftHca {
         }
         qps.insert(key, inner.clone());
         Ok(SoftQp {
+            _charge: charge,
             inner,
             fabric: self.fabric.clone(),
             node: self.node.clone(),
@@ -231,13 +239,16 @@ impl SoftHca {
             ));
         }
         self.check_caps(init)?;
+        // Charged before a QP number is looked for: with at most max_qp
+        // (< 2^24 - 2) QPs a free number always exists.
+        let charge = HcaCore::charge(&self.node.core, Counted::Qp)?;
         let qpn = loop {
             let n = self.core().next_qpn.fetch_add(1, Ordering::Relaxed) & PSN_MASK;
             if n > 1 && !self.node.qps.read().contains_key(&n) {
                 break n;
             }
         };
-        self.make_qp(pd, qpn, qpn, init.qp_type, 0, init)
+        self.make_qp(pd, qpn, qpn, init.qp_type, 0, init, charge)
     }
 
     /// Create port `port`'s GSI QP (QP1, in RESET): a UD QP that carries
@@ -255,13 +266,18 @@ impl SoftHca {
         }
         self.check_caps(init)?;
         let key = GSI_KEY | port as u32;
-        self.make_qp(pd, key, key, QpType::Gsi, port, init)
+        let charge = HcaCore::charge(&self.node.core, Counted::Qp)?;
+        self.make_qp(pd, key, key, QpType::Gsi, port, init, charge)
     }
 }
 
 /// A protection domain.
 pub struct SoftPd {
-    pub(crate) id: u32,
+    /// Its place in the HCA's `max_pd`.
+    _charge: Charge,
+    /// Unique across devices, so an SRQ, AV or MR that carries it cannot
+    /// belong to a PD of another device.
+    pub(crate) id: Identity,
     pub(crate) core: Arc<HcaCore>,
 }
 
@@ -272,6 +288,13 @@ impl std::fmt::Debug for SoftPd {
 }
 
 fn check_access(access: Access) -> Result<()> {
+    if access.undefined_bits() != 0 {
+        return Err(Error::invalid_parameter(format!(
+            "access {:#x} has bits that name no right ({:#x})",
+            access.bits(),
+            access.undefined_bits()
+        )));
+    }
     if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
         && !access.contains(Access::LOCAL_WRITE)
     {
@@ -440,6 +463,9 @@ impl Drop for SoftMr {
 /// A completion queue.
 pub struct SoftCq {
     inner: Arc<CqInner>,
+    /// Its place in the HCA's `max_cq` (given back when the handle drops;
+    /// QPs may keep the queue itself alive a little longer).
+    _charge: Charge,
 }
 
 impl std::fmt::Debug for SoftCq {
@@ -481,6 +507,8 @@ impl SoftCq {
 /// A shared receive queue.
 pub struct SoftSrq {
     inner: Arc<SrqInner>,
+    /// Its place in the HCA's `max_srq`.
+    _charge: Charge,
 }
 
 impl std::fmt::Debug for SoftSrq {
@@ -507,8 +535,10 @@ impl SoftSrq {
 /// An address vector.
 #[derive(Debug)]
 pub struct SoftAv {
+    /// Its place in the HCA's `max_av`.
+    _charge: Charge,
     attr: AvAttr,
-    pd: u32,
+    pd: Identity,
 }
 
 impl SoftAv {
@@ -521,6 +551,8 @@ impl SoftAv {
 /// A queue pair. Dropping it destroys it (outstanding work is discarded
 /// without completions).
 pub struct SoftQp {
+    /// Its place in the HCA's `max_qp`.
+    _charge: Charge,
     inner: Arc<QpInner>,
     fabric: Arc<FabricInner>,
     node: Arc<HcaNode>,
@@ -587,9 +619,11 @@ impl SoftQp {
                 )))
             }
             (true, Some(u)) => {
+                // One integer compare; PD identities are unique across
+                // devices, so an AV of another HCA fails it too.
                 if u.av.pd != qp.pd {
                     return Err(Error::invalid_parameter(format!(
-                        "send {i}: the AV belongs to another PD"
+                        "send {i}: the AV belongs to another PD (or another HCA)"
                     )));
                 }
                 if u.remote_qpn > PSN_MASK {

@@ -30,5 +30,5 @@ mod hca;
 mod mr;
 mod qp;
 
-pub use fabric::{CaptureTap, Fabric, FabricStats, FaultConfig, HcaConfig, PortConfig};
+pub use fabric::{CaptureTap, Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, PortConfig};
 pub use hca::{SoftAv, SoftCq, SoftHca, SoftMr, SoftPd, SoftProvider, SoftQp, SoftSrq};

@@ -1,17 +1,18 @@
 //! Memory regions of the soft provider: the key table and bounds checks.
 
-use al::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use al::sync::atomic::{AtomicBool, Ordering};
 use al::sync::{Arc, RwLock};
 use al::{Error, Result};
 use slab::Slab;
 
 use crate::buffer::Memory;
 use crate::provider::{Access, Sge};
+use crate::soft::fabric::Identity;
 
 /// A registered region as the data path sees it.
 pub(crate) struct MrInner {
     pub(crate) key: u32,
-    pub(crate) pd: u32,
+    pub(crate) pd: Identity,
     pub(crate) access: Access,
     pub(crate) iova: u64,
     pub(crate) len: usize,
@@ -38,51 +39,82 @@ impl MrInner {
     }
 }
 
-/// Per-HCA table of MRs by key. A key is `(slot + 1) << 8 | tag`, where the
-/// tag changes on every registration so a stale key misses.
+/// Per-HCA table of MRs by key. A key is `(slot + 1) << shift | tag`: the
+/// slot takes the fewest bits that hold the table's maximum, the tag all
+/// the others. Tags come from one counter shared by every table of the
+/// process, so a stale key misses (the tag changed) and, as far as 32 bits
+/// allow, a key of another device does not name an MR here: two fresh
+/// devices used to hand out the very same keys, so an lkey or rkey of the
+/// wrong device silently named a look-alike MR of the right one (issue 12).
+/// A key is still a per-device name, as on hardware: what protects memory
+/// is that it is looked up only in the device's own table and must name an
+/// MR of the QP's PD, whose identity is unique across devices.
 pub(crate) struct MrTable {
     slots: RwLock<Slab<Arc<MrInner>>>,
-    tag: AtomicU32,
+    shift: u32,
     max: usize,
 }
 
+/// The largest MR count a table can key: the slot needs at least 8 tag
+/// bits beside it.
+pub(crate) const MAX_MRS: u32 = (1 << 24) - 1;
+
+fn next_tag() -> u32 {
+    // A plain std atomic, also under loom: a static cannot hold a loom
+    // atomic, and the tag only needs to differ from recent ones.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0x5a);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 impl MrTable {
-    pub(crate) fn new(max: usize) -> MrTable {
+    /// A table of at most `max` MRs (clamped to [`MAX_MRS`]).
+    pub(crate) fn new(max: u32) -> MrTable {
+        let max = max.min(MAX_MRS);
+        let slot_bits = (32 - max.leading_zeros()).max(1);
         MrTable {
             slots: RwLock::new(Slab::new()),
-            tag: AtomicU32::new(0x5a),
-            max,
+            shift: 32 - slot_bits,
+            max: max as usize,
         }
     }
 
     pub(crate) fn insert(&self, make: impl FnOnce(u32) -> MrInner) -> Result<Arc<MrInner>> {
         let mut slots = self.slots.write();
         if slots.len() >= self.max {
-            return Err(Error::insufficient_resources("MR table full"));
+            return Err(Error::insufficient_resources(format!(
+                "max_mr reached: the HCA allows {} MRs",
+                self.max
+            )));
         }
         let entry = slots.vacant_entry();
-        let tag = self.tag.fetch_add(1, Ordering::Relaxed) & 0xff;
-        let key = ((entry.key() as u32 + 1) << 8) | tag;
+        let tag = next_tag() & ((1 << self.shift) - 1);
+        // slot + 1 <= max < 2^slot_bits, so this does not overflow.
+        let key = ((entry.key() as u32 + 1) << self.shift) | tag;
         let mr = Arc::new(make(key));
         entry.insert(mr.clone());
         Ok(mr)
     }
 
     #[inline]
+    fn slot(&self, key: u32) -> Option<usize> {
+        Some((key >> self.shift).checked_sub(1)? as usize)
+    }
+
+    #[inline]
     pub(crate) fn lookup(&self, key: u32) -> Option<Arc<MrInner>> {
-        let idx = (key >> 8).checked_sub(1)? as usize;
+        let idx = self.slot(key)?;
         let slots = self.slots.read();
         let mr = slots.get(idx)?;
         (mr.key == key).then(|| mr.clone())
     }
 
     pub(crate) fn remove(&self, key: u32) {
-        let Some(idx) = (key >> 8).checked_sub(1) else {
+        let Some(idx) = self.slot(key) else {
             return;
         };
         let mut slots = self.slots.write();
-        if slots.get(idx as usize).is_some_and(|m| m.key == key) {
-            let mr = slots.remove(idx as usize);
+        if slots.get(idx).is_some_and(|m| m.key == key) {
+            let mr = slots.remove(idx);
             mr.deregistered.store(true, Ordering::Release);
         }
     }
@@ -144,7 +176,7 @@ impl SegList {
 /// MR of `pd` with the rights in `need`, and its bytes must lie inside it.
 pub(crate) fn resolve_local(
     table: &MrTable,
-    pd: u32,
+    pd: Identity,
     sges: &[Sge],
     need: Access,
 ) -> Option<SegList> {
@@ -170,7 +202,7 @@ pub(crate) fn resolve_local(
 /// Resolve a remote access: `len` bytes at `addr` under `rkey`.
 pub(crate) fn resolve_remote(
     table: &MrTable,
-    pd: u32,
+    pd: Identity,
     rkey: u32,
     addr: u64,
     len: usize,

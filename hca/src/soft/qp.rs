@@ -13,7 +13,7 @@ use crate::provider::{
 };
 use crate::qp_state;
 use crate::soft::cq::{CqInner, Deferred};
-use crate::soft::fabric::{FabricInner, HcaCore};
+use crate::soft::fabric::{FabricInner, HcaCore, Identity};
 use crate::soft::fast::RunCache;
 
 /// A scatter list kept with a posted receive; four entries inline.
@@ -55,7 +55,7 @@ pub(crate) struct RecvEntry {
 
 /// A shared receive queue.
 pub(crate) struct SrqInner {
-    pub(crate) pd: u32,
+    pub(crate) pd: Identity,
     pub(crate) max_sge: usize,
     pub(crate) max_wr: usize,
     pub(crate) q: Mutex<VecDeque<RecvEntry>>,
@@ -171,7 +171,7 @@ pub(crate) struct RecvQueue {
 pub(crate) struct QpInner {
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
-    pub(crate) pd: u32,
+    pub(crate) pd: Identity,
     pub(crate) hca: Arc<HcaCore>,
     pub(crate) send_cq: Arc<CqInner>,
     pub(crate) recv_cq: Arc<CqInner>,
@@ -200,7 +200,7 @@ impl QpInner {
     pub(crate) fn new(
         qpn: u32,
         qp_type: QpType,
-        pd: u32,
+        pd: Identity,
         hca: Arc<HcaCore>,
         send_cq: Arc<CqInner>,
         recv_cq: Arc<CqInner>,
@@ -431,11 +431,12 @@ impl QpInner {
         if let Some(v) = m.dest_qpn {
             a.dest_qpn = v;
         }
+        // (24-bit values: check_values refused anything larger.)
         if let Some(v) = m.rq_psn {
-            rq.psn = v & PSN_MASK;
+            rq.psn = v;
         }
         if let Some(v) = m.sq_psn {
-            a.sq_psn = v & PSN_MASK;
+            a.sq_psn = v;
         }
         if let Some(v) = m.max_dest_rd_atomic {
             a.max_dest_rd_atomic = v;
@@ -488,7 +489,20 @@ impl QpInner {
                 )));
             }
         }
+        if let Some(a) = m.access {
+            if a.undefined_bits() != 0 {
+                return Err(Error::invalid_parameter(format!(
+                    "access_flags {:#x} has bits that name no right ({:#x})",
+                    a.bits(),
+                    a.undefined_bits()
+                )));
+            }
+        }
+        if let Some(av) = &m.alt_av {
+            self.hca.check_av(av, "alt_av")?;
+        }
         if let Some(av) = m.av {
+            self.hca.check_av(&av, "av")?;
             if let Some(g) = av.grh {
                 let ok = port >= 1
                     && port <= nports
@@ -512,6 +526,18 @@ impl QpInner {
         if m.dest_qpn.is_some_and(|q| q > PSN_MASK) {
             return Err(Error::invalid_parameter("dest_qpn must fit 24 bits"));
         }
+        // PSNs are 24 bits (IBTA 9.7.1); a larger value is a caller's
+        // mistake to report, not to mask into another PSN.
+        if let Some(p) = m.rq_psn.filter(|&p| p > PSN_MASK) {
+            return Err(Error::invalid_parameter(format!(
+                "rq_psn {p:#x} does not fit 24 bits"
+            )));
+        }
+        if let Some(p) = m.sq_psn.filter(|&p| p > PSN_MASK) {
+            return Err(Error::invalid_parameter(format!(
+                "sq_psn {p:#x} does not fit 24 bits"
+            )));
+        }
         if m.retry_cnt.is_some_and(|r| r > 7) {
             return Err(Error::invalid_parameter("retry_cnt must be 0..=7"));
         }
@@ -519,9 +545,10 @@ impl QpInner {
             return Err(Error::invalid_parameter("rnr_retry must be 0..=7"));
         }
         let max = self.hca.attr.max_qp_rd_atomic;
-        if m.max_rd_atomic.is_some_and(|r| r > max) {
+        let max_init = self.hca.attr.max_qp_init_rd_atomic;
+        if m.max_rd_atomic.is_some_and(|r| r > max_init) {
             return Err(Error::invalid_parameter(format!(
-                "max_rd_atomic must be at most {max}"
+                "max_rd_atomic must be at most {max_init} (max_qp_init_rd_atomic)"
             )));
         }
         if m.max_dest_rd_atomic.is_some_and(|r| r > max) {
