@@ -5,6 +5,7 @@
 #   LOOM_MAX_PREEMPTIONS=2 bash loom-tests/run.sh   # a smaller bound (CI)
 #   bash loom-tests/run.sh destroy_vs               # models whose name matches
 #   bash loom-tests/run.sh --mutants                # every mutant must be caught
+#   bash loom-tests/run.sh --mutants NAME...        # only these mutants (CI's bounded run)
 #
 # Mutants (loom-tests/mutants.txt) put back, behind --cfg ibal_mutant="NAME",
 # a mistake of the old access layer; the models named for it must fail.
@@ -22,9 +23,12 @@ run_models() { # filter target_dir extra_flags -> prints cargo output, returns i
 
 start=$(date +%s)
 if [ "${1:-}" = "--mutants" ]; then
+    shift
+    only=" $* "
     caught=0; survived=0
     while read -r name filter _; do
         case "$name" in ''|'#'*) continue ;; esac
+        if [ -n "${only// /}" ] && [[ "$only" != *" $name "* ]]; then continue; fi
         log=$(mktemp)
         set +e
         timeout 900 bash -c "$(declare -f run_models); base_flags='$base_flags'; run_models '$filter' target/loom-mutant '--cfg ibal_mutant=\"$name\"'" >"$log" 2>&1

@@ -160,7 +160,12 @@ impl PortUse {
             *users += 1;
             return Ok(PortUse(pcm.clone()));
         }
+        // Under loom no agent thread can run: a port no model attached
+        // (one started again by a call racing its last user) is polled.
+        #[cfg(not(ibal_loom))]
         let drive = drive.unwrap_or_default();
+        #[cfg(ibal_loom)]
+        let drive = drive.unwrap_or(CmDrive::Poll);
         let agent = CmAgent::new(ca.device().clone(), port, AgentConfig::default())?;
         let routes = Arc::new(Routes::default());
         let sink_routes = routes.clone();
@@ -798,6 +803,17 @@ pub fn qp_to_init(qp: &Obj<Qp>, port: u8, access: Access) -> Result<()> {
     )
 }
 
+/// A field the IBTA bounds: refused when out of range, never masked (a
+/// masked value is a different request than the caller made).
+fn spec_bounded(name: &str, value: u8, max: u8) -> Result<u8> {
+    if value > max {
+        return Err(Error::invalid_parameter(format!(
+            "{name} {value} is out of range (at most {max})"
+        )));
+    }
+    Ok(value)
+}
+
 fn psn_seed(qpn: u32) -> u32 {
     // Any 24-bit value works; vary it per QP so reconnects differ.
     (qpn.wrapping_mul(0x9e37_79b9) ^ 0x5a5a5a) & 0xff_ffff
@@ -905,13 +921,17 @@ pub fn connect(
         starting_psn: psn_seed(qp.qpn()),
         responder_resources: request.responder_resources,
         initiator_depth: request.initiator_depth,
-        remote_cm_response_timeout: request.cm_response_timeout,
+        remote_cm_response_timeout: spec_bounded(
+            "cm_response_timeout",
+            request.cm_response_timeout,
+            31,
+        )?,
         local_cm_response_timeout: request.cm_response_timeout,
         transport_service_type: transport,
         end_to_end_flow_control: false,
-        retry_count: request.retry_count & 7,
-        rnr_retry_count: request.rnr_retry_count & 7,
-        max_cm_retries: request.max_cm_retries & 0xf,
+        retry_count: spec_bounded("retry_count", request.retry_count, 7)?,
+        rnr_retry_count: spec_bounded("rnr_retry_count", request.rnr_retry_count, 7)?,
+        max_cm_retries: spec_bounded("max_cm_retries", request.max_cm_retries, 15)?,
         path_mtu: mtu_code(request.path_mtu),
         pkey,
         primary_path: PathInfo {
@@ -921,7 +941,7 @@ pub fn connect(
             remote_gid: request.remote_gid.unwrap_or([0; 16]),
             hop_limit: 0xff,
             subnet_local: request.remote_gid.is_none(),
-            local_ack_timeout: request.local_ack_timeout & 0x1f,
+            local_ack_timeout: spec_bounded("local_ack_timeout", request.local_ack_timeout, 31)?,
             ..PathInfo::default()
         },
         private_data: PrivateData::new(&request.private_data)
@@ -1116,9 +1136,9 @@ fn accept_claimed(
         starting_psn: psn_seed(qp.qpn()),
         responder_resources,
         initiator_depth,
-        target_ack_delay: reply.target_ack_delay & 0x1f,
+        target_ack_delay: spec_bounded("target_ack_delay", reply.target_ack_delay, 31)?,
         end_to_end_flow_control: false,
-        rnr_retry_count: reply.rnr_retry_count & 7,
+        rnr_retry_count: spec_bounded("rnr_retry_count", reply.rnr_retry_count, 7)?,
         srq: qp.has_srq(),
         private_data,
         ..Rep::default()
