@@ -389,3 +389,39 @@ fn destroy_raw_dispatches_on_the_kind_and_rejects_unknown_kinds() {
     al.run_callbacks();
     assert!(al.stats().is_clean());
 }
+
+/// An object kind only the handle-reuse test creates, so that no test
+/// running in parallel takes the slot it watches.
+#[derive(Debug)]
+struct Probe;
+impl Object for Probe {
+    const KIND: Kind = Kind::custom(14);
+    al::object_table!(Probe);
+}
+
+#[test]
+fn a_failed_create_never_reissues_the_handle_its_builder_saw() {
+    let al = manual();
+    let mut seen = None;
+    let r = create::<Probe>(al.instance(), None, |core| {
+        seen = Some(core.handle());
+        Err(Error::invalid_parameter("bad size"))
+    });
+    assert!(matches!(r, Err(Error::InvalidParameter(_))), "{r:?}");
+    let seen = seen.expect("the builder ran");
+    let next = create(al.instance(), None, |_| Ok(Probe)).unwrap().handle();
+    assert_eq!(
+        next.raw().index(),
+        seen.index(),
+        "the slot itself is reused"
+    );
+    assert_ne!(
+        next.raw(),
+        seen,
+        "the handle the failed builder saw was issued again"
+    );
+    assert!(al.resolve(Handle::<Probe>::from_raw(seen)).is_err());
+    al.destroy(next, None).unwrap();
+    al.run_callbacks();
+    assert!(al.stats().is_clean(), "{}", al.stats());
+}
