@@ -165,7 +165,7 @@ proptest! {
 
     #[test]
     fn lifecycle_agrees_with_a_tree_model(ops in proptest::collection::vec(life_op(), 1..120), close_at_end in any::<bool>()) {
-        let al = Al::open_with(AlConfig { executor: ExecutorMode::Manual }).unwrap();
+        let al = Al::open_with(AlConfig { executor: ExecutorMode::Manual, ..AlConfig::default() }).unwrap();
         // Model: every node ever created, its parent, and whether it is live.
         let mut nodes: Vec<(Handle<Node>, Option<usize>)> = Vec::new();
         let mut alive: BTreeSet<usize> = BTreeSet::new();
