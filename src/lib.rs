@@ -9,7 +9,10 @@
 //! Layering is one-way: `al` <- `hca` <- `qp` <- `cep` <- `ibal`.
 
 pub use al;
-pub use al::{Al, AlConfig, Error, ExecutorMode, Handle, Kind, RawHandle, Result, Stats};
+pub use al::{
+    Al, AlConfig, Error, ExecutorMode, Handle, HeldObject, Kind, LeakReport, RawHandle, Result,
+    Stats,
+};
 pub use cep;
 pub use hca;
 pub use qp;

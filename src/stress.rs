@@ -241,6 +241,7 @@ pub fn error_name(e: &Error) -> &'static str {
         Error::QpInTimewait => "QpInTimewait",
         Error::WouldDeadlock(_) => "WouldDeadlock",
         Error::RemoteError(_) => "RemoteError",
+        Error::Leaked(_) => "Leaked",
         _ => "Other",
     }
 }

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::handle::Kind;
+use crate::instance::LeakReport;
 
 /// Short description carried by several variants.
 pub type Detail = Cow<'static, str>;
@@ -60,6 +61,14 @@ pub enum Error {
     WouldDeadlock(Detail),
     /// The remote side reported an error (`IB_REMOTE_ERROR`).
     RemoteError(Detail),
+    /// Closing an AL instance gave up waiting: after destroying everything
+    /// it owned, objects were still held (by references kept past their
+    /// call, or callbacks that did not return) when its close timeout
+    /// passed. The report names each of them. The close itself is done:
+    /// nothing new can be created, and each leftover is released (its
+    /// destroy callback run) once its last reference goes. IBAL would
+    /// answer `IB_RESOURCE_BUSY`.
+    Leaked(Box<LeakReport>),
     /// Anything else (`IB_ERROR`).
     Other(Detail),
 }
@@ -86,6 +95,7 @@ impl Error {
             Error::QpInTimewait => "IB_QP_IN_TIMEWAIT",
             Error::WouldDeadlock(_) => "IB_INVALID_STATE",
             Error::RemoteError(_) => "IB_REMOTE_ERROR",
+            Error::Leaked(_) => "IB_RESOURCE_BUSY",
             Error::Other(_) => "IB_ERROR",
         }
     }
@@ -145,6 +155,7 @@ impl fmt::Display for Error {
                  for itself; use the asynchronous form"
             ),
             Error::RemoteError(d) => write!(f, "remote error: {d}"),
+            Error::Leaked(report) => fmt::Display::fmt(report, f),
             Error::Other(d) => write!(f, "{d}"),
         }
     }

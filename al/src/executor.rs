@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::error::{Error, Result};
-use crate::sync::{Arc, Condvar, Mutex};
+use crate::sync::{Arc, Condvar, Deadline, Mutex};
 
 /// A unit of work for the executor.
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -171,13 +171,33 @@ impl Executor {
     /// or that ends with a post (an object drop): those are the wake-ups.
     /// `done` is called with no executor lock held, so it may use the
     /// executor. In manual mode the waiting thread drives the executor.
-    pub fn wait_until(&self, what: &'static str, mut done: impl FnMut() -> bool) -> Result<()> {
+    pub fn wait_until(&self, what: &'static str, done: impl FnMut() -> bool) -> Result<()> {
+        self.wait_until_deadline(what, Deadline::never(), done)
+            .map(|_| ())
+    }
+
+    /// [`wait_until`](Self::wait_until), giving up at `deadline`: `Ok(true)`
+    /// once `done()` holds, `Ok(false)` if the deadline passed first. A job
+    /// that never returns still blocks a manual-mode waiter (it runs on the
+    /// waiting thread); in thread mode the wait ends at the deadline.
+    pub fn wait_until_deadline(
+        &self,
+        what: &'static str,
+        deadline: Deadline,
+        mut done: impl FnMut() -> bool,
+    ) -> Result<bool> {
         refuse_in_callback(what)?;
         loop {
             self.run_pending();
             let seen = self.shared.queue.lock().events;
             if done() {
-                return Ok(());
+                return Ok(true);
+            }
+            // Checked on every round, not only before sleeping: a stream of
+            // events (a callback that keeps posting) must not keep us here.
+            let left = deadline.remaining();
+            if left.is_some_and(|left| left.is_zero()) {
+                return Ok(false);
             }
             let mut q = self.shared.queue.lock();
             let runnable_here =
@@ -185,7 +205,12 @@ impl Executor {
             if q.events != seen || runnable_here {
                 continue;
             }
-            self.shared.changed.wait(&mut q);
+            match left {
+                None => self.shared.changed.wait(&mut q),
+                Some(left) => {
+                    self.shared.changed.wait_timeout(&mut q, left);
+                }
+            }
         }
     }
 }

@@ -4,25 +4,180 @@
 //! Closing destroys everything the instance still owns and waits until all
 //! of it is gone (destroy callbacks included): the one blocking call of the
 //! object model, refused from inside a callback.
+//!
+//! The wait is bounded ([`AlConfig::close_timeout`]). What the access layer
+//! itself must do (destroy, cascade, run queued callbacks) happens within
+//! it; what only the application can end (a reference kept past its call, a
+//! callback that does not return) is reported instead of waited for: close
+//! fails with [`Error::Leaked`], naming every object still held. For that the
+//! instance remembers each object that outlived its destroy call (rare: it
+//! costs nothing when the destroyer drops the last reference, as it usually
+//! does).
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::executor::{Executor, ExecutorMode};
+use crate::fast_hash::{id_map, IdMap};
 use crate::handle::{Handle, Kind, RawHandle, MAX_KINDS};
 use crate::object::{ChildSet, DestroyCallback, Obj, Object};
 use crate::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Deadline, Mutex};
 use crate::table::{HandleTable, Ref};
 
 const OPEN: u8 = 0;
 const CLOSING: u8 = 1;
 
-/// Options for [`Al::open_with`].
-#[derive(Clone, Copy, Debug, Default)]
+/// How long closing an AL waits for what it destroyed to be gone, unless
+/// [`AlConfig::close_timeout`] says otherwise.
+pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Options for [`Al::open_with`]. Build with `..AlConfig::default()` so that
+/// options added later keep their defaults.
+#[derive(Clone, Copy, Debug)]
 pub struct AlConfig {
     /// How callbacks are run.
     pub executor: ExecutorMode,
+    /// How long [`Al::close`] (or dropping the [`Al`], or
+    /// [`AlInstance::wait_closed`]) waits, after destroying everything, for
+    /// the objects to be gone and the queued callbacks to have run. Past it,
+    /// close fails with [`Error::Leaked`] naming what is still held.
+    /// Ignored under loom, which has no clock (the wait is unbounded there).
+    pub close_timeout: Duration,
+}
+
+impl Default for AlConfig {
+    fn default() -> Self {
+        AlConfig {
+            executor: ExecutorMode::default(),
+            close_timeout: DEFAULT_CLOSE_TIMEOUT,
+        }
+    }
+}
+
+/// One object still held when a close gave up waiting; see [`LeakReport`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldObject {
+    /// Its kind.
+    pub kind: Kind,
+    /// Its handle (no longer resolvable: the object was destroyed).
+    pub handle: RawHandle,
+    /// Its parent's handle; `None` for a top-level object (a child of the AL).
+    pub parent: Option<RawHandle>,
+    /// References to the object (`Arc<Obj<_>>` clones, `Ref`s, queued
+    /// callbacks of it, other objects' bodies) besides the destroyer's own
+    /// when its destroy call finished. Each is someone's to drop.
+    pub object_refs: usize,
+    /// References to its core besides the object's own when its destroy
+    /// finished: its children's parent links, or `Arc<Core>` clones.
+    pub core_refs: usize,
+    /// How many of the other held objects are its children (each keeps its
+    /// parent's core, and often the parent object, alive).
+    pub children_held: usize,
+}
+
+impl fmt::Display for HeldObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({:#018x})", self.handle, self.handle.as_u64())?;
+        if let Some(parent) = self.parent {
+            write!(f, ", child of {parent}")?;
+        }
+        write!(
+            f,
+            ": destroyed while {} other reference(s) to it",
+            self.object_refs
+        )?;
+        if self.core_refs != 0 {
+            write!(f, " and {} to its core", self.core_refs)?;
+        }
+        write!(f, " were held")?;
+        if self.children_held != 0 {
+            write!(f, "; held children keep it: {}", self.children_held)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a close that gave up waiting found still held: the payload of
+/// [`Error::Leaked`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeakReport {
+    /// The AL instance's handle.
+    pub al: RawHandle,
+    /// How long the close waited.
+    pub waited: Duration,
+    /// Objects that outlived their destroy call and are still referenced,
+    /// in handle order.
+    pub held: Vec<HeldObject>,
+    /// Live objects not in `held`: their last reference is gone but their
+    /// destroy callback has not run yet (queued behind a callback that does
+    /// not return), or a destroy started elsewhere has not finished.
+    pub unlisted: usize,
+    /// Jobs (callbacks) posted to the executor and not finished.
+    pub queued_callbacks: usize,
+    /// The live counters when the close gave up.
+    pub stats: Stats,
+}
+
+impl LeakReport {
+    /// Whether `handle` is among the held objects.
+    pub fn holds(&self, handle: RawHandle) -> bool {
+        self.held.iter().any(|o| o.handle == handle)
+    }
+}
+
+/// Held objects listed in a report's text; the rest are counted.
+const LISTED_IN_TEXT: usize = 16;
+
+impl fmt::Display for LeakReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "closing AL {} gave up after {:?}: {} object(s) still held",
+            self.al,
+            self.waited,
+            self.held.len()
+        )?;
+        for (i, o) in self.held.iter().take(LISTED_IN_TEXT).enumerate() {
+            f.write_str(if i == 0 { ": " } else { "; " })?;
+            write!(f, "{o}")?;
+        }
+        if self.held.len() > LISTED_IN_TEXT {
+            write!(f, "; and {} more", self.held.len() - LISTED_IN_TEXT)?;
+        }
+        if self.unlisted != 0 {
+            write!(
+                f,
+                "; {} more live object(s) whose destroy callback has not run",
+                self.unlisted
+            )?;
+        }
+        if self.queued_callbacks != 0 {
+            write!(
+                f,
+                "; {} callback(s) queued or running on the AL executor (a callback that does \
+                 not return holds up the rest)",
+                self.queued_callbacks
+            )?;
+        }
+        write!(
+            f,
+            " (live: {}). Each object is released, and its destroy callback run, when its \
+             last reference is dropped",
+            self.stats
+        )
+    }
+}
+
+/// What an instance remembers of an object that outlived its destroy call,
+/// until the object's core is dropped.
+struct OutlivedDestroy {
+    parent: Option<RawHandle>,
+    object_refs: usize,
+    core_refs: usize,
 }
 
 /// Live-object counts of one AL instance, per kind.
@@ -90,6 +245,12 @@ pub struct AlInstance {
     live: [AtomicUsize; MAX_KINDS],
     created: [AtomicUsize; MAX_KINDS],
     destroy_cb: Mutex<Option<DestroyCallback>>,
+    close_timeout: Duration,
+    /// Objects destroyed while others still referenced them, by handle:
+    /// what a close that gives up reports. Touched only on that slow path
+    /// (a destroy that does not drop the last reference) and when such an
+    /// object's core finally drops.
+    outlived_destroy: Mutex<IdMap<RawHandle, OutlivedDestroy>>,
 }
 
 fn al_table() -> &'static HandleTable<AlInstance> {
@@ -155,6 +316,75 @@ impl AlInstance {
         self.live[kind.index()].fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Remember an object whose destroy call finished while others still
+    /// held it (see [`HeldObject`] for the counts).
+    pub(crate) fn note_outlived_destroy(
+        &self,
+        handle: RawHandle,
+        parent: Option<RawHandle>,
+        object_refs: usize,
+        core_refs: usize,
+    ) {
+        self.outlived_destroy.lock().insert(
+            handle,
+            OutlivedDestroy {
+                parent,
+                object_refs,
+                core_refs,
+            },
+        );
+    }
+
+    /// The object's core dropped: it is held no more.
+    pub(crate) fn forget_outlived_destroy(&self, handle: RawHandle) {
+        self.outlived_destroy.lock().remove(&handle);
+    }
+
+    /// How long a close waits before it reports what is still held.
+    pub fn close_timeout(&self) -> Duration {
+        self.close_timeout
+    }
+
+    /// Every object gone and every callback run.
+    fn is_finished(&self) -> bool {
+        self.live.iter().all(|c| c.load(Ordering::Acquire) == 0) && self.executor.pending() == 0
+    }
+
+    /// What is still held now: the objects that outlived their destroy call
+    /// and are still referenced, and the counts of the rest.
+    pub fn leak_report(&self) -> LeakReport {
+        let mut held: Vec<HeldObject> = self
+            .outlived_destroy
+            .lock()
+            .iter()
+            .map(|(&handle, o)| HeldObject {
+                kind: Kind::from_id(handle.kind_id()).unwrap_or(Kind::AL),
+                handle,
+                parent: o.parent,
+                object_refs: o.object_refs,
+                core_refs: o.core_refs,
+                children_held: 0,
+            })
+            .collect();
+        held.sort_unstable_by_key(|o| o.handle);
+        let mut children: IdMap<RawHandle, usize> = id_map();
+        for parent in held.iter().filter_map(|o| o.parent) {
+            *children.entry(parent).or_default() += 1;
+        }
+        for o in &mut held {
+            o.children_held = children.get(&o.handle).copied().unwrap_or(0);
+        }
+        let stats = self.stats();
+        LeakReport {
+            al: self.handle().unwrap_or(RawHandle::from_u64(0)),
+            waited: self.close_timeout,
+            unlisted: stats.total_live().saturating_sub(held.len()),
+            held,
+            queued_callbacks: self.executor.pending(),
+            stats,
+        }
+    }
+
     /// Live-object counts.
     pub fn stats(&self) -> Stats {
         Stats {
@@ -211,11 +441,18 @@ impl AlInstance {
     }
 
     /// Wait until every object of this (closing) instance is gone and every
-    /// callback has run. Refused in callbacks.
+    /// callback has run, for at most the close timeout; past it, fail with
+    /// [`Error::Leaked`] naming what is still held. Refused in callbacks.
     pub fn wait_closed(&self) -> Result<()> {
-        self.executor.wait_until("AL close", || {
-            self.live.iter().all(|c| c.load(Ordering::Acquire) == 0) && self.executor.pending() == 0
-        })
+        let deadline = Deadline::after(self.close_timeout);
+        if self
+            .executor
+            .wait_until_deadline("AL close", deadline, || self.is_finished())?
+        {
+            Ok(())
+        } else {
+            Err(Error::Leaked(Box::new(self.leak_report())))
+        }
     }
 }
 
@@ -242,8 +479,9 @@ impl fmt::Debug for AlInstance {
 
 /// An open access-layer instance, owned by the application.
 ///
-/// Dropping it closes it (and waits, unless dropped inside a callback, where
-/// the close proceeds asynchronously).
+/// Dropping it closes it and waits, as [`Al::close`] does, for at most the
+/// close timeout; what is still held then is written to stderr, since a drop
+/// cannot return it. Dropped inside a callback, it closes asynchronously.
 pub struct Al {
     inner: Arc<AlInstance>,
     closed: bool,
@@ -268,6 +506,8 @@ impl Al {
             live: std::array::from_fn(|_| AtomicUsize::new(0)),
             created: std::array::from_fn(|_| AtomicUsize::new(0)),
             destroy_cb: Mutex::new(None),
+            close_timeout: config.close_timeout,
+            outlived_destroy: Mutex::new(id_map()),
         });
         let h = al_table().insert(inner.clone())?;
         *inner.handle.lock() = Some(h);
@@ -310,9 +550,16 @@ impl Al {
     }
 
     /// Close: destroy everything this instance owns and wait until it is all
-    /// gone, callbacks included. From inside a callback this refuses with
-    /// [`Error::WouldDeadlock`]; the instance is then closed asynchronously
-    /// as it is dropped.
+    /// gone, callbacks included, for at most [`AlConfig::close_timeout`].
+    ///
+    /// * `Ok(stats)`: everything is gone (`stats.is_clean()` holds).
+    /// * `Err(Error::Leaked(report))`: the close is done but something was
+    ///   still held when the timeout passed (a reference kept past its call,
+    ///   a callback that did not return); the report names each object. They
+    ///   are released, destroy callbacks included, as their last references
+    ///   go (in manual executor mode, by whoever runs the callbacks).
+    /// * From inside a callback this refuses with [`Error::WouldDeadlock`];
+    ///   the instance is then closed asynchronously as it is dropped.
     pub fn close(mut self) -> Result<Stats> {
         crate::executor::refuse_in_callback("Al::close")?;
         self.closed = true;
@@ -335,7 +582,13 @@ impl Drop for Al {
             return;
         }
         if self.inner.close_async(None).is_ok() && !crate::executor::in_callback() {
-            let _ = self.inner.wait_closed();
+            if let Err(e) = self.inner.wait_closed() {
+                // A drop cannot return the report, and must neither hang nor
+                // panic: say it where a developer will look. (`eprintln!`
+                // panics if stderr is gone; a failed write is ignored.)
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "ibal: dropping an AL: {e}");
+            }
         }
     }
 }

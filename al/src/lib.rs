@@ -7,7 +7,8 @@
 //!   table that owns every object and resolves handles without a global lock.
 //! * [`object`]: the lifecycle all objects share (parent/child links,
 //!   two-phase non-blocking destroy, destroy callbacks exactly once).
-//! * [`instance`]: the AL instance (open, close, live-object counters).
+//! * [`instance`]: the AL instance (open, close with a bounded wait that
+//!   reports what is still held, live-object counters).
 //! * [`executor`]: the per-instance callback executor.
 //! * [`error`]: the error type, with IBAL's status meanings.
 //!
@@ -25,7 +26,9 @@ pub mod table;
 pub use error::{Error, Result};
 pub use executor::{in_callback, ExecutorMode};
 pub use handle::{Handle, Kind, RawHandle};
-pub use instance::{Al, AlConfig, AlInstance, Stats};
+pub use instance::{
+    Al, AlConfig, AlInstance, HeldObject, LeakReport, Stats, DEFAULT_CLOSE_TIMEOUT,
+};
 pub use object::{
     create, destroy, destroy_raw, destroy_sync, post_callback, resolve, Core, DestroyCallback, Obj,
     Object,

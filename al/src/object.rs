@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::fast_hash::{id_map, IdMap};
 use crate::handle::{Handle, Kind, RawHandle};
 use crate::instance::AlInstance;
-use crate::sync::atomic::{AtomicU8, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use crate::sync::{Arc, Mutex};
 use crate::table::{HandleTable, Ref};
 
@@ -159,6 +159,9 @@ pub struct Core {
     state: AtomicU8,
     children: ChildSet,
     destroy_cb: Mutex<Option<DestroyCallback>>,
+    /// Set (before the destroyer lets go) when the object outlived its
+    /// destroy call and its AL noted it; its drop then un-notes it.
+    outlived_destroy: AtomicBool,
 }
 
 impl Core {
@@ -173,6 +176,7 @@ impl Core {
             state: AtomicU8::new(LIVE),
             children: ChildSet::new(),
             destroy_cb: Mutex::new(None),
+            outlived_destroy: AtomicBool::new(false),
         }
     }
 
@@ -250,6 +254,11 @@ impl Core {
 impl Drop for Core {
     fn drop(&mut self) {
         let Some(al) = self.al.take() else { return };
+        // Acquire: pairs with the store the destroyer made before it let go
+        // (the Arc's own release/acquire orders it too; this says so).
+        if self.outlived_destroy.load(Ordering::Acquire) {
+            al.forget_outlived_destroy(self.handle);
+        }
         let callback = self.destroy_cb.lock().take();
         let handle = self.handle;
         let executor_al = al.clone();
@@ -427,8 +436,31 @@ fn destroy_ref<T: Object>(
         destroy_child(child);
     }
     owned.core.parent_set().remove(handle);
+    note_if_outlives_destroy(&owned);
     drop(owned);
     Ok(())
+}
+
+/// Before the destroyer drops its reference: if anyone else still holds the
+/// object or its core, the object outlives this destroy call, and its AL
+/// notes it so that a close that gives up can name it. The counts cannot
+/// grow here (no lookup finds a removed object; only a holder can clone),
+/// so "1 and 1" means this drop ends it, which is the common case and costs
+/// two loads.
+fn note_if_outlives_destroy<T: Object>(owned: &Arc<Obj<T>>) {
+    let object_refs = Arc::strong_count(owned) - 1;
+    let core_refs = Arc::strong_count(&owned.core) - 1;
+    if object_refs == 0 && core_refs == 0 {
+        return;
+    }
+    let core = &owned.core;
+    core.al().note_outlived_destroy(
+        core.handle,
+        core.parent.as_ref().map(|p| p.handle),
+        object_refs,
+        core_refs,
+    );
+    core.outlived_destroy.store(true, Ordering::Release);
 }
 
 #[cfg(not(ibal_mutant = "destroy_callback_early"))]

@@ -93,6 +93,27 @@ mod imp {
         }
     }
 
+    /// When a bounded wait gives up. `None` inside means no limit (a
+    /// timeout too large for the clock).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Deadline(Option<std::time::Instant>);
+
+    impl Deadline {
+        /// `timeout` from now.
+        pub fn after(timeout: std::time::Duration) -> Deadline {
+            Deadline(std::time::Instant::now().checked_add(timeout))
+        }
+        /// A deadline that never passes.
+        pub fn never() -> Deadline {
+            Deadline(None)
+        }
+        /// Time left: `None` for no limit, zero once the deadline has passed.
+        pub fn remaining(&self) -> Option<std::time::Duration> {
+            self.0
+                .map(|at| at.saturating_duration_since(std::time::Instant::now()))
+        }
+    }
+
     /// A cell holding an `Arc` that readers load without taking a lock.
     pub struct ArcCell<T>(arc_swap::ArcSwap<T>);
     /// What [`ArcCell::load`] returns: dereferences to the `Arc` current at load time.
@@ -302,6 +323,25 @@ mod imp {
         unsafe {
             let g = std::ptr::read(slot);
             std::ptr::write(slot, f(g));
+        }
+    }
+
+    /// loom has no clock, and a model must not depend on one: under the
+    /// model checker every deadline is "never", so a bounded wait is the
+    /// unbounded wait it bounds (a model that would wait forever is reported
+    /// by loom as a deadlock instead).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Deadline;
+
+    impl Deadline {
+        pub fn after(_timeout: std::time::Duration) -> Deadline {
+            Deadline
+        }
+        pub fn never() -> Deadline {
+            Deadline
+        }
+        pub fn remaining(&self) -> Option<std::time::Duration> {
+            None
         }
     }
 

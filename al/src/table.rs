@@ -411,6 +411,21 @@ impl<T> HandleTable<T> {
         drop(value);
     }
 
+    /// Free the index of a reservation that was never published, advancing
+    /// the slot's generation (or retiring the slot at the limit) as
+    /// [`recycle`](Self::recycle) does. The slot is `VACANT` with no
+    /// references and holds no value; only the reserver can reach it.
+    fn give_back_unpublished(&self, slot: &Slot<T>, index: u32, gen: u32) {
+        let mut alloc = self.alloc.lock();
+        if gen >= self.limits.max_generation {
+            alloc.retired += 1;
+        } else {
+            slot.state
+                .store(pack(VACANT, 0, gen + 1), Ordering::Release);
+            alloc.slab.remove(index as usize);
+        }
+    }
+
     /// Slots currently allocated: live objects, removed ones still
     /// referenced, and retired slots.
     pub fn allocated(&self) -> usize {
@@ -488,11 +503,15 @@ impl<T> Reservation<'_, T> {
 impl<T> Drop for Reservation<'_, T> {
     fn drop(&mut self) {
         if !self.published {
-            self.table
-                .alloc
-                .lock()
-                .slab
-                .remove(self.handle.index() as usize);
+            // The handle was already handed out (to the object's builder,
+            // which may have kept it or shown it to someone): give the slot
+            // back exactly as a removal does, under a new generation or
+            // retired, so that this handle value never names a later object.
+            self.table.give_back_unpublished(
+                self.slot,
+                self.handle.index(),
+                self.handle.generation(),
+            );
         }
     }
 }
@@ -690,6 +709,48 @@ mod tests {
         let r: Result<RawHandle> = t.insert_with(|_| Err(Error::invalid_parameter("no")));
         assert!(r.is_err());
         assert_eq!(t.allocated(), 0);
+    }
+
+    #[test]
+    fn a_failed_insert_never_reissues_the_handle_its_maker_saw() {
+        let t: HandleTable<u8> = HandleTable::new(K);
+        let mut seen = None;
+        let r: Result<RawHandle> = t.insert_with(|h| {
+            seen = Some(h);
+            Err(Error::invalid_parameter("no"))
+        });
+        assert!(r.is_err());
+        let seen = seen.expect("the maker ran");
+        let next = t.insert(Arc::new(1u8)).unwrap();
+        assert_eq!(next.index(), seen.index(), "the slot itself is reused");
+        assert_ne!(next, seen, "but under a new generation");
+        assert!(t.get(seen).is_err());
+    }
+
+    #[test]
+    fn a_failed_insert_at_the_generation_limit_retires_the_slot() {
+        let t: HandleTable<u8> = HandleTable::with_limits(
+            K,
+            TableLimits {
+                max_slots: 4,
+                max_generation: 2,
+            },
+        );
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let r: Result<RawHandle> = t.insert_with(|h| {
+                seen.push(h);
+                Err(Error::invalid_parameter("no"))
+            });
+            assert!(r.is_err());
+        }
+        assert!(seen.iter().all(|h| h.index() == 0));
+        assert_eq!(
+            seen.iter().map(|h| h.generation()).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        assert_eq!(t.retired(), 1);
+        assert_eq!(t.insert(Arc::new(0u8)).unwrap().index(), 1);
     }
 
     #[test]

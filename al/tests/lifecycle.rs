@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use al::{
     create, post_callback, Al, AlConfig, Error, ExecutorMode, Handle, Kind, Obj, Object, RawHandle,
@@ -32,6 +33,7 @@ impl Object for Gadget {
 fn manual() -> Al {
     Al::open_with(AlConfig {
         executor: ExecutorMode::Manual,
+        ..AlConfig::default()
     })
     .unwrap()
 }
@@ -352,7 +354,11 @@ fn each_objects_callbacks_arrive_in_order_one_at_a_time() {
 #[test]
 fn the_al_destroy_callback_runs_once_everything_is_gone_in_both_modes() {
     for mode in [ExecutorMode::Thread, ExecutorMode::Manual] {
-        let al = Al::open_with(AlConfig { executor: mode }).unwrap();
+        let al = Al::open_with(AlConfig {
+            executor: mode,
+            ..AlConfig::default()
+        })
+        .unwrap();
         let w = widget(&al, 1);
         gadget(&al, w).unwrap();
         let log = Log::default();
@@ -388,4 +394,196 @@ fn destroy_raw_dispatches_on_the_kind_and_rejects_unknown_kinds() {
     ));
     al.run_callbacks();
     assert!(al.stats().is_clean());
+}
+
+/// An object kind only the handle-reuse test creates, so that no test
+/// running in parallel takes the slot it watches.
+#[derive(Debug)]
+struct Probe;
+impl Object for Probe {
+    const KIND: Kind = Kind::custom(14);
+    al::object_table!(Probe);
+}
+
+#[test]
+fn a_failed_create_never_reissues_the_handle_its_builder_saw() {
+    let al = manual();
+    let mut seen = None;
+    let r = create::<Probe>(al.instance(), None, |core| {
+        seen = Some(core.handle());
+        Err(Error::invalid_parameter("bad size"))
+    });
+    assert!(matches!(r, Err(Error::InvalidParameter(_))), "{r:?}");
+    let seen = seen.expect("the builder ran");
+    let next = create(al.instance(), None, |_| Ok(Probe)).unwrap().handle();
+    assert_eq!(
+        next.raw().index(),
+        seen.index(),
+        "the slot itself is reused"
+    );
+    assert_ne!(
+        next.raw(),
+        seen,
+        "the handle the failed builder saw was issued again"
+    );
+    assert!(al.resolve(Handle::<Probe>::from_raw(seen)).is_err());
+    al.destroy(next, None).unwrap();
+    al.run_callbacks();
+    assert!(al.stats().is_clean(), "{}", al.stats());
+}
+
+/// Run `f` on its own thread and return what it returns, failing the test
+/// if it takes longer than `limit`: a hang becomes a failure.
+fn within<R: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what} did not return within {limit:?}: it hangs"))
+}
+
+/// Wait (bounded) until `inst` has no live object and no queued callback,
+/// running its callbacks here if it is in manual mode.
+fn wait_until_finished(inst: &al::AlInstance) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        inst.executor().run_pending();
+        if inst.stats().is_clean() && inst.executor().pending() == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never finished: {}",
+            inst.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+const SHORT_CLOSE: Duration = Duration::from_millis(200);
+
+fn with_short_close(executor: ExecutorMode) -> Al {
+    Al::open_with(AlConfig {
+        executor,
+        close_timeout: SHORT_CLOSE,
+    })
+    .unwrap()
+}
+
+#[test]
+fn close_reports_what_stray_references_still_hold_instead_of_hanging() {
+    for mode in [ExecutorMode::Thread, ExecutorMode::Manual] {
+        let al = with_short_close(mode);
+        let inst = al.instance().clone();
+        // Destroyed by the application, with a callback, but still held.
+        let destroyed = widget(&al, 1);
+        let stray_destroyed = al.resolve_live(destroyed).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        al.destroy(
+            destroyed,
+            Some(Box::new(move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+            })),
+        )
+        .unwrap();
+        // Left to close: a child still held, which holds its parent.
+        let parent = widget(&al, 2);
+        let child = gadget(&al, parent).unwrap();
+        let stray_child = al.resolve_live(child).unwrap();
+        // Not held by anyone: close finishes it.
+        let clean = widget(&al, 3);
+
+        let result = within(
+            SHORT_CLOSE * 20,
+            "Al::close with a stray reference",
+            move || al.close(),
+        );
+        let report = match result {
+            Err(Error::Leaked(report)) => report,
+            other => panic!("{mode:?}: close must report the leak, got {other:?}"),
+        };
+        let held: Vec<RawHandle> = report.held.iter().map(|o| o.handle).collect();
+        let mut expect = vec![destroyed.raw(), parent.raw(), child.raw()];
+        expect.sort();
+        assert_eq!(held, expect, "{mode:?}: {report}");
+        assert!(!report.holds(clean.raw()));
+        let find = |h: RawHandle| *report.held.iter().find(|o| o.handle == h).unwrap();
+        let d = find(destroyed.raw());
+        assert_eq!((d.kind, d.parent, d.object_refs), (Widget::KIND, None, 1));
+        let p = find(parent.raw());
+        assert_eq!((p.object_refs, p.core_refs, p.children_held), (1, 1, 1));
+        let g = find(child.raw());
+        assert_eq!(
+            (g.kind, g.parent, g.object_refs),
+            (Gadget::KIND, Some(parent.raw()), 1)
+        );
+        assert_eq!(report.stats.total_live(), 3, "{report}");
+        let text = Error::Leaked(report.clone()).to_string();
+        for h in &expect {
+            assert!(text.contains(&format!("{:#018x}", h.as_u64())), "{text}");
+        }
+        assert!(text.contains("still held"), "{text}");
+
+        // The close is done: nothing new, nothing resolves, and the held
+        // objects are released, each destroy callback once, as they go.
+        assert!(create(&inst, None, |_| Ok(Widget { label: 4 })).is_err());
+        assert!(inst.resolve(clean).is_err());
+        assert_eq!(stray_destroyed.label, 1, "a held object is still usable");
+        inst.executor().run_pending();
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "still held: not gone yet");
+        drop(stray_destroyed);
+        drop(stray_child);
+        wait_until_finished(&inst);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{mode:?}");
+        assert!(inst.leak_report().held.is_empty());
+    }
+}
+
+#[test]
+fn dropping_an_al_with_a_stray_reference_gives_up_within_the_close_timeout() {
+    let al = with_short_close(ExecutorMode::Thread);
+    let inst = al.instance().clone();
+    let w = widget(&al, 1);
+    let stray = al.resolve_live(w).unwrap();
+    within(
+        SHORT_CLOSE * 20,
+        "dropping an Al with a stray reference",
+        move || drop(al),
+    );
+    assert_eq!(inst.stats().live(Widget::KIND), 1);
+    drop(stray);
+    wait_until_finished(&inst);
+}
+
+#[test]
+fn close_reports_a_callback_that_does_not_return() {
+    let al = with_short_close(ExecutorMode::Thread);
+    let inst = al.instance().clone();
+    let obj = create(al.instance(), None, |_| Ok(Widget { label: 5 })).unwrap();
+    let h = obj.handle();
+    let (release, blocked) = std::sync::mpsc::channel::<()>();
+    post_callback(&obj, move |_| {
+        let _ = blocked.recv_timeout(Duration::from_secs(30));
+    });
+    drop(obj);
+    let result = within(
+        SHORT_CLOSE * 20,
+        "Al::close behind a stuck callback",
+        move || al.close(),
+    );
+    let report = match result {
+        Err(Error::Leaked(report)) => report,
+        other => panic!("close must report the stuck callback, got {other:?}"),
+    };
+    // The stuck job holds the object: it is named, and the job counted.
+    assert!(report.holds(h.raw()), "{report}");
+    assert!(report.queued_callbacks >= 1, "{report}");
+    release.send(()).unwrap();
+    wait_until_finished(&inst);
 }

@@ -485,6 +485,7 @@ fn a_polled_port_connects_on_one_thread_with_no_agent_thread() {
     let p = provider();
     let al = Al::open_with(al::AlConfig {
         executor: al::ExecutorMode::Manual,
+        ..al::AlConfig::default()
     })
     .unwrap();
     let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));

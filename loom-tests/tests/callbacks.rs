@@ -25,6 +25,7 @@ fn destroy_while_a_callback_runs() {
         let al = Arc::new(
             Al::open_with(AlConfig {
                 executor: ExecutorMode::Manual,
+                ..AlConfig::default()
             })
             .unwrap(),
         );

@@ -53,6 +53,7 @@ fn manual_al() -> Arc<Al> {
     Arc::new(
         Al::open_with(AlConfig {
             executor: ExecutorMode::Manual,
+            ..AlConfig::default()
         })
         .unwrap(),
     )

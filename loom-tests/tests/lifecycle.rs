@@ -34,6 +34,7 @@ impl Object for Gadget {
 fn manual_al() -> Al {
     Al::open_with(AlConfig {
         executor: ExecutorMode::Manual,
+        ..AlConfig::default()
     })
     .unwrap()
 }

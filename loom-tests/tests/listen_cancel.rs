@@ -74,6 +74,7 @@ fn listen_cancel_vs_incoming_req() {
         let al = Arc::new(
             Al::open_with(AlConfig {
                 executor: ExecutorMode::Manual,
+                ..AlConfig::default()
             })
             .unwrap(),
         );

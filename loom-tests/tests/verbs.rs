@@ -33,6 +33,7 @@ fn world() -> World {
     let al = Arc::new(
         Al::open_with(AlConfig {
             executor: ExecutorMode::Manual,
+            ..AlConfig::default()
         })
         .unwrap(),
     );

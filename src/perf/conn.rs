@@ -633,7 +633,11 @@ impl Bench {
             CmDrive::Thread => ExecutorMode::Thread,
             CmDrive::Poll => ExecutorMode::Manual,
         };
-        let al = Al::open_with(AlConfig { executor }).map_err(al_err("opening the AL"))?;
+        let al = Al::open_with(AlConfig {
+            executor,
+            ..AlConfig::default()
+        })
+        .map_err(al_err("opening the AL"))?;
         let mut cas: Vec<Handle<Ca>> = Vec::new();
         let mut pds = Vec::new();
         let mut cqs = Vec::new();
