@@ -1167,12 +1167,19 @@ fn accept_claimed(
         })
     };
     // A lost bind destroys nothing: the CEP stays answerable.
-    binding::bind_and_start(
-        qp.cid(),
-        c.core().handle(),
-        || start().inspect_err(|_| restore_qp(qp, &before)),
-        |_| {},
-    )
+    let h = c.core().handle();
+    qp.cid().bind(h)?;
+    start().map_err(|e| {
+        restore_qp(qp, &before);
+        if binding::release(qp.cid(), h, |_| {}) {
+            e
+        } else {
+            // A destroy of the QP took the binding after our bind: it owns
+            // the CEP now and destroys it (the rule's "CEP gone" outcome),
+            // even if it has not got that far yet.
+            cep_destroyed(c)
+        }
+    })
 }
 
 /// Put back the state a failed accept found `qp` in (RESET, INIT with its
