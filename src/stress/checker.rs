@@ -16,11 +16,62 @@ pub struct Checker {
     failure_count: AtomicU64,
     /// CEP handles that got `Released`.
     released: Mutex<HashSet<u64>>,
+    /// Probe outcomes (double accepts, accepts on active CEPs, SIDR ends,
+    /// leak checks), by name.
+    pub(super) probes: Mutex<BTreeMap<&'static str, u64>>,
+    /// SIDR CEPs whose end is still to be seen: CEP handle -> (AL id, state).
+    sidr: Mutex<HashMap<u64, (u64, Arc<SidrState>)>>,
     /// Destroy callbacks registered and not yet seen to run.
     destroy_waiting: Mutex<Vec<(String, Arc<AtomicU32>)>>,
     pub(super) destroy_registered: AtomicU64,
     pub(super) destroy_twice: AtomicU64,
     pub(super) callback_panics: AtomicU64,
+}
+
+/// How long an active SIDR request may go without its reply or timeout
+/// (its own retries end within ~50 ms: 4 waits of at most 8.4 ms + 2 x
+/// PacketLifeTime; the rest is slack for a loaded machine).
+pub(super) const SIDR_ACTIVE_END_LIMIT: Duration = Duration::from_secs(10);
+/// How long a received SIDR request may go without an end: the CM's answer
+/// deadline (`cep::proto::SIDR_ANSWER_DEADLINE_NANOS`, about 21 s) plus slack.
+pub(super) const SIDR_PASSIVE_END_LIMIT: Duration = Duration::from_secs(30);
+/// How long after a passive SIDR CEP's `Released` the end our own
+/// `sidr_reply` counts may still be on its way (the reply frees the id, so
+/// the `Released` may overtake the call's return).
+pub(super) const SIDR_END_GRACE: Duration = Duration::from_secs(1);
+/// How long a SIDR CEP may still exist after its `Released`.
+pub(super) const SIDR_GONE_LIMIT: Duration = Duration::from_secs(2);
+
+/// What is known of one SIDR CEP's life: its ends (reply, timeout, or for
+/// the passive side our `sidr_reply`) and its `Released`.
+pub(super) struct SidrState {
+    pub(super) passive: bool,
+    pub(super) started: Instant,
+    pub(super) ends: AtomicU32,
+    pub(super) released_at: Mutex<Option<Instant>>,
+}
+
+impl SidrState {
+    pub(super) fn new(passive: bool) -> Arc<SidrState> {
+        Arc::new(SidrState {
+            passive,
+            started: Instant::now(),
+            ends: AtomicU32::new(0),
+            released_at: Mutex::new(None),
+        })
+    }
+
+    /// Note one end; a second is a failure.
+    pub(super) fn end(&self, checker: &Checker, cep: Handle<Cep>, what: &'static str) {
+        if self.ends.fetch_add(1, Ordering::AcqRel) != 0 {
+            checker.fail(format!("SIDR CEP {cep}: a second end ({what})"));
+        }
+        checker.count_probe(what);
+    }
+
+    pub(super) fn released(&self) {
+        *self.released_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
 }
 
 /// The most failure messages a run keeps (all are counted).
@@ -37,6 +88,8 @@ impl Checker {
             failures: Mutex::new(Vec::new()),
             failure_count: AtomicU64::new(0),
             released: Mutex::new(HashSet::new()),
+            probes: Mutex::new(BTreeMap::new()),
+            sidr: Mutex::new(HashMap::new()),
             destroy_waiting: Mutex::new(Vec::new()),
             destroy_registered: AtomicU64::new(0),
             destroy_twice: AtomicU64::new(0),
@@ -87,13 +140,169 @@ impl Checker {
 
     /// Count a call made from a callback.
     pub fn record_callback<T>(&self, op: Op, r: &al::Result<T>) {
+        self.record_as(format!("cb:{}", op.name()), op, r);
+    }
+
+    /// Count a call under the row `label` of the table (judged as `op`).
+    pub fn record_as<T>(&self, label: String, op: Op, r: &al::Result<T>) {
         let outcome = self.outcome(op, r);
         *self
             .callback_ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry((format!("cb:{}", op.name()), outcome))
+            .entry((label, outcome))
             .or_default() += 1;
+    }
+
+    /// Count one probe outcome.
+    pub fn count_probe(&self, what: &'static str) {
+        self.count_probes(what, 1);
+    }
+
+    /// The probe counters so far.
+    pub fn probes(&self) -> BTreeMap<&'static str, u64> {
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Count `n` of one probe outcome.
+    pub fn count_probes(&self, what: &'static str, n: u64) {
+        *self
+            .probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(what)
+            .or_default() += n;
+    }
+
+    /// Close the AL of `slot` ([`close_al`](Self::close_al)) with the
+    /// checks around it: the CID slots of its QPs before
+    /// (`AlCtx::check_cid_slots`), its SIDR CEPs after
+    /// ([`sweep_sidr`](Self::sweep_sidr)).
+    pub(super) fn close_slot(
+        self: &Arc<Self>,
+        slot: Slot,
+        sync: bool,
+        limit: Duration,
+    ) -> Option<Stats> {
+        let n = slot.ctx.check_cid_slots(true);
+        self.count_probes("cid slots checked", n as u64);
+        let inst = slot.ctx.inst.clone();
+        let stats = self.close_al(slot.al, sync, limit);
+        // After the close: every callback of the AL has run, so each SIDR
+        // CEP of it either ended or was cut by the close.
+        self.sweep_sidr(&inst, true);
+        stats
+    }
+
+    /// Whether `cep` got its `Released` event.
+    pub fn was_released(&self, cep: Handle<Cep>) -> bool {
+        self.released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&cep.as_u64())
+    }
+
+    /// Track the SIDR CEP `cep` of the AL `al_id` until its end is seen.
+    pub(super) fn track_sidr(&self, al_id: u64, cep: Handle<Cep>, state: Arc<SidrState>) {
+        self.sidr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cep.as_u64(), (al_id, state));
+    }
+
+    /// The tracked SIDR state of `cep`, if it is a SIDR CEP being watched.
+    pub(super) fn sidr_state(&self, cep: Handle<Cep>) -> Option<Arc<SidrState>> {
+        self.sidr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&cep.as_u64())
+            .map(|(_, s)| s.clone())
+    }
+
+    /// Stop watching `cep` (destroyed by the run: its end is the destroy).
+    pub(super) fn untrack_sidr(&self, cep: Handle<Cep>) {
+        self.sidr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&cep.as_u64());
+    }
+
+    /// Judge the SIDR CEPs of `inst` that can be judged now: each must have
+    /// had exactly one end (a reply or a timeout; the second is caught
+    /// when it happens) before its `Released`, and be gone within
+    /// [`SIDR_GONE_LIMIT`] of it; one with no end after its limit is a
+    /// failure. With `closing` (the AL is about to be closed) the young
+    /// ones are cut by the close and dropped from the watch.
+    pub(super) fn sweep_sidr(&self, inst: &AlInstance, closing: bool) {
+        let now = Instant::now();
+        let al_id = inst.id();
+        let mut verdicts: Vec<Result<&'static str, String>> = Vec::new();
+        self.sidr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|raw, (al, st)| {
+                if *al != al_id {
+                    return true;
+                }
+                let cep = Handle::<Cep>::from_raw(al::RawHandle::from_u64(*raw));
+                let side = if st.passive { "passive" } else { "active" };
+                let ends = st.ends.load(Ordering::Acquire);
+                let released = *st.released_at.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(at) = released {
+                    if ends == 0 && now.duration_since(at) < SIDR_END_GRACE && !closing {
+                        // Our sidr_reply may be about to count its end.
+                        return true;
+                    }
+                    if ends == 0 {
+                        verdicts.push(Err(format!(
+                            "SIDR {side} CEP {cep}: Released with no reply or timeout before it"
+                        )));
+                        return false;
+                    }
+                    if inst.resolve(cep).is_err() || closing {
+                        verdicts.push(Ok("sidr: ended and CEP gone"));
+                        return false;
+                    }
+                    if now.duration_since(at) > SIDR_GONE_LIMIT {
+                        verdicts.push(Err(format!(
+                            "SIDR {side} CEP {cep}: still exists {SIDR_GONE_LIMIT:?} after Released"
+                        )));
+                        return false;
+                    }
+                    return true;
+                }
+                let limit = if st.passive {
+                    SIDR_PASSIVE_END_LIMIT
+                } else {
+                    SIDR_ACTIVE_END_LIMIT
+                };
+                let age = now.duration_since(st.started);
+                if age > limit {
+                    verdicts.push(Err(format!(
+                        "SIDR {side} CEP {cep}: no end {age:?} after the request ({ends} ends, not released)"
+                    )));
+                    return false;
+                }
+                if closing {
+                    verdicts.push(Ok("sidr: cut by AL close"));
+                    return false;
+                }
+                true
+            });
+        for v in verdicts {
+            match v {
+                Ok(what) => self.count_probe(what),
+                Err(msg) => self.fail(msg),
+            }
+        }
+    }
+
+    /// SIDR CEPs still watched (the end of the run wants none).
+    pub(super) fn sidr_watched(&self) -> usize {
+        self.sidr.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Note one CM event of `cep`: an event after `Released` (including a

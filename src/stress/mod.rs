@@ -41,28 +41,33 @@ mod run;
 mod workers;
 
 pub use checker::Checker;
-pub use ops::{error_name, Op};
+pub use ops::{error_name, says_cep_gone, Op};
 pub use report::StressReport;
 pub use run::{main, run};
 pub use workers::STUCK_LIMIT;
 
+use checker::SidrState;
 use ctx::{AlCtx, Objs};
 use ops::panic_text;
-use workers::{worker, WorkerStatus, ACTIONS, MAX_QPS};
+use workers::{worker, Slot, WorkerStatus, ACTIONS, MAX_QPS};
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use al::{Al, AlInstance, DestroyCallback, Error, Handle, Kind, Object, Stats};
-use cep::cm::{self, AcceptReply, Cep, CmHandler, ConnectRequest, Listen, ListenHandler};
+use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
 use cep::proto::Event;
+use cep::proto::{PeerAddr, SidrParams, SidrReplyParams, TimedOut};
 use cep::wire::RejectReason;
+use cep::wire::{PrivateData, SidrStatus};
 use hca::provider::{Access, QpType};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
+use hca::QpState;
 use hca::{Fabric, FaultConfig, HcaConfig, RegisteredBuffer, SoftProvider};
+use qp::CidState;
 use qp::{create_qp, Qp, QpCreate};
 
 /// How long closing one AL may take before the run calls it hung.

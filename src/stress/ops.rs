@@ -29,6 +29,8 @@ pub enum Op {
     Disconnect,
     DisconnectReply,
     DestroyCep,
+    SidrRequest,
+    SidrReply,
 }
 
 impl Op {
@@ -58,6 +60,8 @@ impl Op {
             Op::Disconnect => "disconnect",
             Op::DisconnectReply => "disconnect_reply",
             Op::DestroyCep => "destroy_cep",
+            Op::SidrRequest => "sidr_request",
+            Op::SidrReply => "sidr_reply",
         }
     }
 
@@ -101,10 +105,22 @@ impl Op {
                 e,
                 E::InvalidState(_) | E::InvalidQpState(_) | E::NotFound(_)
             ),
-            Op::Reject | Op::Mra | Op::Disconnect | Op::DisconnectReply => {
+            Op::SidrRequest => matches!(e, E::InsufficientResources(_)),
+            Op::Reject | Op::Mra | Op::Disconnect | Op::DisconnectReply | Op::SidrReply => {
                 matches!(e, E::InvalidState(_) | E::NotFound(_))
             }
         }
+    }
+}
+
+/// Whether `e` says the CEP `cep` is gone or going (destroyed by someone):
+/// the one error after which `accept` may have changed something
+/// (`cep::cm::accept`, "When accept fails").
+pub fn says_cep_gone(e: &Error, cep: Handle<Cep>) -> bool {
+    match e {
+        Error::Destroying { kind, raw } => *kind == Kind::CEP && *raw == cep.as_u64(),
+        Error::InvalidHandle { expected, raw } => *expected == Kind::CEP && *raw == cep.as_u64(),
+        _ => false,
     }
 }
 

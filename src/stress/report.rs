@@ -23,6 +23,11 @@ pub struct StressReport {
     pub fabric: hca::FabricStats,
     pub ticks: u64,
     pub active_ports_after: usize,
+    /// Probe outcomes: double accepts, accepts on active CEPs, SIDR ends,
+    /// CID slots checked.
+    pub probes: BTreeMap<&'static str, u64>,
+    /// The end check of each CM port (routes, live connections, comm ids).
+    pub ports: Vec<String>,
     /// Workers that did not finish within [`STUCK_LIMIT`] of the end, and
     /// the action each was in (a deadlock): nothing is closed then.
     pub stuck_workers: Vec<(usize, String)>,
@@ -75,6 +80,15 @@ impl StressReport {
             self.fabric.delayed,
             self.ticks
         ));
+        out.push_str("\n  probes:");
+        for (k, v) in &self.probes {
+            out.push_str(&format!(" {k} {v},"));
+        }
+        out.pop();
+        out.push('\n');
+        for line in &self.ports {
+            out.push_str(&format!("  CM port at the end: {line}\n"));
+        }
         out.push_str("\n  object kind       created  live after close\n");
         for (k, created, live) in &self.objects {
             out.push_str(&format!("  {k:<14} {created:>10}  {live:>8}\n"));
@@ -152,7 +166,7 @@ impl StressReport {
             .collect();
         let f = &self.fabric;
         format!(
-            "{{\"job\":\"stress\",\"ok\":{},\"seconds\":{:.3},\"threads\":{},\"hcas\":{},\"seed\":{},\"drop\":{},\"dup\":{},\"reorder\":{},\"delay\":{},\"ops\":{{{}}},\"events\":{{{}}},\"objects\":{{{}}},\"live_after_close\":{},\"als_opened\":{},\"als_closed\":{},\"destroy_callbacks\":{},\"destroy_callbacks_twice\":{},\"destroy_callbacks_never\":{},\"callback_panics\":{},\"fabric\":{{\"delivered\":{},\"dropped\":{},\"duplicated\":{},\"reordered\":{},\"delayed\":{},\"ticks\":{}}},\"active_ports_after\":{},\"stuck_workers\":[{}],\"failure_count\":{},\"failures\":[{}]}}",
+            "{{\"job\":\"stress\",\"ok\":{},\"seconds\":{:.3},\"threads\":{},\"hcas\":{},\"seed\":{},\"drop\":{},\"dup\":{},\"reorder\":{},\"delay\":{},\"ops\":{{{}}},\"events\":{{{}}},\"objects\":{{{}}},\"live_after_close\":{},\"als_opened\":{},\"als_closed\":{},\"destroy_callbacks\":{},\"destroy_callbacks_twice\":{},\"destroy_callbacks_never\":{},\"callback_panics\":{},\"fabric\":{{\"delivered\":{},\"dropped\":{},\"duplicated\":{},\"reordered\":{},\"delayed\":{},\"ticks\":{}}},\"active_ports_after\":{},\"probes\":{{{}}},\"ports\":[{}],\"stuck_workers\":[{}],\"failure_count\":{},\"failures\":[{}]}}",
             self.ok(),
             self.elapsed_s,
             c.threads,
@@ -179,6 +193,16 @@ impl StressReport {
             f.delayed,
             self.ticks,
             self.active_ports_after,
+            self.probes
+                .iter()
+                .map(|(k, v)| format!("\"{}\":{v}", esc(k)))
+                .collect::<Vec<_>>()
+                .join(","),
+            self.ports
+                .iter()
+                .map(|l| format!("\"{}\"", esc(l)))
+                .collect::<Vec<_>>()
+                .join(","),
             self.stuck_workers
                 .iter()
                 .map(|(id, a)| format!("{{\"worker\":{id},\"action\":\"{}\"}}", esc(a)))

@@ -24,10 +24,13 @@ pub(super) enum Action {
     RejectPending,
     Disconnect,
     DestroyCep,
+    DoubleAccept,
+    AcceptActive,
+    SidrRequest,
     Pause,
 }
 
-pub(super) const ACTIONS: [(Action, u32); 20] = [
+pub(super) const ACTIONS: [(Action, u32); 23] = [
     (Action::OpenAl, 4),
     (Action::CloseAl, 2),
     (Action::OpenCa, 20),
@@ -47,7 +50,10 @@ pub(super) const ACTIONS: [(Action, u32); 20] = [
     (Action::RejectPending, 15),
     (Action::Disconnect, 100),
     (Action::DestroyCep, 25),
-    (Action::Pause, 381),
+    (Action::DoubleAccept, 15),
+    (Action::AcceptActive, 15),
+    (Action::SidrRequest, 40),
+    (Action::Pause, 311),
 ];
 
 const MAX_CAS: usize = 4;
@@ -125,7 +131,7 @@ impl Worker {
     fn close_al(&mut self, i: usize) {
         let slot = self.als.swap_remove(i);
         let sync = self.rng.below(2) == 0;
-        let stats = self.checker.close_al(slot.al, sync, CLOSE_LIMIT);
+        let stats = self.checker.close_slot(slot, sync, CLOSE_LIMIT);
         *self
             .ops
             .entry((
@@ -149,6 +155,9 @@ impl Worker {
         let ctx = self.als[i].ctx.clone();
         if self.steps % 128 == 0 {
             ctx.objs().prune(&ctx.inst);
+            self.checker.sweep_sidr(&ctx.inst, false);
+            let n = ctx.check_cid_slots(false);
+            self.checker.count_probes("cid slots checked", n as u64);
         }
         let total: u32 = ACTIONS.iter().map(|a| a.1).sum();
         let mut roll = self.rng.below(total as usize) as u32;
@@ -346,6 +355,28 @@ impl Worker {
                     ctx.objs().ceps.retain(|x| *x != cep);
                 }
             }
+            Action::DoubleAccept => {
+                let pending = ctx.objs().pending.clone();
+                if let Some((cep, hca)) = self.pick(&pending) {
+                    ctx.objs().pending.retain(|x| x.0 != cep);
+                    let concurrent = self.rng.below(2) == 0;
+                    if !ctx.double_accept(cep, hca, concurrent, "probe:double_accept") {
+                        ctx.objs().pending.push((cep, hca));
+                    }
+                }
+            }
+            Action::AcceptActive => {
+                let active = ctx.objs().active.clone();
+                if let Some((cep, own_qp, hca)) = self.pick(&active) {
+                    // Its own QP, or another on the same HCA.
+                    let qp = match self.rng.below(2) {
+                        0 => own_qp,
+                        _ => ctx.qp_on(hca, self.rng.next_u64()).unwrap_or(own_qp),
+                    };
+                    ctx.accept_active(cep, own_qp, qp);
+                }
+            }
+            Action::SidrRequest => self.sidr_request(ctx),
             Action::Pause => {
                 std::thread::sleep(Duration::from_micros(50 + self.rng.below(400) as u64));
             }
@@ -410,9 +441,47 @@ impl Worker {
         let r = cm::connect(&ctx.inst, qp, &req, ctx.cep_handler());
         self.count(Op::Connect, &r);
         match r {
-            Ok(cep) => ctx.objs().ceps.push(cep),
+            Ok(cep) => {
+                let mut o = ctx.objs();
+                o.ceps.push(cep);
+                let hca = o.qps.iter().find(|x| x.0 == qp).map_or(usize::MAX, |x| x.1);
+                o.active.push((cep, qp, hca));
+            }
             Err(Error::InvalidHandle { .. }) => ctx.objs().qps.retain(|x| x.0 != qp),
             Err(_) => {}
+        }
+    }
+}
+
+impl Worker {
+    /// A SIDR request from a CA of this AL to a random service of a random
+    /// HCA (which may have no listen: a reply saying so), watched until
+    /// its one end (reply or timeout) and its CEP's `Released`.
+    fn sidr_request(&mut self, ctx: &Arc<AlCtx>) {
+        let cas = ctx.objs().cas.clone();
+        let Some((ca, _)) = self.pick(&cas) else {
+            return;
+        };
+        let target = self.rng.below(self.hcas);
+        let k = self.rng.below(SERVICES_PER_HCA as usize) as u64;
+        let params = SidrParams {
+            peer: PeerAddr {
+                lid: lid(target),
+                gid: [0; 16],
+            },
+            service_id: service_id(target, k),
+            pkey: 0xffff,
+            // Waits of a few ms, so retries and timeouts happen often.
+            timeout: 8 + self.rng.below(4) as u8,
+            packet_life_time: self.rng.below(8) as u8,
+            max_retries: self.rng.below(4) as u8,
+            private_data: PrivateData::zeroed(),
+        };
+        let state = SidrState::new(false);
+        let r = cm::sidr_request(&ctx.inst, ca, params, 1, ctx.sidr_handler(state.clone()));
+        self.count(Op::SidrRequest, &r);
+        if let Ok(cep) = r {
+            self.checker.track_sidr(ctx.inst.id(), cep, state);
         }
     }
 }
@@ -424,7 +493,7 @@ thread_local! {
 
 pub(super) struct WorkerOut {
     pub(super) ops: BTreeMap<(String, &'static str), u64>,
-    pub(super) als: Vec<Al>,
+    pub(super) als: Vec<Slot>,
     pub(super) closed: Vec<Stats>,
     pub(super) opened: u64,
     pub(super) closed_count: u64,
@@ -464,7 +533,7 @@ pub(super) fn worker(
     }
     WorkerOut {
         ops: w.ops,
-        als: w.als.into_iter().map(|s| s.al).collect(),
+        als: w.als,
         closed: ADD_STATS.with(|a| std::mem::take(&mut *a.borrow_mut())),
         opened: w.als_opened,
         closed_count: w.als_closed,
