@@ -330,9 +330,14 @@ impl<D: Device> Shared<D> {
             if let Delivery::Refuse(conn) = sink(event) {
                 // Our own `deliver` inside `call` returns at once (this
                 // thread is delivering); the REJ's events, if any, are
-                // delivered by this loop.
-                let _ =
-                    self.call(|ep, now| ep.reject(now, conn, RejectReason::NoResources, &[], &[]));
+                // delivered by this loop. A SIDR request cannot be
+                // rejected with a REJ: destroying it sends the SIDR_REP
+                // (rejected) and frees it, where `reject` would fail and
+                // leave it to the ~21 s answer deadline.
+                let _ = self.call(|ep, now| match ep.state(conn) {
+                    Some(crate::proto::State::SidrReqRcvd) => ep.destroy(now, conn),
+                    _ => ep.reject(now, conn, RejectReason::NoResources, &[], &[]),
+                });
             }
         }
     }
