@@ -24,7 +24,15 @@
 //!   library call panicked on a worker thread;
 //! * a call failed with an error that is not one of those it documents for
 //!   that operation ([`Op::allows`]);
-//! * the CM agents did not all shut down (`cep::cm::active_ports`).
+//! * the CM agents did not all shut down (`cep::cm::active_ports`);
+//! * a double accept had two winners, or a loser changed its QP or named
+//!   a live CEP gone; an accept on an active CEP did not fail with
+//!   `InvalidState` or moved its QP's binding;
+//! * a SIDR request had no end (reply or timeout), two ends, or its CEP
+//!   outlived its `Released`;
+//! * a QP's CID slot stayed bound to a CEP that is gone;
+//! * a CM port still routed anything but the static listens, or held a
+//!   connection or a comm id, once every worker AL was closed.
 //!
 //! `docs/stress.md` has the details and a recorded run.
 //!
