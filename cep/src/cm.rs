@@ -127,6 +127,14 @@ pub enum CmDrive {
     Poll,
 }
 
+/// A process-wide count of the agents this layer started, to seed each
+/// one's comm ids differently (`AgentConfig::incarnation`). Identity only,
+/// never synchronisation: a plain std atomic is enough even under loom.
+fn next_incarnation() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A counted use of a port's CM; the last use shuts the agent down, without
 /// waiting for anything (see [`CmAgent::shutdown`]), wherever that drop
 /// runs: an AL executor, an agent thread, under the routes lock.
@@ -140,9 +148,15 @@ impl PortUse {
         let key = (ca.device().instance_key(), port);
         let mut reg = registry().lock();
         if let Some(old) = reg.closing.remove(&key) {
-            // The last agent on this port is shutting down: its QP1 must
-            // be gone before a new agent can have the port's GSI QP. Off
-            // the registry lock; a bounded wait for the old agent's lock.
+            // The port's last agent lingers or is shutting down. Take it
+            // back if it still lingers (same comm ids: none a peer holds in
+            // timewait can be handed out again); otherwise its QP1 must be
+            // gone before a new agent can have the port's GSI QP: off the
+            // registry lock, a bounded wait for the old agent's lock.
+            if drive.is_none_or(|d| d == old.drive) && old.agent.revive() {
+                reg.ports.insert(key, (old.clone(), 1));
+                return Ok(PortUse(old));
+            }
             drop(reg);
             old.agent.finish_shutdown();
             reg = registry().lock();
@@ -166,7 +180,11 @@ impl PortUse {
         let drive = drive.unwrap_or_default();
         #[cfg(ibal_loom)]
         let drive = drive.unwrap_or(CmDrive::Poll);
-        let agent = CmAgent::new(ca.device().clone(), port, AgentConfig::default())?;
+        let config = AgentConfig {
+            incarnation: next_incarnation(),
+            ..AgentConfig::default()
+        };
+        let agent = CmAgent::new(ca.device().clone(), port, config)?;
         let routes = Arc::new(Routes::default());
         let sink_routes = routes.clone();
         let sink: EventSink = std::sync::Arc::new(move |ev| deliver(&sink_routes, ev));
@@ -218,7 +236,9 @@ impl Drop for PortUse {
         reg.closing.retain(|_, old| !old.agent.qp1_released());
         reg.closing.insert(self.0.key, self.0.clone());
         drop(reg);
-        self.0.agent.shutdown();
+        if !self.0.agent.linger() {
+            self.0.agent.shutdown();
+        }
     }
 }
 

@@ -59,9 +59,11 @@ impl Seen {
     }
     fn count(&self, cep: Handle<Cep>, what: &str) -> usize {
         let events = self.events.lock().unwrap();
+        // "Rejected" also counts "Rejected(reason,origin)".
+        let detailed = format!("{what}(");
         events
             .iter()
-            .filter(|(c, e)| *c == cep && e == what)
+            .filter(|(c, e)| *c == cep && (e == what || e.starts_with(&detailed)))
             .count()
     }
     fn handler(self: &StdArc<Self>) -> CmHandler {
@@ -84,16 +86,9 @@ impl Seen {
         let t0 = std::time::Instant::now();
         while self.requests.lock().unwrap().len() <= before {
             if t0.elapsed() > Duration::from_secs(20) {
-                panic!(
-                    "no request; last events {:?}",
-                    self.events
-                        .lock()
-                        .unwrap()
-                        .iter()
-                        .rev()
-                        .take(6)
-                        .collect::<Vec<_>>()
-                );
+                let events = self.events.lock().unwrap();
+                let last: Vec<_> = events.iter().rev().take(6).collect();
+                panic!("no request within 20 s; last events {last:?}");
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -349,8 +344,10 @@ fn accept_racing_qp_destroy_follows_the_accept_rule() {
 fn a_request_nobody_answers_is_reclaimed() {
     let w = pair();
     let mut request = ConnectRequest::new(SERVICE, 2);
-    // About 1 ms per wait, one retry: the deadline is a few ms.
-    request.cm_response_timeout = 8;
+    // About 17 ms per wait, one retry: the active side gives up after
+    // about 34 ms, B's deadline is about 50 ms. The 17 ms are the margin
+    // for this thread to cut the fabric (below) before A's REJ leaves.
+    request.cm_response_timeout = 12;
     request.max_cm_retries = 1;
     request.local_ack_timeout = 1;
     let active = cm::connect(w.al.instance(), w.a.qp, &request, w.seen.handler()).unwrap();

@@ -37,7 +37,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use al::sync::atomic::{fence, AtomicBool, Ordering};
+use al::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
 use al::sync::{Arc, Mutex, MutexGuard};
 use al::{Error, Result};
 use hca::provider::Device;
@@ -84,6 +84,11 @@ pub struct AgentConfig {
     pub id_seed: Option<u32>,
     /// Overrides [`EndpointConfig::max_ceps`].
     pub max_ceps: Option<u32>,
+    /// Which agent of this port this is (0 for the first): mixed into the
+    /// comm id seed, so an agent started again on a port does not hand out
+    /// the ids of its predecessor, which peers may still hold in timewait.
+    /// The CM layer counts them; a standalone agent stays deterministic.
+    pub incarnation: u32,
 }
 
 impl Default for AgentConfig {
@@ -98,6 +103,7 @@ impl Default for AgentConfig {
             send_buffers: 128,
             id_seed: None,
             max_ceps: None,
+            incarnation: 0,
         }
     }
 }
@@ -239,12 +245,20 @@ struct Shared<D: Device> {
     /// destroys QP1 (see `Shared::unlock`), so shutting down never waits
     /// for another thread.
     closing: AtomicBool,
+    /// `ACTIVE`, `LINGERING` (no users left: the agent thread shuts the
+    /// agent down once no connection is left in timewait, unless `revive`
+    /// takes it back first) or `DONE`. See `CmAgent::linger`.
+    linger: AtomicU8,
     /// Set by `spawn`: lets the completion hook serve the agent inline
     /// (`serve_inline`). The hook lives inside this agent's own CQ, so the
     /// strong reference it finds here is a cycle that `release_io` breaks
     /// by emptying the slot when QP1 and its CQs go.
     inline: InlineSlot<D>,
 }
+
+const ACTIVE: u8 = 0;
+const LINGERING: u8 = 1;
+const DONE: u8 = 2;
 
 /// Where the completion hook finds its agent once it runs in thread mode.
 type InlineSlot<D> = Arc<Mutex<Option<Arc<Shared<D>>>>>;
@@ -269,14 +283,6 @@ fn proto_error(e: ProtoError) -> Error {
         ProtoError::NoFreeIds => Error::InsufficientResources(text.into()),
         ProtoError::Wire(_) | ProtoError::InvalidParam(_) => Error::InvalidParameter(text.into()),
     }
-}
-
-/// A process-wide count of agents created, to seed each one's comm ids
-/// differently. Identity only, never synchronisation: a plain std atomic
-/// is enough even under the model checker.
-fn next_incarnation() -> u32 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn shut_down() -> Error {
@@ -339,6 +345,16 @@ impl<D: Device> Shared<D> {
                     _ => ep.reject(now, conn, RejectReason::NoResources, &[], &[]),
                 });
             }
+        }
+    }
+
+    /// Stops the agent without waiting: see [`CmAgent::shutdown`].
+    fn stop(&self) {
+        self.signal.stop();
+        self.closing.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if let Some(mut core) = self.core.try_lock() {
+            self.release_io(&mut core);
         }
     }
 
@@ -501,6 +517,17 @@ impl<D: Device> Shared<D> {
             let Ok(out) = self.service(None, true) else {
                 break;
             };
+            if self.linger.load(Ordering::Acquire) == LINGERING
+                && self.with_core(|c| c.ep.live_connections() == 0)
+                && self
+                    .linger
+                    .compare_exchange(LINGERING, DONE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                // Nobody uses the port and its last timewait is over.
+                self.stop();
+                break;
+            }
             let deadline = out.next_timeout.map(|t| {
                 let ns = t.0.saturating_sub(base.0);
                 origin
@@ -548,15 +575,13 @@ impl<D: Device + 'static> CmAgent<D> {
             )));
         };
         let mut ep_config = EndpointConfig::new(attr.node_guid);
-        // Ports of one device, and successive agents of one port, get
-        // different id seeds unless told otherwise: a port whose agent is
-        // shut down and started again must not hand out the comm ids its
-        // peers still hold in timewait (they would take a new REQ for a
-        // duplicate of the old one and reject it as stale).
+        // Ports of one device, and successive agents of one port
+        // (`AgentConfig::incarnation`), get different id seeds unless told
+        // otherwise.
         ep_config.id_seed = ep_config
             .id_seed
             .wrapping_add(u32::from(port) << 12)
-            .wrapping_add(next_incarnation().wrapping_mul(0x9E37_79B9));
+            .wrapping_add(config.incarnation.wrapping_mul(0x9E37_79B9));
         if let Some(seed) = config.id_seed {
             ep_config.id_seed = seed;
         }
@@ -611,6 +636,7 @@ impl<D: Device + 'static> CmAgent<D> {
             }),
             signal,
             closing: AtomicBool::new(false),
+            linger: AtomicU8::new(ACTIVE),
             inline,
             dev,
         });
@@ -735,13 +761,39 @@ impl<D: Device + 'static> CmAgent<D> {
     /// the sink is dropped with them. Events not delivered yet stay in the
     /// queue ([`next_event`](Self::next_event)). Idempotent.
     pub fn shutdown(&self) {
-        self.shared.signal.stop();
+        self.shared.linger.store(DONE, Ordering::Release);
         drop(self.thread.lock().take());
-        self.shared.closing.store(true, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        if let Some(mut core) = self.shared.core.try_lock() {
-            self.shared.release_io(&mut core);
+        self.shared.stop();
+    }
+
+    /// The port's last user is gone. A threaded agent lingers: it keeps
+    /// serving (answering duplicates, timing out timewait) and shuts itself
+    /// down once no connection is left, unless [`revive`](Self::revive)
+    /// takes it back first. Its comm ids stay reserved meanwhile, so a new
+    /// user of the port cannot hand out an id a peer still holds in
+    /// timewait. Returns `false` for a polled agent (nobody would drive
+    /// its timewait): the caller shuts it down. Never waits.
+    pub fn linger(&self) -> bool {
+        if !self.shared.core.lock().threaded {
+            return false;
         }
+        let lingering = self
+            .shared
+            .linger
+            .compare_exchange(ACTIVE, LINGERING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        // The thread checks at once whether anything is left.
+        self.shared.signal.kick();
+        lingering
+    }
+
+    /// Takes a lingering agent back into use. `false`: it already decided
+    /// to shut down (or was never lingering); make a new one.
+    pub fn revive(&self) -> bool {
+        self.shared
+            .linger
+            .compare_exchange(LINGERING, ACTIVE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// After [`shutdown`](Self::shutdown): make sure QP1 is gone by the
