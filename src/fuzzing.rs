@@ -512,7 +512,7 @@ pub fn al_api(data: &[u8]) {
         data.get(1).copied().unwrap_or(0),
     );
     let p = |shift: u8| f64::from((b0 >> shift) & 3) * 0.05;
-    let fabric = stress::fabric(2);
+    let fabric = stress::fabric(2, None);
     fabric.set_faults(Some(FaultConfig {
         seed: u64::from(seed),
         drop: p(0),

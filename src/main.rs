@@ -80,6 +80,10 @@ enum Command {
         /// Listen on every service once, before the workers start, instead of at random.
         #[arg(long)]
         static_listens: bool,
+        /// Limit every HCA to this many PDs, CQs, QPs, SRQs, AVs and MRs, so
+        /// the run keeps hitting the device limits (and exhausts them on purpose).
+        #[arg(long)]
+        max_objects: Option<u32>,
         /// Print one JSON object instead of the summary table.
         #[arg(long)]
         json: bool,
@@ -212,6 +216,7 @@ fn main() -> ExitCode {
             seed,
             hcas,
             static_listens,
+            max_objects,
             json,
         } => ibal::stress::main(
             &ibal::stress::StressConfig {
@@ -224,6 +229,7 @@ fn main() -> ExitCode {
                 seed,
                 hcas,
                 static_listens,
+                max_objects,
             },
             json,
         ),

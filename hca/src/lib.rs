@@ -28,6 +28,6 @@ pub mod verbs;
 pub use buffer::{RawRegion, RegisteredBuffer};
 pub use provider::*;
 pub use soft::{
-    Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, PortConfig, SoftAv, SoftCq, SoftHca,
-    SoftMr, SoftPd, SoftProvider, SoftQp, SoftSrq,
+    Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, HcaUsage, PortConfig, SoftAv, SoftCq,
+    SoftHca, SoftMr, SoftPd, SoftProvider, SoftQp, SoftSrq,
 };

@@ -240,3 +240,39 @@ fn limits_the_soft_hca_cannot_honour_are_refused() {
         assert!(matches!(e, Error::InvalidParameter(_)), "{e:?}");
     }
 }
+
+/// `usage()` counts what the limits are checked against, and every count
+/// returns to 0 when the objects go.
+#[test]
+fn usage_counts_each_kind_and_returns_to_zero() {
+    let f = Fabric::new();
+    let h = small_hca(&f, 0xa000, 1);
+    assert!(h.usage().is_empty());
+    let pd = h.alloc_pd().unwrap();
+    let c = cq(&h).unwrap();
+    let buf = RegisteredBuffer::new(64);
+    let mr = pd.register(&buf, Access::LOCAL_WRITE).unwrap();
+    let av = h.create_av(&pd, &AvAttr::lid(1, 7)).unwrap();
+    let srq = h
+        .create_srq(
+            &pd,
+            SrqInit {
+                max_wr: 4,
+                max_sge: 1,
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        h.usage(),
+        HcaUsage {
+            pds: 1,
+            cqs: 1,
+            qps: 0,
+            srqs: 1,
+            avs: 1,
+            mrs: 1,
+        }
+    );
+    drop((srq, av, mr, c, pd));
+    assert!(h.usage().is_empty(), "{:?}", h.usage());
+}

@@ -99,12 +99,18 @@ pub fn lid(i: usize) -> u16 {
     0x20 + i as u16
 }
 
-/// A fabric of `n` soft HCAs with one port each ([`node_guid`], [`lid`]).
-pub fn fabric(n: usize) -> Fabric {
+/// A fabric of `n` soft HCAs with one port each ([`node_guid`], [`lid`]),
+/// each limited to `max_objects` of every counted kind when given.
+pub fn fabric(n: usize, max_objects: Option<u32>) -> Fabric {
     let fabric = Fabric::new();
     for i in 0..n {
         let mut cfg = HcaConfig::new(node_guid(i), &[lid(i)]);
         cfg.name = format!("stress{i}");
+        if let Some(m) = max_objects {
+            let l = &mut cfg.limits;
+            (l.max_pd, l.max_cq, l.max_qp) = (m, m, m);
+            (l.max_srq, l.max_av, l.max_mr) = (m, m, m);
+        }
         fabric
             .add_hca(cfg)
             .expect("invariant: distinct GUIDs and LIDs");
@@ -171,6 +177,10 @@ pub struct StressConfig {
     /// `cm::listen` while CM traffic flows (see `docs/stress.md`, known
     /// bugs).
     pub static_listens: bool,
+    /// Limit every HCA to this many PDs, CQs, QPs (its GSI QP included),
+    /// SRQs, AVs and MRs: creations keep meeting `InsufficientResources`
+    /// and the workers exhaust the PDs on purpose.
+    pub max_objects: Option<u32>,
 }
 
 impl Default for StressConfig {
@@ -185,6 +195,7 @@ impl Default for StressConfig {
             seed: 1,
             hcas: 4,
             static_listens: false,
+            max_objects: None,
         }
     }
 }

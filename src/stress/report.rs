@@ -28,6 +28,8 @@ pub struct StressReport {
     pub probes: BTreeMap<&'static str, u64>,
     /// The end check of each CM port (routes, live connections, comm ids).
     pub ports: Vec<String>,
+    /// The end check of each HCA's object counts (all 0 when nothing leaked).
+    pub usage: Vec<String>,
     /// Workers that did not finish within [`STUCK_LIMIT`] of the end, and
     /// the action each was in (a deadlock): nothing is closed then.
     pub stuck_workers: Vec<(usize, String)>,
@@ -88,6 +90,9 @@ impl StressReport {
         out.push('\n');
         for line in &self.ports {
             out.push_str(&format!("  CM port at the end: {line}\n"));
+        }
+        for line in &self.usage {
+            out.push_str(&format!("  HCA at the end: {line}\n"));
         }
         out.push_str("\n  object kind       created  live after close\n");
         for (k, created, live) in &self.objects {
@@ -166,7 +171,7 @@ impl StressReport {
             .collect();
         let f = &self.fabric;
         format!(
-            "{{\"job\":\"stress\",\"ok\":{},\"seconds\":{:.3},\"threads\":{},\"hcas\":{},\"seed\":{},\"drop\":{},\"dup\":{},\"reorder\":{},\"delay\":{},\"ops\":{{{}}},\"events\":{{{}}},\"objects\":{{{}}},\"live_after_close\":{},\"als_opened\":{},\"als_closed\":{},\"destroy_callbacks\":{},\"destroy_callbacks_twice\":{},\"destroy_callbacks_never\":{},\"callback_panics\":{},\"fabric\":{{\"delivered\":{},\"dropped\":{},\"duplicated\":{},\"reordered\":{},\"delayed\":{},\"ticks\":{}}},\"active_ports_after\":{},\"probes\":{{{}}},\"ports\":[{}],\"stuck_workers\":[{}],\"failure_count\":{},\"failures\":[{}]}}",
+            "{{\"job\":\"stress\",\"ok\":{},\"seconds\":{:.3},\"threads\":{},\"hcas\":{},\"seed\":{},\"drop\":{},\"dup\":{},\"reorder\":{},\"delay\":{},\"ops\":{{{}}},\"events\":{{{}}},\"objects\":{{{}}},\"live_after_close\":{},\"als_opened\":{},\"als_closed\":{},\"destroy_callbacks\":{},\"destroy_callbacks_twice\":{},\"destroy_callbacks_never\":{},\"callback_panics\":{},\"fabric\":{{\"delivered\":{},\"dropped\":{},\"duplicated\":{},\"reordered\":{},\"delayed\":{},\"ticks\":{}}},\"active_ports_after\":{},\"probes\":{{{}}},\"ports\":[{}],\"usage\":[{}],\"stuck_workers\":[{}],\"failure_count\":{},\"failures\":[{}]}}",
             self.ok(),
             self.elapsed_s,
             c.threads,
@@ -199,6 +204,11 @@ impl StressReport {
                 .collect::<Vec<_>>()
                 .join(","),
             self.ports
+                .iter()
+                .map(|l| format!("\"{}\"", esc(l)))
+                .collect::<Vec<_>>()
+                .join(","),
+            self.usage
                 .iter()
                 .map(|l| format!("\"{}\"", esc(l)))
                 .collect::<Vec<_>>()

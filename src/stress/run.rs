@@ -163,6 +163,45 @@ fn check_ports(
     lines
 }
 
+/// How long the end check waits for the HCAs to hold nothing: lingering
+/// CM agents keep QP1 (and its PD, CQs, MRs) through their last timewait.
+const USAGE_SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// The end check of the devices, with every AL closed and every agent's
+/// last user gone: within [`USAGE_SETTLE_LIMIT`] each HCA's counts of PDs,
+/// CQs, QPs, SRQs, AVs and MRs (`SoftHca::usage`, what the limits are
+/// checked against) must be back to 0, or a place was never given back.
+fn check_usage(checker: &Arc<Checker>, fabric: &Fabric, hcas: usize) -> Vec<String> {
+    let usage = || {
+        (0..hcas)
+            .map(|i| fabric.hca(node_guid(i)).map(|h| h.usage()))
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + USAGE_SETTLE_LIMIT;
+    let mut now = usage();
+    while !now.iter().all(|u| u.is_some_and(|u| u.is_empty())) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        now = usage();
+    }
+    let mut lines = Vec::new();
+    for (i, u) in now.into_iter().enumerate() {
+        let line = match u {
+            Some(u) => format!(
+                "HCA {i}: {} PDs, {} CQs, {} QPs, {} SRQs, {} AVs, {} MRs",
+                u.pds, u.cqs, u.qps, u.srqs, u.avs, u.mrs
+            ),
+            None => format!("HCA {i}: gone from the fabric"),
+        };
+        if !u.is_some_and(|u| u.is_empty()) {
+            checker.fail(format!(
+                "device resources leaked after every AL closed and {USAGE_SETTLE_LIMIT:?}: {line}"
+            ));
+        }
+        lines.push(line);
+    }
+    lines
+}
+
 /// Run the stress test.
 pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
     if cfg.threads == 0 || cfg.hcas == 0 || cfg.hcas > 64 || cfg.seconds.is_nan() {
@@ -180,7 +219,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
     }
     let t0 = Instant::now();
     let ports_before = cm::active_ports();
-    let fabric = fabric(cfg.hcas);
+    let fabric = fabric(cfg.hcas, cfg.max_objects);
     fabric.set_faults(Some(FaultConfig {
         seed: cfg.seed,
         drop: cfg.drop,
@@ -295,6 +334,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
             active_ports_after: cm::active_ports().saturating_sub(ports_before),
             probes: checker.probes(),
             ports: Vec::new(),
+            usage: Vec::new(),
             stuck_workers,
             failure_count: checker.failure_count(),
             failures: checker.failures(),
@@ -335,6 +375,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
             "{active_ports_after} CM agents still running after every AL closed"
         ));
     }
+    let usage_lines = check_usage(&checker, &fabric, cfg.hcas);
     stop.store(true, Ordering::Release);
     let _ = ticker.join();
     fabric.set_faults(None);
@@ -381,6 +422,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
         active_ports_after,
         probes: checker.probes(),
         ports: port_lines,
+        usage: usage_lines,
         stuck_workers,
         failure_count: checker.failure_count(),
         failures: checker.failures(),

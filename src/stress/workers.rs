@@ -27,10 +27,11 @@ pub(super) enum Action {
     DoubleAccept,
     AcceptActive,
     SidrRequest,
+    Exhaust,
     Pause,
 }
 
-pub(super) const ACTIONS: [(Action, u32); 23] = [
+pub(super) const ACTIONS: [(Action, u32); 24] = [
     (Action::OpenAl, 4),
     (Action::CloseAl, 2),
     (Action::OpenCa, 20),
@@ -53,9 +54,12 @@ pub(super) const ACTIONS: [(Action, u32); 23] = [
     (Action::DoubleAccept, 15),
     (Action::AcceptActive, 15),
     (Action::SidrRequest, 40),
-    (Action::Pause, 311),
+    (Action::Exhaust, 4),
+    (Action::Pause, 307),
 ];
 
+/// The largest `max_pd` the exhaustion action fills (`--max-objects`).
+const EXHAUST_AT_MOST: u32 = 4096;
 const MAX_CAS: usize = 4;
 const MAX_PDS: usize = 6;
 const MAX_CQS: usize = 6;
@@ -108,6 +112,60 @@ impl Worker {
             .ops
             .entry((op.name().to_string(), outcome))
             .or_default() += 1;
+    }
+
+    /// Device-limit exhaustion: allocate PDs on one CA until the HCA
+    /// refuses. With `--max-objects N` the refusal must come within N + 1
+    /// tries and be `InsufficientResources` (other workers hold some of
+    /// the N); then every PD goes again, and the end-of-run usage check
+    /// sees whether their places came back. Without a small limit it does
+    /// nothing (65,536 PDs are not worth allocating).
+    fn exhaust(&mut self, ctx: &Arc<AlCtx>) {
+        let cas = ctx.objs().cas.clone();
+        let Some((ca, _)) = self.pick(&cas) else {
+            return;
+        };
+        let Ok(max) = ctx.inst.resolve(ca).map(|c| c.attr().max_pd) else {
+            return;
+        };
+        if max > EXHAUST_AT_MOST {
+            return;
+        }
+        let mut pds = Vec::new();
+        let mut refusal = None;
+        for _ in 0..=max {
+            match verbs::alloc_pd(&ctx.inst, ca) {
+                Ok(pd) => pds.push(pd),
+                Err(e) => {
+                    refusal = Some(e);
+                    break;
+                }
+            }
+        }
+        let outcome = match &refusal {
+            Some(Error::InsufficientResources(_)) => "limit",
+            Some(e @ (Error::InvalidHandle { .. } | Error::Destroying { .. })) => error_name(e),
+            Some(e) => {
+                self.checker
+                    .fail(format!("exhaust_pd: unexpected error {e:?}"));
+                error_name(e)
+            }
+            None => {
+                self.checker.fail(format!(
+                    "exhaust_pd: {} PDs allocated on an HCA whose max_pd is {max}",
+                    pds.len()
+                ));
+                "over the limit"
+            }
+        };
+        *self
+            .ops
+            .entry(("exhaust_pd".to_string(), outcome))
+            .or_default() += 1;
+        for pd in pds {
+            let r = self.checker.destroy(&ctx.inst, pd);
+            self.count(Op::DestroyPd, &r);
+        }
     }
 
     fn pick<T: Copy>(&mut self, v: &[T]) -> Option<T> {
@@ -377,6 +435,7 @@ impl Worker {
                 }
             }
             Action::SidrRequest => self.sidr_request(ctx),
+            Action::Exhaust => self.exhaust(ctx),
             Action::Pause => {
                 std::thread::sleep(Duration::from_micros(50 + self.rng.below(400) as u64));
             }

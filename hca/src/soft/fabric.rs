@@ -350,7 +350,47 @@ impl Drop for Charge {
     }
 }
 
+/// How many objects of each limited kind an HCA holds now
+/// ([`SoftHca::usage`](crate::SoftHca::usage)): what its limits are checked
+/// against, and a leak check (every count returns to 0 once every user,
+/// the CM agents' QP1 included, is gone).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcaUsage {
+    /// Protection domains.
+    pub pds: u32,
+    /// Completion queues.
+    pub cqs: u32,
+    /// Queue pairs (GSI QPs included).
+    pub qps: u32,
+    /// Shared receive queues.
+    pub srqs: u32,
+    /// Address vectors.
+    pub avs: u32,
+    /// Memory regions.
+    pub mrs: u32,
+}
+
+impl HcaUsage {
+    /// Whether the HCA holds nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == HcaUsage::default()
+    }
+}
+
 impl HcaCore {
+    /// The current counts (each a snapshot).
+    pub(crate) fn usage(&self) -> HcaUsage {
+        let n = |what: Counted| self.counts[what as usize].load(Ordering::Acquire);
+        HcaUsage {
+            pds: n(Counted::Pd),
+            cqs: n(Counted::Cq),
+            qps: n(Counted::Qp),
+            srqs: n(Counted::Srq),
+            avs: n(Counted::Av),
+            mrs: self.mrs.len() as u32,
+        }
+    }
+
     fn limit(&self, what: Counted) -> u32 {
         let a = &self.attr;
         match what {

@@ -76,6 +76,12 @@ impl SoftHca {
         self.core().attr.node_guid
     }
 
+    /// How many PDs, CQs, QPs, SRQs, AVs and MRs the HCA holds now (what
+    /// its limits are checked against; all 0 once every user is gone).
+    pub fn usage(&self) -> crate::soft::fabric::HcaUsage {
+        self.core().usage()
+    }
+
     /// Device attributes.
     pub fn query(&self) -> DeviceAttr {
         self.core().attr.clone()

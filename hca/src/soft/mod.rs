@@ -30,5 +30,7 @@ mod hca;
 mod mr;
 mod qp;
 
-pub use fabric::{CaptureTap, Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, PortConfig};
+pub use fabric::{
+    CaptureTap, Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, HcaUsage, PortConfig,
+};
 pub use hca::{SoftAv, SoftCq, SoftHca, SoftMr, SoftPd, SoftProvider, SoftQp, SoftSrq};

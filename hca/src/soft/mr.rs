@@ -95,6 +95,11 @@ impl MrTable {
         Ok(mr)
     }
 
+    /// MRs registered now.
+    pub(crate) fn len(&self) -> usize {
+        self.slots.read().len()
+    }
+
     #[inline]
     fn slot(&self, key: u32) -> Option<usize> {
         Some((key >> self.shift).checked_sub(1)? as usize)
