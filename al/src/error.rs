@@ -100,6 +100,18 @@ impl Error {
         }
     }
 
+    /// Whether this error says the object of `kind` the call named is gone
+    /// or going (`Destroying` of that kind, or `InvalidHandle` for a handle
+    /// of that kind). For example, a failed `cep::cm::accept` left its CEP
+    /// as it was unless `e.is_gone(Kind::CEP)`.
+    pub fn is_gone(&self, kind: Kind) -> bool {
+        match self {
+            Error::Destroying { kind: k, .. } => *k == kind,
+            Error::InvalidHandle { expected, .. } => *expected == kind,
+            _ => false,
+        }
+    }
+
     /// Shorthand for [`Error::InvalidState`].
     pub fn invalid_state(detail: impl Into<Detail>) -> Self {
         Error::InvalidState(detail.into())
@@ -165,3 +177,28 @@ impl std::error::Error for Error {}
 
 /// The access layer's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(all(test, not(ibal_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_gone_names_only_the_kind_the_error_is_about() {
+        let destroying = Error::Destroying {
+            kind: Kind::CEP,
+            raw: 7,
+        };
+        let stale = Error::InvalidHandle {
+            expected: Kind::CEP,
+            raw: 7,
+        };
+        let stale_qp = Error::InvalidHandle {
+            expected: Kind::QP,
+            raw: 7,
+        };
+        assert!(destroying.is_gone(Kind::CEP) && stale.is_gone(Kind::CEP));
+        assert!(!destroying.is_gone(Kind::QP) && !stale_qp.is_gone(Kind::CEP));
+        assert!(!Error::AlreadyConnected.is_gone(Kind::CEP));
+        assert!(!Error::invalid_state("x").is_gone(Kind::CEP));
+    }
+}

@@ -1068,7 +1068,8 @@ impl Default for AcceptReply {
 /// One rule for every way accept can lose (`docs/cm.md`, "Accept
 /// outcomes"):
 ///
-/// * `Err(Destroying { kind: CEP, .. })` (or `InvalidHandle` for `cep`):
+/// * `Err(e)` with `e.is_gone(Kind::CEP)` (`Destroying { kind: CEP, .. }`,
+///   or `InvalidHandle` for `cep`):
 ///   the CEP is gone or going: destroyed by the user, by AL close, or by a
 ///   destroy of `qp` that took the binding during the call. Its destroy
 ///   sends the REJ the connection's state calls for.

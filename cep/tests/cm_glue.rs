@@ -164,19 +164,6 @@ impl Pair {
     }
 }
 
-fn is_cep_gone(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Destroying {
-            kind: Kind::CEP,
-            ..
-        } | Error::InvalidHandle {
-            expected: Kind::CEP,
-            ..
-        }
-    )
-}
-
 /// Defect 1: a second accept of the same request, on another QP, fails and
 /// changes nothing; the first QP reaches RTS, goes to ERR on disconnect,
 /// and is free again once the CEP is gone.
@@ -259,7 +246,7 @@ fn racing_accepts_have_one_winner_and_no_side_effects() {
             (Err(e), Ok(())) => (qp2, qp1, e),
             other => unreachable!("{other:?}"),
         };
-        assert!(!is_cep_gone(&err), "{i}: {err:?}");
+        assert!(!err.is_gone(Kind::CEP), "{i}: {err:?}");
         assert_eq!(w.cid(loser), CidState::Unbound, "{i}");
         assert_eq!(w.state(loser), QpState::Reset, "{i}");
         w.complete(active, passive);
@@ -302,7 +289,7 @@ fn accept_racing_qp_destroy_follows_the_accept_rule() {
             r
         });
         match r {
-            Err(e) if is_cep_gone(&e) => {
+            Err(e) if e.is_gone(Kind::CEP) => {
                 outcomes[0] += 1;
                 assert!(w.al.resolve(passive).is_err(), "{i}");
             }
@@ -410,18 +397,13 @@ fn sidr_replies_are_never_lost() {
                 }
                 _ => {}
             });
-            let params = SidrParams {
-                peer: cep::proto::PeerAddr {
+            let params = SidrParams::new(
+                SERVICE,
+                cep::proto::PeerAddr {
                     lid: 2,
                     gid: [0; 16],
                 },
-                service_id: SERVICE,
-                pkey: 0xffff,
-                timeout: 14,
-                packet_life_time: 10,
-                max_retries: 3,
-                private_data: Default::default(),
-            };
+            );
             ceps.push(cm::sidr_request(al.instance(), a.ca, params, 1, handler).unwrap());
         }
         wait("every SIDR CEP to go", || {

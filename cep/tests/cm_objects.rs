@@ -405,16 +405,14 @@ fn sidr_request_and_reply_through_the_objects() {
         }
     });
     let params = SidrParams {
-        peer: cep::proto::PeerAddr {
-            lid: 2,
-            gid: [0; 16],
-        },
-        service_id: SERVICE,
-        pkey: 0xffff,
-        timeout: 14,
-        packet_life_time: 10,
-        max_retries: 3,
         private_data: PrivateData::new(b"which qp?").unwrap(),
+        ..SidrParams::new(
+            SERVICE,
+            cep::proto::PeerAddr {
+                lid: 2,
+                gid: [0; 16],
+            },
+        )
     };
     cm::sidr_request(al.instance(), a.ca, params, 1, handler).unwrap();
     wait("the SIDR reply", || got.lock().unwrap().is_some());

@@ -17,7 +17,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use al::sync::Mutex;
-use al::{Al, AlConfig, Error, ExecutorMode, Handle, Kind};
+use al::{Al, AlConfig, ExecutorMode, Handle, Kind};
 use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ListenHandler};
 use cep::proto::{Event, SidrParams, SidrReplyParams};
 use hca::provider::{QpState, QpType};
@@ -215,19 +215,6 @@ fn world_handler(seen: &std::sync::Arc<Seen>) -> CmHandler {
     std::sync::Arc::new(move |cep, ev| seen.events.lock().push((cep, ev.name())))
 }
 
-fn is_cep_gone(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Destroying {
-            kind: Kind::CEP,
-            ..
-        } | Error::InvalidHandle {
-            expected: Kind::CEP,
-            ..
-        }
-    )
-}
-
 /// connect races QP destroy: one wins the CID slot. Whatever the order,
 /// the connect's CEP is destroyed exactly once (by the loser's cleanup or
 /// by the QP destroy that took the binding) and its route goes with it.
@@ -277,7 +264,7 @@ fn cm_accept_vs_qp_destroy() {
         w.al.destroy(w.qp_b, None).unwrap();
         let r = acceptor.join().unwrap();
         match &r {
-            Err(e) if is_cep_gone(e) => assert!(w.al.resolve(passive).is_err()),
+            Err(e) if e.is_gone(Kind::CEP) => assert!(w.al.resolve(passive).is_err()),
             Err(_) => {
                 // Nothing changed: the request is still answerable.
                 let qp2 = w.new_qp_b();
@@ -320,7 +307,10 @@ fn cm_double_accept() {
             (Err(e), Ok(())) => (qp2, w.qp_b, e),
             _ => unreachable!(),
         };
-        assert!(!is_cep_gone(err), "the loser must not end the CEP: {err:?}");
+        assert!(
+            !err.is_gone(Kind::CEP),
+            "the loser must not end the CEP: {err:?}"
+        );
         assert_eq!(w.cid(loser), CidState::Unbound);
         assert_eq!(w.qp_state(loser), QpState::Reset);
         assert_eq!(w.cid(winner), CidState::Bound(passive.raw()));
@@ -353,7 +343,7 @@ fn cm_accept_vs_cep_destroy() {
         let r = acceptor.join().unwrap();
         if let Err(e) = &r {
             assert!(
-                is_cep_gone(e),
+                e.is_gone(Kind::CEP),
                 "only the CEP's end can fail this accept: {e:?}"
             );
         }
@@ -401,18 +391,13 @@ fn cm_sidr_reply_vs_released() {
         let requester = {
             let (al, ca, handler) = (w.al.clone(), w.ca_a, w.handler());
             thread::spawn(move || {
-                let params = SidrParams {
-                    peer: cep::proto::PeerAddr {
+                let params = SidrParams::new(
+                    SERVICE,
+                    cep::proto::PeerAddr {
                         lid: 2,
                         gid: [0; 16],
                     },
-                    service_id: SERVICE,
-                    pkey: 0xffff,
-                    timeout: 14,
-                    packet_life_time: 10,
-                    max_retries: 3,
-                    private_data: Default::default(),
-                };
+                );
                 cm::sidr_request(al.instance(), ca, params, 1, handler)
             })
         };

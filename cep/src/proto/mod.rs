@@ -487,6 +487,23 @@ pub struct SidrParams {
     pub private_data: crate::wire::PrivateData<216>,
 }
 
+impl SidrParams {
+    /// A SIDR request for `service_id` to `peer` with the usual settings:
+    /// the default P_Key, a response timeout of 14 (about 67 ms), a packet
+    /// lifetime of 10, three retries, no private data.
+    pub fn new(service_id: u64, peer: PeerAddr) -> Self {
+        SidrParams {
+            peer,
+            service_id,
+            pkey: 0xffff,
+            timeout: 14,
+            packet_life_time: 10,
+            max_retries: 3,
+            private_data: Default::default(),
+        }
+    }
+}
+
 /// Arguments of [`Endpoint::sidr_reply`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SidrReplyParams {
