@@ -16,10 +16,3 @@ pub use al::{
 pub use cep;
 pub use hca;
 pub use qp;
-
-pub mod capture;
-pub mod devinfo;
-pub mod fuzzing;
-pub mod perf;
-pub mod pingpong;
-pub mod stress;

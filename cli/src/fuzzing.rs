@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use al::{Error, HandleTable, Kind, RawHandle, TableLimits};
 use cep::wire;
 
-use crate::al::sync::Arc;
+use al::sync::Arc;
 
 /// `mad_codec`: any bytes either fail to decode or decode to a message that
 /// re-encodes to the same defined bits and decodes back to itself.

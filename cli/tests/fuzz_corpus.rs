@@ -4,7 +4,7 @@
 use std::path::Path;
 
 fn replay(target: &str, check: fn(&[u8])) -> usize {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut count = 0;
     for dir in [
         root.join("corpus").join(target),
@@ -33,19 +33,19 @@ fn replay(target: &str, check: fn(&[u8])) -> usize {
 
 #[test]
 fn mad_codec_corpus_replays_clean() {
-    let n = replay("mad_codec", ibal::fuzzing::mad_codec);
+    let n = replay("mad_codec", ibal_cli::fuzzing::mad_codec);
     assert!(n > 0, "the mad_codec seed corpus is missing");
 }
 
 #[test]
 fn handle_table_corpus_replays_clean() {
-    let n = replay("handle_table", ibal::fuzzing::handle_table);
+    let n = replay("handle_table", ibal_cli::fuzzing::handle_table);
     assert!(n > 0, "the handle_table seed corpus is missing");
 }
 
 #[test]
 fn cm_protocol_corpus_replays_clean() {
-    let n = replay("cm_protocol", ibal::fuzzing::cm_protocol);
+    let n = replay("cm_protocol", ibal_cli::fuzzing::cm_protocol);
     assert!(n > 0, "the cm_protocol seed corpus is missing");
 }
 
@@ -58,7 +58,7 @@ fn cm_protocol_survives_random_inputs() {
         300,
         0,
         600,
-        ibal::fuzzing::cm_protocol,
+        ibal_cli::fuzzing::cm_protocol,
     );
 }
 
@@ -82,7 +82,7 @@ fn sweep(seed: u64, runs: usize, min_len: usize, span: u64, harness: fn(&[u8])) 
 
 #[test]
 fn ib_capture_corpus_replays_clean() {
-    let n = replay("ib_capture", ibal::fuzzing::ib_capture);
+    let n = replay("ib_capture", ibal_cli::fuzzing::ib_capture);
     assert!(n > 0, "the ib_capture seed corpus is missing");
 }
 
@@ -94,13 +94,13 @@ fn ib_capture_survives_random_inputs() {
         2000,
         0,
         700,
-        ibal::fuzzing::ib_capture,
+        ibal_cli::fuzzing::ib_capture,
     );
 }
 
 #[test]
 fn al_api_corpus_replays_clean() {
-    let n = replay("al_api", ibal::fuzzing::al_api);
+    let n = replay("al_api", ibal_cli::fuzzing::al_api);
     assert!(n > 0, "the al_api seed corpus is missing");
 }
 
@@ -108,7 +108,7 @@ fn al_api_corpus_replays_clean() {
 /// harness.
 #[test]
 fn al_api_survives_random_inputs() {
-    sweep(0x9e37_79b9_7f4a_7c15, 40, 2, 120, ibal::fuzzing::al_api);
+    sweep(0x9e37_79b9_7f4a_7c15, 40, 2, 120, ibal_cli::fuzzing::al_api);
 }
 
 /// Rewrites the seed corpora: `cargo test --test fuzz_corpus -- --ignored`.
@@ -119,6 +119,7 @@ fn al_api_survives_random_inputs() {
 fn regenerate_seed_corpora() {
     use ibal::cep::wire::{self, CmMad, CmMessage};
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
         .join("fuzz")
         .join("corpus");
     let mad_dir = root.join("mad_codec");
@@ -285,7 +286,7 @@ fn regenerate_seed_corpora() {
     let capture_dir = root.join("ib_capture");
     std::fs::create_dir_all(&capture_dir).unwrap();
     let erf_path = capture_dir.join("seed-pingpong.erf");
-    ibal::pingpong::run(&ibal::pingpong::PingPongConfig {
+    ibal_cli::pingpong::run(&ibal_cli::pingpong::PingPongConfig {
         iterations: 1,
         size: 8,
         capture: Some(erf_path),

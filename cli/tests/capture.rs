@@ -10,8 +10,8 @@ use cep::wire::{self, CmMessage};
 use hca::erf;
 use hca::packet::UdPacket;
 use hca::GSI_QKEY;
-use ibal::devinfo::DEFAULT_LIDS;
-use ibal::pingpong::{run, PingPongConfig};
+use ibal_cli::devinfo::DEFAULT_LIDS;
+use ibal_cli::pingpong::{run, PingPongConfig};
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("ibal-capture-{}-{name}.erf", std::process::id()))
@@ -77,7 +77,7 @@ fn a_captured_pingpong_is_the_cm_exchange_as_standard_packets() {
     let (CmMessage::Dreq(dreq), CmMessage::Drep(drep)) = (mads[3], mads[4]) else {
         unreachable!("kinds checked above")
     };
-    assert_eq!(req.service_id, ibal::pingpong::SERVICE_ID);
+    assert_eq!(req.service_id, ibal_cli::pingpong::SERVICE_ID);
     assert_eq!(req.primary_path.local_lid, a);
     assert_eq!(req.primary_path.remote_lid, b);
     assert_eq!(rep.remote_comm_id, req.local_comm_id);

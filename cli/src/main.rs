@@ -122,7 +122,7 @@ enum PerfCommand {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// Signal and poll every k-th WRITE (and the last); 1 = every WRITE.
-        #[arg(long, default_value_t = ibal::perf::verbs::WRITE_SIGNAL_EVERY)]
+        #[arg(long, default_value_t = ibal_cli::perf::verbs::WRITE_SIGNAL_EVERY)]
         signal_every: u32,
         /// Print one JSON object instead of a table.
         #[arg(long)]
@@ -218,8 +218,8 @@ fn main() -> ExitCode {
             static_listens,
             max_objects,
             json,
-        } => ibal::stress::main(
-            &ibal::stress::StressConfig {
+        } => ibal_cli::stress::main(
+            &ibal_cli::stress::StressConfig {
                 seconds,
                 threads,
                 drop,
@@ -253,7 +253,7 @@ fn pingpong(
     if !loopback {
         return Err("only --loopback (the embedded in-process fabric) is available".into());
     }
-    let report = ibal::pingpong::run(&ibal::pingpong::PingPongConfig {
+    let report = ibal_cli::pingpong::run(&ibal_cli::pingpong::PingPongConfig {
         iterations,
         size,
         capture,
@@ -282,7 +282,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             if !objects.is_power_of_two() {
                 return Err(format!("--objects must be a power of two, got {objects}"));
             }
-            let report = ibal::perf::lookup::run(&ibal::perf::lookup::LookupConfig {
+            let report = ibal_cli::perf::lookup::run(&ibal_cli::perf::lookup::LookupConfig {
                 threads,
                 objects_per_thread: objects,
                 ops_per_thread: ops,
@@ -302,20 +302,22 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             signal_every,
             json,
         } => {
-            let report = ibal::perf::verbs::run_write_bw(&ibal::perf::verbs::WriteBwConfig {
-                sizes,
-                iters,
-                rounds,
-                signal_every,
-            })?;
+            let report =
+                ibal_cli::perf::verbs::run_write_bw(&ibal_cli::perf::verbs::WriteBwConfig {
+                    sizes,
+                    iters,
+                    rounds,
+                    signal_every,
+                })?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
         PerfCommand::SendRate { msgs, rounds, json } => {
-            let report = ibal::perf::verbs::run_send_rate(&ibal::perf::verbs::SendRateConfig {
-                msgs,
-                rounds,
-            })?;
+            let report =
+                ibal_cli::perf::verbs::run_send_rate(&ibal_cli::perf::verbs::SendRateConfig {
+                    msgs,
+                    rounds,
+                })?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
@@ -326,8 +328,8 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             mode,
             json,
         } => {
-            use ibal::perf::conn::ConnModes;
-            let report = ibal::perf::conn::run(&ibal::perf::conn::ConnRateConfig {
+            use ibal_cli::perf::conn::ConnModes;
+            let report = ibal_cli::perf::conn::run(&ibal_cli::perf::conn::ConnRateConfig {
                 connections,
                 in_flight,
                 batches,
@@ -352,8 +354,8 @@ fn print_report(json: bool, as_json: String, as_text: String) {
 }
 
 fn devinfo(json: bool) -> Result<(), String> {
-    let provider = ibal::devinfo::default_provider();
-    let report = ibal::devinfo::query_all(&provider).map_err(|e| e.to_string())?;
+    let provider = ibal_cli::devinfo::default_provider();
+    let report = ibal_cli::devinfo::query_all(&provider).map_err(|e| e.to_string())?;
     print_report(json, report.to_json(), report.to_text());
     Ok(())
 }
