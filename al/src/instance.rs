@@ -569,9 +569,12 @@ impl Al {
     }
 }
 
+/// `&al` is a `&Arc<AlInstance>`, the one receiver every call takes
+/// (creating calls need the `Arc`, which new objects hold), and through it
+/// a `&AlInstance`; a callback's `Arc<AlInstance>` clone works the same.
 impl std::ops::Deref for Al {
-    type Target = AlInstance;
-    fn deref(&self) -> &AlInstance {
+    type Target = Arc<AlInstance>;
+    fn deref(&self) -> &Arc<AlInstance> {
         &self.inner
     }
 }

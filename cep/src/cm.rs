@@ -909,6 +909,61 @@ impl ConnectRequest {
     }
 }
 
+/// Builder-style setters: `ConnectRequest::new(service, lid).port(2)
+/// .private_data(b"hi")`. Values the IBTA bounds are checked by
+/// [`connect`], which refuses them (never masks).
+impl ConnectRequest {
+    /// The local port.
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = port;
+        self
+    }
+    /// Route by GID to `gid`.
+    pub fn remote_gid(mut self, gid: [u8; 16]) -> Self {
+        self.remote_gid = Some(gid);
+        self
+    }
+    /// Path MTU.
+    pub fn path_mtu(mut self, mtu: Mtu) -> Self {
+        self.path_mtu = mtu;
+        self
+    }
+    /// RDMA READ/atomic requests accepted from the peer, and outstanding
+    /// at it.
+    pub fn rdma_depth(mut self, responder_resources: u8, initiator_depth: u8) -> Self {
+        self.responder_resources = responder_resources;
+        self.initiator_depth = initiator_depth;
+        self
+    }
+    /// Transport retries and RNR retries (7 = forever); at most 7 each.
+    pub fn retries(mut self, retry_count: u8, rnr_retry_count: u8) -> Self {
+        self.retry_count = retry_count;
+        self.rnr_retry_count = rnr_retry_count;
+        self
+    }
+    /// CM response timeout (at most 31) and REQ retries (at most 15).
+    pub fn cm_timeouts(mut self, cm_response_timeout: u8, max_cm_retries: u8) -> Self {
+        self.cm_response_timeout = cm_response_timeout;
+        self.max_cm_retries = max_cm_retries;
+        self
+    }
+    /// Local ACK timeout (at most 31).
+    pub fn local_ack_timeout(mut self, timeout: u8) -> Self {
+        self.local_ack_timeout = timeout;
+        self
+    }
+    /// Access rights the QP grants the peer.
+    pub fn access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
+    }
+    /// Private data of the REQ (up to 92 bytes).
+    pub fn private_data(mut self, data: &[u8]) -> Self {
+        self.private_data = data.to_vec();
+        self
+    }
+}
+
 /// Connect `qp` (RC or UC): send a REQ and return the new CEP. Its events
 /// (reply, reject, timeout, ...) go to `handler`; on the reply, call [`rtu`].
 pub fn connect(
@@ -1056,6 +1111,39 @@ impl Default for AcceptReply {
             access: ConnectRequest::new(0, 0).access,
             private_data: Vec::new(),
         }
+    }
+}
+
+/// Builder-style setters: `AcceptReply::default().private_data(b"ok")`.
+/// Values the IBTA bounds are checked by [`accept`] (refused, never
+/// masked).
+impl AcceptReply {
+    /// RDMA READ/atomic requests accepted from the peer, and outstanding
+    /// at it (each bounded by what the REQ offers).
+    pub fn rdma_depth(mut self, responder_resources: u8, initiator_depth: u8) -> Self {
+        self.responder_resources = responder_resources;
+        self.initiator_depth = initiator_depth;
+        self
+    }
+    /// RNR retries the peer should use towards us (at most 7).
+    pub fn rnr_retry_count(mut self, count: u8) -> Self {
+        self.rnr_retry_count = count;
+        self
+    }
+    /// Target ACK delay (at most 31).
+    pub fn target_ack_delay(mut self, delay: u8) -> Self {
+        self.target_ack_delay = delay;
+        self
+    }
+    /// Access rights the QP grants the peer.
+    pub fn access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
+    }
+    /// Private data of the REP (up to 196 bytes).
+    pub fn private_data(mut self, data: &[u8]) -> Self {
+        self.private_data = data.to_vec();
+        self
     }
 }
 

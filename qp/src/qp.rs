@@ -149,6 +149,26 @@ impl QpCreate {
             sq_sig_all: false,
         }
     }
+    /// Receive completions on `cq` (sends stay on the first CQ).
+    pub fn recv_cq(mut self, cq: Handle<Cq>) -> Self {
+        self.recv_cq = cq;
+        self
+    }
+    /// Receive through `srq` instead of the QP's own receive queue.
+    pub fn srq(mut self, srq: Handle<Srq>) -> Self {
+        self.srq = Some(srq);
+        self
+    }
+    /// Queue sizes.
+    pub fn caps(mut self, caps: QpCaps) -> Self {
+        self.caps = caps;
+        self
+    }
+    /// A completion for every send, signaled or not.
+    pub fn signal_all(mut self) -> Self {
+        self.sq_sig_all = true;
+        self
+    }
 }
 
 /// Binds a QP-to-be to its CQs and SRQ; unbinds whatever it bound if

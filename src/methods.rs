@@ -1,0 +1,329 @@
+//! Every verb as a method: on the AL (`al.open_ca(..)`) and on typed
+//! handles (`pd.create_qp(&al, ..)`, `qp.post_send(&al, ..)`,
+//! `cq.poll(&al, ..)`, `qp.connect(&al, ..)`, `cep.accept(&al, ..)`).
+//!
+//! Handles are defined in `al` and the objects in the layer crates, so the
+//! methods come as one extension trait per object, all in
+//! [`prelude`](crate::prelude). Each method is the layer's free function
+//! called with its arguments in the same order: nothing is written twice.
+//!
+//! One receiver throughout: `&Arc<AlInstance>`. An [`Al`](crate::Al)
+//! dereferences to it (`&al`), and a callback holds an `Arc<AlInstance>`
+//! clone (`&inst`).
+
+use al::{AlInstance, Handle, Object, Result};
+use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
+use cep::proto::{LapParams, SidrParams, SidrReplyParams};
+use cep::wire::{ApStatus, RejectReason};
+use hca::provider::{
+    Access, AvAttr, CqArm, DeviceAttr, Provider, QpAttr, QpModify, RecvWr, SendWr,
+};
+use hca::provider::{SrqInit, Wc};
+use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Dev, DevAv, Mr, Pd, Srq};
+use hca::{verbs::Cq, RegisteredBuffer};
+use qp::{Qp, QpCreate};
+
+use al::sync::Arc;
+
+/// Methods of the AL instance (`al.open_ca(..)`).
+pub trait AlMethods {
+    /// Open the device with node GUID `guid` of `provider`.
+    fn open_ca<P: Provider<Device = Dev>>(&self, provider: &P, guid: u64) -> Result<Handle<Ca>>;
+}
+
+impl AlMethods for Arc<AlInstance> {
+    fn open_ca<P: Provider<Device = Dev>>(&self, provider: &P, guid: u64) -> Result<Handle<Ca>> {
+        verbs::open_ca(self, provider, guid)
+    }
+}
+
+/// Destroy any object by its handle: the non-blocking two-phase destroy
+/// (`docs/ownership.md`); its destroy callback, if any was given through
+/// [`AlInstance::destroy`], runs on the AL's executor once it is gone.
+pub trait Destroy {
+    /// Start destroying the object (children and bound CEPs go with it).
+    fn destroy(self, al: &Arc<AlInstance>) -> Result<()>;
+}
+
+impl<T: Object> Destroy for Handle<T> {
+    fn destroy(self, al: &Arc<AlInstance>) -> Result<()> {
+        al.destroy(self, None)
+    }
+}
+
+/// Methods of an open channel adapter.
+pub trait CaMethods {
+    /// The device's attributes (limits, GUID, ports).
+    fn attr(self, al: &Arc<AlInstance>) -> Result<DeviceAttr>;
+    /// Allocate a protection domain.
+    fn alloc_pd(self, al: &Arc<AlInstance>) -> Result<Handle<Pd>>;
+    /// A completion queue of `capacity` entries, polled by the caller.
+    fn create_cq(self, al: &Arc<AlInstance>, capacity: u32) -> Result<Handle<Cq>>;
+    /// A completion queue with a completion callback (after
+    /// [`CqMethods::arm`]) and an event callback (overflow).
+    fn create_cq_with(
+        self,
+        al: &Arc<AlInstance>,
+        capacity: u32,
+        on_completion: Option<CompletionCallback>,
+        on_event: Option<CqEventCallback>,
+    ) -> Result<Handle<Cq>>;
+    /// Attach the connection manager to every port (one handle per port).
+    fn attach_cm(self, al: &Arc<AlInstance>) -> Result<Vec<Handle<CmPort>>>;
+    /// Listen for connection (and SIDR) requests for `service_id` on `port`.
+    fn listen(
+        self,
+        al: &Arc<AlInstance>,
+        port: u8,
+        service_id: u64,
+        on_request: ListenHandler,
+        handler: CmHandler,
+    ) -> Result<Handle<Listen>>;
+    /// Ask a UD service for its QP (SIDR) from `port`.
+    fn sidr_request(
+        self,
+        al: &Arc<AlInstance>,
+        params: SidrParams,
+        port: u8,
+        handler: CmHandler,
+    ) -> Result<Handle<Cep>>;
+}
+
+impl CaMethods for Handle<Ca> {
+    fn attr(self, al: &Arc<AlInstance>) -> Result<DeviceAttr> {
+        Ok(al.resolve(self)?.attr().clone())
+    }
+    fn alloc_pd(self, al: &Arc<AlInstance>) -> Result<Handle<Pd>> {
+        verbs::alloc_pd(al, self)
+    }
+    fn create_cq(self, al: &Arc<AlInstance>, capacity: u32) -> Result<Handle<Cq>> {
+        verbs::create_cq(al, self, capacity, None, None)
+    }
+    fn create_cq_with(
+        self,
+        al: &Arc<AlInstance>,
+        capacity: u32,
+        on_completion: Option<CompletionCallback>,
+        on_event: Option<CqEventCallback>,
+    ) -> Result<Handle<Cq>> {
+        verbs::create_cq(al, self, capacity, on_completion, on_event)
+    }
+    fn attach_cm(self, al: &Arc<AlInstance>) -> Result<Vec<Handle<CmPort>>> {
+        cm::attach_ca(al, self)
+    }
+    fn listen(
+        self,
+        al: &Arc<AlInstance>,
+        port: u8,
+        service_id: u64,
+        on_request: ListenHandler,
+        handler: CmHandler,
+    ) -> Result<Handle<Listen>> {
+        cm::listen(al, self, port, service_id, on_request, handler)
+    }
+    fn sidr_request(
+        self,
+        al: &Arc<AlInstance>,
+        params: SidrParams,
+        port: u8,
+        handler: CmHandler,
+    ) -> Result<Handle<Cep>> {
+        cm::sidr_request(al, self, params, port, handler)
+    }
+}
+
+/// Methods of a protection domain.
+pub trait PdMethods {
+    /// A queue pair (in RESET).
+    fn create_qp(self, al: &Arc<AlInstance>, init: QpCreate) -> Result<Handle<Qp>>;
+    /// Register the whole of `buf` (which the MR keeps alive).
+    fn register(
+        self,
+        al: &Arc<AlInstance>,
+        buf: &RegisteredBuffer,
+        access: Access,
+    ) -> Result<Handle<Mr>>;
+    /// Register `len` bytes of `buf` from `offset`, addressed from `iova`.
+    fn register_range(
+        self,
+        al: &Arc<AlInstance>,
+        buf: &RegisteredBuffer,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<Handle<Mr>>;
+    /// A shared receive queue.
+    fn create_srq(self, al: &Arc<AlInstance>, init: SrqInit) -> Result<Handle<Srq>>;
+    /// An address vector (for UD sends).
+    fn create_av(self, al: &Arc<AlInstance>, attr: AvAttr) -> Result<Handle<Av>>;
+}
+
+impl PdMethods for Handle<Pd> {
+    fn create_qp(self, al: &Arc<AlInstance>, init: QpCreate) -> Result<Handle<Qp>> {
+        qp::create_qp(al, self, init)
+    }
+    fn register(
+        self,
+        al: &Arc<AlInstance>,
+        buf: &RegisteredBuffer,
+        access: Access,
+    ) -> Result<Handle<Mr>> {
+        verbs::register_mr(al, self, buf, 0, buf.len(), 0, access)
+    }
+    fn register_range(
+        self,
+        al: &Arc<AlInstance>,
+        buf: &RegisteredBuffer,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<Handle<Mr>> {
+        verbs::register_mr(al, self, buf, offset, len, iova, access)
+    }
+    fn create_srq(self, al: &Arc<AlInstance>, init: SrqInit) -> Result<Handle<Srq>> {
+        verbs::create_srq(al, self, init)
+    }
+    fn create_av(self, al: &Arc<AlInstance>, attr: AvAttr) -> Result<Handle<Av>> {
+        verbs::create_av(al, self, attr)
+    }
+}
+
+/// Methods of a memory region.
+pub trait MrMethods {
+    /// The (lkey, rkey) pair.
+    fn keys(self, al: &Arc<AlInstance>) -> Result<(u32, u32)>;
+}
+
+impl MrMethods for Handle<Mr> {
+    fn keys(self, al: &Arc<AlInstance>) -> Result<(u32, u32)> {
+        let mr = al.resolve(self)?;
+        Ok((mr.lkey(), mr.rkey()))
+    }
+}
+
+/// Methods of a completion queue.
+pub trait CqMethods {
+    /// Take up to `out.len()` completions; returns how many.
+    fn poll(self, al: &Arc<AlInstance>, out: &mut [Wc]) -> Result<usize>;
+    /// Ask for the completion callback on the next (solicited) completion.
+    fn arm(self, al: &Arc<AlInstance>, arm: CqArm) -> Result<()>;
+}
+
+impl CqMethods for Handle<Cq> {
+    fn poll(self, al: &Arc<AlInstance>, out: &mut [Wc]) -> Result<usize> {
+        verbs::poll_cq(al, self, out)
+    }
+    fn arm(self, al: &Arc<AlInstance>, arm: CqArm) -> Result<()> {
+        verbs::arm_cq(al, self, arm)
+    }
+}
+
+/// Methods of a shared receive queue.
+pub trait SrqMethods {
+    /// Post receive work requests to the SRQ.
+    fn post_recv(self, al: &Arc<AlInstance>, wrs: &[RecvWr<'_>]) -> Result<()>;
+}
+
+impl SrqMethods for Handle<Srq> {
+    fn post_recv(self, al: &Arc<AlInstance>, wrs: &[RecvWr<'_>]) -> Result<()> {
+        verbs::post_srq_recv(al, self, wrs)
+    }
+}
+
+/// Methods of a queue pair.
+pub trait QpMethods {
+    /// Post send work requests.
+    fn post_send(self, al: &Arc<AlInstance>, wrs: &[SendWr<'_, DevAv>]) -> Result<()>;
+    /// Post receive work requests.
+    fn post_recv(self, al: &Arc<AlInstance>, wrs: &[RecvWr<'_>]) -> Result<()>;
+    /// The QP's attributes and state.
+    fn query(self, al: &Arc<AlInstance>) -> Result<QpAttr>;
+    /// An IBTA state transition (or attribute change).
+    fn modify(self, al: &Arc<AlInstance>, m: &QpModify) -> Result<()>;
+    /// Connect (RC or UC) through the CM: send a REQ; the CEP's events go
+    /// to `handler` (answer the reply with [`CepMethods::rtu`]).
+    fn connect(
+        self,
+        al: &Arc<AlInstance>,
+        request: &ConnectRequest,
+        handler: CmHandler,
+    ) -> Result<Handle<Cep>>;
+}
+
+impl QpMethods for Handle<Qp> {
+    fn post_send(self, al: &Arc<AlInstance>, wrs: &[SendWr<'_, DevAv>]) -> Result<()> {
+        qp::post_send(al, self, wrs)
+    }
+    fn post_recv(self, al: &Arc<AlInstance>, wrs: &[RecvWr<'_>]) -> Result<()> {
+        qp::post_recv(al, self, wrs)
+    }
+    fn query(self, al: &Arc<AlInstance>) -> Result<QpAttr> {
+        qp::query_qp(al, self)
+    }
+    fn modify(self, al: &Arc<AlInstance>, m: &QpModify) -> Result<()> {
+        qp::modify_qp(al, self, m)
+    }
+    fn connect(
+        self,
+        al: &Arc<AlInstance>,
+        request: &ConnectRequest,
+        handler: CmHandler,
+    ) -> Result<Handle<Cep>> {
+        cm::connect(al, self, request, handler)
+    }
+}
+
+/// Methods of a connection endpoint (see `cep::cm` for each call's rules;
+/// `accept`'s failure rule is on [`cm::accept`]).
+pub trait CepMethods {
+    /// Accept the request on `qp` (passive side).
+    fn accept(self, al: &Arc<AlInstance>, qp: Handle<Qp>, reply: &AcceptReply) -> Result<()>;
+    /// Answer the reply with the RTU (active side); the QP goes to RTS.
+    fn rtu(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()>;
+    /// Reject the request or reply.
+    fn reject(self, al: &Arc<AlInstance>, reason: RejectReason, private_data: &[u8]) -> Result<()>;
+    /// Ask the peer for more time (MRA).
+    fn mra(self, al: &Arc<AlInstance>, service_timeout: u8, private_data: &[u8]) -> Result<()>;
+    /// Start a disconnect (DREQ).
+    fn disconnect(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()>;
+    /// Answer the peer's DREQ (DREP).
+    fn disconnect_reply(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()>;
+    /// Propose an alternate path (LAP).
+    fn lap(self, al: &Arc<AlInstance>, params: LapParams) -> Result<()>;
+    /// Answer the peer's LAP (APR).
+    fn apr(self, al: &Arc<AlInstance>, status: ApStatus, private_data: &[u8]) -> Result<()>;
+    /// Answer a SIDR request.
+    fn sidr_reply(self, al: &Arc<AlInstance>, reply: SidrReplyParams) -> Result<()>;
+}
+
+impl CepMethods for Handle<Cep> {
+    fn accept(self, al: &Arc<AlInstance>, qp: Handle<Qp>, reply: &AcceptReply) -> Result<()> {
+        cm::accept(al, self, qp, reply)
+    }
+    fn rtu(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
+        cm::rtu(al, self, private_data)
+    }
+    fn reject(self, al: &Arc<AlInstance>, reason: RejectReason, private_data: &[u8]) -> Result<()> {
+        cm::reject(al, self, reason, private_data)
+    }
+    fn mra(self, al: &Arc<AlInstance>, service_timeout: u8, private_data: &[u8]) -> Result<()> {
+        cm::mra(al, self, service_timeout, private_data)
+    }
+    fn disconnect(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
+        cm::disconnect(al, self, private_data)
+    }
+    fn disconnect_reply(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
+        cm::disconnect_reply(al, self, private_data)
+    }
+    fn lap(self, al: &Arc<AlInstance>, params: LapParams) -> Result<()> {
+        cm::lap(al, self, params)
+    }
+    fn apr(self, al: &Arc<AlInstance>, status: ApStatus, private_data: &[u8]) -> Result<()> {
+        cm::apr(al, self, status, private_data)
+    }
+    fn sidr_reply(self, al: &Arc<AlInstance>, reply: SidrReplyParams) -> Result<()> {
+        cm::sidr_reply(al, self, reply)
+    }
+}

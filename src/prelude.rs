@@ -1,0 +1,21 @@
+//! `use ibal::prelude::*;` brings what a verbs program needs: the AL, the
+//! handle types, every verb as a method ([`crate::methods`]), the work
+//! request and completion types, the CM's request and reply builders and
+//! events, and the embedded soft provider.
+
+pub use crate::methods::{
+    AlMethods, CaMethods, CepMethods, CqMethods, Destroy, MrMethods, PdMethods, QpMethods,
+    SrqMethods,
+};
+pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};
+pub use cep::cm::{AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
+pub use cep::proto::{Event, SidrParams, SidrReplyParams, TimedOut};
+pub use cep::wire::{ApStatus, RejectReason};
+pub use hca::provider::{
+    Access, AvAttr, CqArm, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit,
+    UdDest, Wc, WcOpcode, WcStatus,
+};
+pub use hca::verbs::{Av, Ca, Cq, Mr, Pd, Srq};
+pub use hca::{Fabric, HcaConfig, RegisteredBuffer, SoftProvider};
+pub use qp::{Qp, QpCreate};
+pub use std::sync::Arc;
