@@ -1,10 +1,50 @@
 //! ibal: the InfiniBand Access Layer object model in Rust.
 //!
-//! This facade re-exports the layers users program against:
-//! * [`al`]: AL instances, handles, the object lifecycle, errors;
-//! * [`hca`]: verbs objects and providers (the embedded soft HCA);
-//! * [`qp`]: queue pairs and their connection-id slot;
-//! * [`cep`]: the IBTA connection manager (MAD codec, protocol, CEPs).
+//! This is the library a verbs consumer imports. It shows what a program
+//! calls and nothing of the machinery behind it:
+//! * the AL instance, handles and errors (at the crate root);
+//! * [`verbs`]: CAs, PDs, CQs, MRs, SRQs, AVs and QPs, work requests and
+//!   completions, and the embedded soft provider;
+//! * [`cm`]: the IBTA connection manager (connect, listen, accept, SIDR,
+//!   their events) and its MAD codec ([`cm::wire`]);
+//! * [`prelude`]: all of it, with every verb as a method ([`methods`]).
+//!
+//! The layer crates (`al`, `hca`, `qp`, `cep`) are not re-exported: their
+//! internals (the handle table, raw destroy, the CID slot's mutators) are
+//! for each other, not for applications. A program cannot reach them
+//! through this crate:
+//!
+//! ```compile_fail
+//! // No raw destroy that skips the instance check.
+//! use ibal::al::destroy_raw;
+//! ```
+//!
+//! ```compile_fail
+//! // No handle table: `table()` belongs to a trait this crate does not
+//! // export, so it cannot be called.
+//! use ibal::prelude::*;
+//! let _ = Cep::table();
+//! ```
+//!
+//! ```compile_fail
+//! // The CID slot can be read, never written: the protocol's mutators are
+//! // crate-private.
+//! use ibal::prelude::*;
+//! fn unbind_behind_the_cms_back(al: &Al, qp: Handle<Qp>) {
+//!     let qp = al.resolve(qp).unwrap();
+//!     let _ = qp.cid().tombstone();
+//! }
+//! ```
+//!
+//! Reading it is fine:
+//!
+//! ```
+//! use ibal::prelude::*;
+//! use ibal::verbs::CidState;
+//! fn is_free(al: &Al, qp: Handle<Qp>) -> bool {
+//!     al.resolve(qp).is_ok_and(|qp| qp.cid().load() == CidState::Unbound)
+//! }
+//! ```
 //!
 //! Layering is one-way: `al` <- `hca` <- `qp` <- `cep` <- `ibal`.
 //!
@@ -39,14 +79,45 @@
 //! `examples/rc_pingpong.rs` connects two QPs through the CM with the same
 //! calls.
 
-pub use al;
 pub use al::{
-    Al, AlConfig, Error, ExecutorMode, Handle, HeldObject, Kind, LeakReport, RawHandle, Result,
-    Stats,
+    Al, AlConfig, AlInstance, DestroyCallback, Error, ExecutorMode, Handle, HeldObject, Kind,
+    LeakReport, RawHandle, Result, Stats, DEFAULT_CLOSE_TIMEOUT,
 };
-pub use cep;
-pub use hca;
-pub use qp;
+
+pub mod verbs {
+    //! Verbs objects, their calls (each also a method: [`crate::methods`]),
+    //! work requests, completions, and the embedded soft provider.
+    pub use hca::provider::{
+        Access, AsyncEvent, AtomicCap, AvAttr, CqArm, DeviceAttr, DeviceInfo, Gid, GrhAttr,
+        LinkLayer, MigState, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps, QpModify, QpState,
+        QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, UdDest, Wc, WcOpcode, WcStatus,
+    };
+    pub use hca::verbs::{
+        alloc_pd, arm_cq, create_av, create_cq, create_srq, open_ca, poll_cq, post_srq_recv,
+        register_mr, register_region, Av, Ca, CompletionCallback, Cq, CqEventCallback, Mr, Pd, Srq,
+    };
+    pub use hca::{
+        Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, HcaUsage, PortConfig, RawRegion,
+        RegisteredBuffer, SoftHca, SoftProvider,
+    };
+    pub use qp::{create_qp, modify_qp, post_recv, post_send, query_qp, CidState, Qp, QpCreate};
+}
+
+pub mod cm {
+    //! The IBTA connection manager: listen, connect, accept and the rest
+    //! (each also a method: [`crate::methods`]), SIDR, the events a CEP's
+    //! handler receives, and the MAD codec ([`wire`]).
+    pub use cep::cm::{
+        accept, active_ports, apr, attach_ca, attach_ca_with, connect, disconnect,
+        disconnect_reply, lap, listen, mra, poll, reject, rtu, sidr_reply, sidr_request,
+        AcceptReply, Cep, CmDrive, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler,
+    };
+    pub use cep::proto::{
+        ConnId, DisconnectCause, Event, LapParams, PeerAddr, RejectOrigin, SidrParams,
+        SidrReplyParams, State, TimedOut,
+    };
+    pub use cep::wire;
+}
 
 pub mod methods;
 pub mod prelude;

@@ -1277,7 +1277,7 @@ fn accept_claimed(
     };
     // A lost bind destroys nothing: the CEP stays answerable.
     let h = c.core().handle();
-    qp.cid().bind(h)?;
+    binding::bind(qp.cid(), h)?;
     start().map_err(|e| {
         restore_qp(qp, &before);
         if binding::release(qp.cid(), h, |_| {}) {

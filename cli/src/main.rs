@@ -377,9 +377,9 @@ fn overview() -> Result<(), String> {
     println!("  opened AL instance {} (handle {})", al.id(), al.handle());
     let stats = al.close().map_err(|e| e.to_string())?;
     println!("  closed it in {:?}: {stats}", t0.elapsed());
-    let mad = ibal::cep::wire::CmMad::new(0x1234, ibal::cep::wire::Rtu::default());
+    let mad = cep::wire::CmMad::new(0x1234, cep::wire::Rtu::default());
     let bytes = mad.encode().map_err(|e| e.to_string())?;
-    let back = ibal::cep::wire::decode(&bytes).map_err(|e| e.to_string())?;
+    let back = cep::wire::decode(&bytes).map_err(|e| e.to_string())?;
     println!(
         "  CM codec: encoded and decoded a {} MAD of {} bytes",
         back.message_kind(),

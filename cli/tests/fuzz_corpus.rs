@@ -117,7 +117,7 @@ fn al_api_survives_random_inputs() {
 #[test]
 #[ignore]
 fn regenerate_seed_corpora() {
-    use ibal::cep::wire::{self, CmMad, CmMessage};
+    use cep::wire::{self, CmMad, CmMessage};
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("fuzz")
@@ -292,12 +292,12 @@ fn regenerate_seed_corpora() {
         capture: Some(erf_path),
     })
     .unwrap();
-    let packet = ibal::hca::packet::UdPacket {
+    let packet = hca::packet::UdPacket {
         vl: 0,
         sl: 2,
         dlid: 7,
         slid: 9,
-        grh: Some(ibal::hca::packet::Grh {
+        grh: Some(hca::packet::Grh {
             traffic_class: 3,
             flow_label: 0x12345,
             hop_limit: 64,

@@ -6,6 +6,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use al::{Kind, RawHandle};
+use qp::cid;
 use qp::{CidSlot, CidState};
 
 mod common;
@@ -29,29 +30,29 @@ fn cid_bind_vs_destroy_vs_unbind() {
             let (slot, destroyed) = (slot.clone(), destroyed.clone());
             thread::spawn(move || {
                 // connect: the CEP exists (reference held) before its id is published.
-                if slot.bind(cep(1)).is_err() {
+                if cid::bind(&slot, cep(1)).is_err() {
                     destroyed[1].fetch_add(1, Ordering::SeqCst);
                     return;
                 }
                 // disconnect completion: unbind, and whoever unbinds owns the CEP.
-                if slot.unbind(cep(1)) {
+                cid::release(&slot, cep(1), |_| {
                     destroyed[1].fetch_add(1, Ordering::SeqCst);
-                }
+                });
             })
         };
         let second = {
             let (slot, destroyed) = (slot.clone(), destroyed.clone());
             thread::spawn(move || {
                 // a second connect on the same QP
-                if slot.bind(cep(2)).is_err() {
+                if cid::bind(&slot, cep(2)).is_err() {
                     destroyed[2].fetch_add(1, Ordering::SeqCst);
                 }
             })
         };
         // QP destroy
-        if let Some(c) = slot.tombstone() {
+        cid::tombstone(&slot, |c| {
             destroyed[c.index() as usize].fetch_add(1, Ordering::SeqCst);
-        }
+        });
         binder.join().unwrap();
         second.join().unwrap();
         assert_eq!(slot.load(), CidState::Tombstone);

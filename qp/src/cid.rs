@@ -81,8 +81,9 @@ impl CidSlot {
 
     /// Bind `cep`. The caller must already hold its reference to the CEP
     /// (the id is published here, and a reference is taken before an id is
-    /// published).
-    pub fn bind(&self, cep: RawHandle) -> Result<()> {
+    /// published). Crate-private: other crates go through the protocol's
+    /// functions below ([`bind`], [`release`], [`tombstone`]).
+    pub(crate) fn bind(&self, cep: RawHandle) -> Result<()> {
         let word = cep.as_u64();
         if word == UNBOUND || word == TOMBSTONE {
             return Err(Error::invalid_parameter("not a connection endpoint handle"));
@@ -127,7 +128,7 @@ impl CidSlot {
     /// was; `false` means someone else (QP destroy, another unbind) already
     /// took the binding and owns its cleanup.
     #[cfg(not(ibal_mutant = "cid_blind_unbind"))]
-    pub fn unbind(&self, cep: RawHandle) -> bool {
+    pub(crate) fn unbind(&self, cep: RawHandle) -> bool {
         self.word
             .compare_exchange(cep.as_u64(), UNBOUND, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
@@ -137,7 +138,7 @@ impl CidSlot {
     /// with a plain store after checking it, which can clear a tombstone
     /// (or another CEP's binding) written in between.
     #[cfg(ibal_mutant = "cid_blind_unbind")]
-    pub fn unbind(&self, cep: RawHandle) -> bool {
+    pub(crate) fn unbind(&self, cep: RawHandle) -> bool {
         if self.word.load(Ordering::Acquire) != cep.as_u64() {
             return false;
         }
@@ -147,7 +148,7 @@ impl CidSlot {
 
     /// Make the slot terminal and return the CEP that was bound, if any. Only
     /// the first call can return `Some`.
-    pub fn tombstone(&self) -> Option<RawHandle> {
+    pub(crate) fn tombstone(&self) -> Option<RawHandle> {
         match CidState::from_word(self.word.swap(TOMBSTONE, Ordering::AcqRel)) {
             CidState::Bound(cep) => Some(cep),
             CidState::Unbound | CidState::Tombstone => None,
@@ -171,6 +172,13 @@ impl fmt::Debug for CidSlot {
 //   published in the slot, and for the whole call.
 // * Exactly one party ends up destroying each CEP: the binder that lost, the
 //   unbinder, or the QP destroy that took it out of the slot.
+
+/// Publish `cep` in `cid` (compare-exchange `Unbound -> Bound`): the first
+/// step of [`bind_and_start`], for a caller that runs its start itself and
+/// gives the binding back with [`release`] if the start fails.
+pub fn bind(cid: &CidSlot, cep: RawHandle) -> Result<()> {
+    cid.bind(cep)
+}
 
 /// Publish `cep` in `cid`, then run `start` (send the REQ or REP). If the
 /// bind loses (the QP is connected or being destroyed), `destroy_cep` is

@@ -414,7 +414,7 @@ fn destroying_a_qp_tombstones_its_cid_slot() {
     al.destroy(qp, None).unwrap();
     assert_eq!(obj.cid().load(), CidState::Tombstone);
     assert!(matches!(
-        obj.cid().bind(al::RawHandle::new(Kind::CEP, 0, 1)),
+        qp::cid::bind(obj.cid(), al::RawHandle::new(Kind::CEP, 0, 1)),
         Err(Error::Destroying { .. })
     ));
     drop(obj);
