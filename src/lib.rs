@@ -7,7 +7,9 @@
 //!   completions, and the embedded soft provider;
 //! * [`cm`]: the IBTA connection manager (connect, listen, accept, SIDR,
 //!   their events) and its MAD codec ([`cm::wire`]);
-//! * [`prelude`]: all of it, with every verb as a method ([`methods`]).
+//! * [`prelude`]: all of it, with every verb as a method ([`methods`]);
+//! * [`owned`]: optional guards that destroy their object when dropped, for
+//!   programs that prefer RAII to IBAL's explicit destroy.
 //!
 //! The layer crates (`al`, `hca`, `qp`, `cep`) are not re-exported: their
 //! internals (the handle table, raw destroy, the CID slot's mutators) are
@@ -120,4 +122,5 @@ pub mod cm {
 }
 
 pub mod methods;
+pub mod owned;
 pub mod prelude;

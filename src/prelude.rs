@@ -7,6 +7,7 @@ pub use crate::methods::{
     AlMethods, CaMethods, CepMethods, CqMethods, Destroy, MrMethods, PdMethods, QpMethods,
     SrqMethods,
 };
+pub use crate::owned::{Own, Owned};
 pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};
 pub use cep::cm::{AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
 pub use cep::proto::{Event, SidrParams, SidrReplyParams, TimedOut};
