@@ -81,6 +81,8 @@
 //! `examples/rc_pingpong.rs` connects two QPs through the CM with the same
 //! calls.
 
+#![deny(missing_docs)]
+
 pub use al::{
     Al, AlConfig, AlInstance, DestroyCallback, Error, ExecutorMode, Handle, HeldObject, Kind,
     LeakReport, RawHandle, Result, Stats, DEFAULT_CLOSE_TIMEOUT,

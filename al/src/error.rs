@@ -20,9 +20,19 @@ pub enum Error {
     /// The handle names no live object of the expected type in this AL
     /// instance: stale (destroyed), forged, of another type, or of another
     /// AL instance. (`IB_INVALID_HANDLE` and its typed siblings.)
-    InvalidHandle { expected: Kind, raw: u64 },
+    InvalidHandle {
+        /// The kind of object the call expected.
+        expected: Kind,
+        /// The handle's raw value, as given.
+        raw: u64,
+    },
     /// The object is being destroyed; the first destroy call owns it now.
-    Destroying { kind: Kind, raw: u64 },
+    Destroying {
+        /// The kind of the object being destroyed.
+        kind: Kind,
+        /// Its handle's raw value (0 when the object has none to report).
+        raw: u64,
+    },
     /// The call is not valid in the object's current state (`IB_INVALID_STATE`).
     InvalidState(Detail),
     /// A QP state transition the IBTA state machine does not allow

@@ -33,9 +33,11 @@ mod imp {
     pub type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
 
     impl<T> Mutex<T> {
+        /// An unlocked mutex holding `value`.
         pub fn new(value: T) -> Self {
             Mutex(parking_lot::Mutex::new(value))
         }
+        /// Lock, waiting for the holder if any.
         pub fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
         }
@@ -43,6 +45,7 @@ mod imp {
         pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             self.0.try_lock()
         }
+        /// The value, consuming the mutex.
         pub fn into_inner(self) -> T {
             self.0.into_inner()
         }
@@ -51,16 +54,21 @@ mod imp {
     /// A reader-writer lock that does not poison.
     #[derive(Debug, Default)]
     pub struct RwLock<T>(parking_lot::RwLock<T>);
+    /// Shared guard of [`RwLock`].
     pub type RwLockReadGuard<'a, T> = parking_lot::RwLockReadGuard<'a, T>;
+    /// Exclusive guard of [`RwLock`].
     pub type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
 
     impl<T> RwLock<T> {
+        /// An unlocked lock holding `value`.
         pub fn new(value: T) -> Self {
             RwLock(parking_lot::RwLock::new(value))
         }
+        /// Lock for reading (shared).
         pub fn read(&self) -> RwLockReadGuard<'_, T> {
             self.0.read()
         }
+        /// Lock for writing (exclusive).
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
             self.0.write()
         }
@@ -71,9 +79,11 @@ mod imp {
     pub struct Condvar(parking_lot::Condvar);
 
     impl Condvar {
+        /// A condition variable nobody waits on.
         pub fn new() -> Self {
             Condvar(parking_lot::Condvar::new())
         }
+        /// Release `guard`'s lock, wait for a notification, lock again.
         pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
             self.0.wait(guard);
         }
@@ -85,9 +95,11 @@ mod imp {
         ) -> bool {
             self.0.wait_for(guard, timeout).timed_out()
         }
+        /// Wake every waiter.
         pub fn notify_all(&self) {
             self.0.notify_all();
         }
+        /// Wake one waiter.
         pub fn notify_one(&self) {
             self.0.notify_one();
         }
@@ -120,18 +132,23 @@ mod imp {
     pub type ArcCellGuard<T> = arc_swap::Guard<Arc<T>>;
 
     impl<T> ArcCell<T> {
+        /// A cell holding `value`.
         pub fn new(value: Arc<T>) -> Self {
             ArcCell(arc_swap::ArcSwap::new(value))
         }
+        /// The current value, without a lock or a reference count update.
         pub fn load(&self) -> ArcCellGuard<T> {
             self.0.load()
         }
+        /// The current value as an owned `Arc`.
         pub fn load_full(&self) -> Arc<T> {
             self.0.load_full()
         }
+        /// Replace the value.
         pub fn store(&self, value: Arc<T>) {
             self.0.store(value)
         }
+        /// Replace the value, returning the old one.
         pub fn swap(&self, value: Arc<T>) -> Arc<T> {
             self.0.swap(value)
         }
@@ -142,6 +159,7 @@ mod imp {
     pub struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
 
     impl<T> UnsafeCell<T> {
+        /// A cell holding `value`.
         pub const fn new(value: T) -> Self {
             UnsafeCell(std::cell::UnsafeCell::new(value))
         }

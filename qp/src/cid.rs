@@ -13,13 +13,13 @@
 //!      +------ unbind (CAS) ----+          Unbound --tombstone----+
 //! ```
 //!
-//! * [`CidSlot::bind`]: compare-exchange `Unbound -> Bound(cep)`. Seeing
+//! * bind ([`bind`], [`bind_and_start`]): compare-exchange `Unbound -> Bound(cep)`. Seeing
 //!   `Bound` fails with [`Error::AlreadyConnected`], seeing `Tombstone` with
 //!   [`Error::Destroying`]; the loser destroys the CEP it created.
-//! * [`CidSlot::unbind`]: compare-exchange `Bound(cep) -> Unbound`, never a
+//! * unbind ([`release`]): compare-exchange `Bound(cep) -> Unbound`, never a
 //!   blind store, so a stale unbind cannot clear someone else's binding or
 //!   resurrect a tombstoned QP.
-//! * [`CidSlot::tombstone`]: swap in `Tombstone` (terminal); the caller (QP
+//! * tombstone ([`tombstone`]): swap in `Tombstone` (terminal); the caller (QP
 //!   destroy) gets back whatever CEP was bound, exactly once, and destroys it.
 //!
 //! The slot stores a CEP *handle*, never an `Arc`, so the `qp` crate does not

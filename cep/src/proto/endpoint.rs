@@ -152,6 +152,7 @@ fn check_encodes(message: impl Into<CmMessage>) -> Result<(), ProtoError> {
 }
 
 impl Endpoint {
+    /// An endpoint with empty tables, configured by `config`.
     pub fn new(config: EndpointConfig) -> Self {
         Self {
             conns: IdSlab::new(config.max_ceps, config.id_seed),
@@ -168,6 +169,7 @@ impl Endpoint {
         }
     }
 
+    /// The settings this endpoint was created with.
     pub fn config(&self) -> &EndpointConfig {
         &self.config
     }

@@ -67,6 +67,7 @@ pub use endpoint::Endpoint;
 pub struct Nanos(pub u64);
 
 impl Nanos {
+    /// The caller's time origin.
     pub const ZERO: Self = Self(0);
 
     /// `self + ns`, saturating at `u64::MAX`.
@@ -74,6 +75,7 @@ impl Nanos {
         Self(self.0.saturating_add(ns))
     }
 
+    /// Nanoseconds since the caller's origin.
     pub const fn as_nanos(self) -> u64 {
         self.0
     }
@@ -113,17 +115,21 @@ impl fmt::Display for ConnId {
 /// to find the target of a REJ that names no local comm id).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PeerAddr {
+    /// LID of the remote port (source LID of a received MAD).
     pub lid: u16,
+    /// GID of the remote port from the GRH; all zeros when there is none.
     pub gid: [u8; 16],
 }
 
 /// One MAD to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transmit {
+    /// The port to send the MAD to (through its QP1).
     pub to: PeerAddr,
     /// The CEP this MAD belongs to; `None` for stateless answers (REJ for an
     /// unknown service, DREP for an unknown comm id, ...).
     pub conn: Option<ConnId>,
+    /// The CM MAD itself, with its transaction id.
     pub mad: CmMad,
 }
 
@@ -135,24 +141,44 @@ pub struct Transmit {
 /// true for all five.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum State {
+    /// A listener: waits for REQs and SIDR_REQs for its service id.
     Listen,
+    /// Active side: REQ sent, waiting for REP (REQ retry timer armed).
     ReqSent,
+    /// Passive side: REQ received, waiting for the user's accept, reject or MRA.
     ReqRcvd,
+    /// Passive side: MRA sent for the REQ, waiting for the user's accept or reject.
     MraReqSent,
+    /// Active side: the peer sent MRA for our REQ; waiting for REP on the MRA timer.
     MraReqRcvd,
+    /// Passive side: REP sent, waiting for RTU (REP retry timer armed).
     RepSent,
+    /// Active side: REP received, waiting for the user's RTU, reject or MRA.
     RepRcvd,
+    /// Active side: MRA sent for the REP, waiting for the user's RTU or reject.
     MraRepSent,
+    /// Passive side: the peer sent MRA for our REP; waiting for RTU on the MRA timer.
     MraRepRcvd,
+    /// The connection is up on its current path.
     Established,
+    /// Established, LAP sent: waiting for APR (LAP retry timer armed).
     LapSent,
+    /// Established, LAP received: waiting for the user's APR or MRA.
     LapRcvd,
+    /// Established, MRA sent for the peer's LAP: waiting for the user's APR.
     MraLapSent,
+    /// Established, the peer sent MRA for our LAP: waiting for APR on the MRA timer.
     MraLapRcvd,
+    /// DREQ sent, waiting for DREP (DREQ retry timer armed).
     DreqSent,
+    /// DREQ received, waiting for the user to send DREP.
     DreqRcvd,
+    /// The connection is over; the comm id stays reserved until the timewait
+    /// timer expires, so late duplicates are still recognised.
     Timewait,
+    /// SIDR_REQ sent, waiting for SIDR_REP (SIDR_REQ retry timer armed).
     SidrReqSent,
+    /// SIDR_REQ received by a listener, waiting for the user's SIDR_REP.
     SidrReqRcvd,
 }
 
@@ -265,69 +291,128 @@ pub enum Event {
     /// A REQ matched a listener: `conn` is a new CEP in REQ_RCVD. Answer with
     /// [`Endpoint::accept`], [`Endpoint::reject`] or [`Endpoint::send_mra`].
     ConnectRequest {
+        /// The new passive-side CEP, in REQ_RCVD.
         conn: ConnId,
+        /// The listener whose service id the REQ named.
         listener: ConnId,
+        /// The port the REQ came from.
         peer: PeerAddr,
+        /// The REQ as received.
         req: Box<Req>,
     },
     /// A REP answered our REQ (`conn` is in REP_RCVD). Answer with
     /// [`Endpoint::send_rtu`], [`Endpoint::reject`] or [`Endpoint::send_mra`].
-    ReplyReceived { conn: ConnId, rep: Box<Rep> },
+    ReplyReceived {
+        /// The active-side CEP, now in REP_RCVD.
+        conn: ConnId,
+        /// The REP as received.
+        rep: Box<Rep>,
+    },
     /// The peer acknowledged our message and asked for more time.
     MraReceived {
+        /// The CEP whose request was acknowledged.
         conn: ConnId,
+        /// Which of our messages the MRA covers (REQ, REP or LAP).
         message: MessageMraed,
+        /// Extra time the peer asks for (CM timeout encoding).
         service_timeout: u8,
     },
     /// `conn` entered ESTABLISHED (RTU sent or received, or
     /// [`Endpoint::established`] called).
-    Established { conn: ConnId },
+    Established {
+        /// The CEP that is now ESTABLISHED.
+        conn: ConnId,
+    },
     /// A REJ ended the connection (or, with `message` `Other` while a LAP is
     /// outstanding, refused the alternate path only; the connection then
     /// stays established).
     Rejected {
+        /// The CEP the REJ concerns.
         conn: ConnId,
+        /// The REJ's reason code.
         reason: RejectReason,
+        /// Which message the REJ refused (REQ, REP or Other).
         message: MessageRejected,
+        /// Whether the peer or this endpoint produced the REJ.
         origin: RejectOrigin,
+        /// The whole REJ (ARI, private data).
         rej: Box<Rej>,
     },
     /// The peer sent DREQ; answer with [`Endpoint::disconnect_reply`].
-    DisconnectRequest { conn: ConnId, dreq: Box<Dreq> },
+    DisconnectRequest {
+        /// The CEP the peer disconnects, now in DREQ_RCVD.
+        conn: ConnId,
+        /// The DREQ as received.
+        dreq: Box<Dreq>,
+    },
     /// A disconnect this side started has finished; `conn` is in TIMEWAIT.
     Disconnected {
+        /// The CEP that was disconnected.
         conn: ConnId,
+        /// How the disconnect ended.
         cause: DisconnectCause,
+        /// The peer's DREP, when one ended it ([`DisconnectCause::DrepReceived`]).
         drep: Option<Box<Drep>>,
     },
     /// A request ran out of retries.
-    Timeout { conn: ConnId, message: TimedOut },
+    Timeout {
+        /// The CEP whose request timed out.
+        conn: ConnId,
+        /// Which request timed out.
+        message: TimedOut,
+    },
     /// The peer proposes an alternate path; answer with [`Endpoint::apr`] or
     /// [`Endpoint::send_mra`].
-    LapReceived { conn: ConnId, lap: Box<Lap> },
+    LapReceived {
+        /// The CEP the LAP concerns, now in LAP_RCVD.
+        conn: ConnId,
+        /// The LAP as received, with the proposed alternate path.
+        lap: Box<Lap>,
+    },
     /// The answer to our LAP.
     AprReceived {
+        /// The CEP that sent the LAP, back in ESTABLISHED.
         conn: ConnId,
+        /// The APR's status: whether the alternate path was accepted.
         status: ApStatus,
+        /// The APR as received.
         apr: Box<Apr>,
     },
     /// A SIDR_REQ matched a listener; answer with [`Endpoint::sidr_reply`].
     SidrRequest {
+        /// The new SIDR CEP, in SIDR_REQ_RCVD.
         conn: ConnId,
+        /// The listener whose service id the SIDR_REQ named.
         listener: ConnId,
+        /// The port the SIDR_REQ came from.
         peer: PeerAddr,
+        /// The SIDR_REQ as received.
         req: Box<SidrReq>,
     },
     /// The answer to our SIDR_REQ. The SIDR CEP is released right after.
-    SidrReply { conn: ConnId, rep: Box<SidrRep> },
+    SidrReply {
+        /// The SIDR CEP that sent the SIDR_REQ.
+        conn: ConnId,
+        /// The SIDR_REP as received (status, QPN, Q_Key).
+        rep: Box<SidrRep>,
+    },
     /// A REQ or REP from the peer named the remote QPN of `conn`, so `conn`
     /// is stale: it is being disconnected (DREQ) or rejected.
-    StaleConnection { conn: ConnId },
+    StaleConnection {
+        /// The stale CEP.
+        conn: ConnId,
+    },
     /// `conn` left TIMEWAIT; [`Event::Released`] follows.
-    TimewaitExited { conn: ConnId },
+    TimewaitExited {
+        /// The CEP that left TIMEWAIT.
+        conn: ConnId,
+    },
     /// The comm id of `conn` was freed: the layer above can release the QP
     /// binding / CID slot. Emitted exactly once per CEP, last.
-    Released { conn: ConnId },
+    Released {
+        /// The CEP whose comm id was freed.
+        conn: ConnId,
+    },
 }
 
 impl Event {
@@ -431,6 +516,8 @@ impl LocalPort {
 }
 
 impl EndpointConfig {
+    /// Settings for the CA `local_ca_guid`: id seed and first transaction
+    /// id derived from the GUID, the largest CEP table, no port check.
     pub const fn new(local_ca_guid: u64) -> Self {
         Self {
             local_ca_guid,
@@ -470,20 +557,28 @@ impl ConnectParams {
 /// Arguments of [`Endpoint::lap`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LapParams {
+    /// The proposed alternate path, sent in the LAP.
     pub alternate_path: PathInfo,
+    /// Private data carried by the LAP.
     pub private_data: crate::wire::PrivateData<168>,
 }
 
 /// Arguments of [`Endpoint::sidr_request`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SidrParams {
+    /// Where to send the SIDR_REQ.
     pub peer: PeerAddr,
+    /// The service id to resolve.
     pub service_id: u64,
+    /// The P_Key sent in the SIDR_REQ.
     pub pkey: u16,
     /// How long the responder may take (CM timeout encoding).
     pub timeout: u8,
+    /// PacketLifeTime of the path to the peer (CM timeout encoding).
     pub packet_life_time: u8,
+    /// How many times the SIDR_REQ is resent before a timeout.
     pub max_retries: u8,
+    /// Private data carried by the SIDR_REQ.
     pub private_data: crate::wire::PrivateData<216>,
 }
 
@@ -507,12 +602,17 @@ impl SidrParams {
 /// Arguments of [`Endpoint::sidr_reply`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SidrReplyParams {
+    /// Outcome of the request (success, no such service, redirect, ...).
     pub status: SidrStatus,
+    /// The UD QP that serves the service id (24 bits).
     pub qpn: u32,
+    /// The Q_Key of that QP.
     pub qkey: u32,
     /// Meaningful bytes of the additional information.
     pub additional_info_length: u8,
+    /// Additional information (redirection information for status `Redirect`).
     pub additional_info: [u8; INFO_LEN],
+    /// Private data carried by the SIDR_REP.
     pub private_data: crate::wire::PrivateData<136>,
 }
 
@@ -597,8 +697,11 @@ pub enum ProtoError {
     Destroyed(ConnId),
     /// The call is not valid in the CEP's current state.
     WrongState {
+        /// The CEP the call named.
         conn: ConnId,
+        /// The state the CEP was in.
         state: State,
+        /// The name of the refused call.
         call: &'static str,
     },
     /// Another listener already owns this service id.

@@ -114,9 +114,12 @@ closed_enum! {
 closed_enum! {
     /// MRA `MessageMRAed` (2 bits): which message the MRA acknowledges.
     pub enum MessageMraed {
+        /// The MRA acknowledges a REQ.
         #[default]
         Req = 0,
+        /// The MRA acknowledges a REP.
         Rep = 1,
+        /// The MRA acknowledges a LAP.
         Lap = 2,
     }
 }
@@ -124,8 +127,10 @@ closed_enum! {
 closed_enum! {
     /// REJ `MessageRejected` (2 bits): which message the REJ answers.
     pub enum MessageRejected {
+        /// The REJ answers a REQ.
         #[default]
         Req = 0,
+        /// The REJ answers a REP.
         Rep = 1,
         /// Any other message (in practice a LAP or a stray message).
         Other = 2,
@@ -136,9 +141,12 @@ closed_enum! {
     /// REP `FailoverAccepted` (2 bits): the passive side's answer to the
     /// alternate path proposed in the REQ.
     pub enum FailoverAccepted {
+        /// The alternate path was accepted.
         #[default]
         Accepted = 0,
+        /// The passive side does not support failover.
         NotSupported = 1,
+        /// The alternate path was refused.
         Rejected = 2,
     }
 }
@@ -146,38 +154,71 @@ closed_enum! {
 open_enum! {
     /// REJ `Reason` (16 bits).
     pub enum RejectReason(u16) {
+        /// No QP available.
         NoQp = 1,
+        /// No EE context available (RD).
         NoEec = 2,
+        /// The receiver is out of resources.
         NoResources = 3,
+        /// The sender gave up waiting for a reply.
         Timeout = 4,
+        /// The request is not supported.
         UnsupportedRequest = 5,
+        /// The communication ID matches no connection.
         InvalidCommId = 6,
+        /// Invalid communication instance.
         InvalidCommInstance = 7,
+        /// Nobody listens on the requested Service ID.
         InvalidServiceId = 8,
+        /// The transport service type is not supported.
         InvalidTransportType = 9,
+        /// The request clashes with an existing or stale connection.
         StaleConnection = 10,
+        /// The RD channel named in the request does not exist.
         RdcNotExist = 11,
+        /// Primary path: invalid GID.
         InvalidPrimaryGid = 12,
+        /// Primary path: invalid LID.
         InvalidPrimaryLid = 13,
+        /// Primary path: invalid service level.
         InvalidPrimarySl = 14,
+        /// Primary path: invalid traffic class.
         InvalidPrimaryTrafficClass = 15,
+        /// Primary path: invalid hop limit.
         InvalidPrimaryHopLimit = 16,
+        /// Primary path: invalid packet rate.
         InvalidPrimaryPacketRate = 17,
+        /// Alternate path: invalid GID.
         InvalidAlternateGid = 18,
+        /// Alternate path: invalid LID.
         InvalidAlternateLid = 19,
+        /// Alternate path: invalid service level.
         InvalidAlternateSl = 20,
+        /// Alternate path: invalid traffic class.
         InvalidAlternateTrafficClass = 21,
+        /// Alternate path: invalid hop limit.
         InvalidAlternateHopLimit = 22,
+        /// Alternate path: invalid packet rate.
         InvalidAlternatePacketRate = 23,
+        /// Send CM messages to another port; the ARI says where.
         PortCmRedirect = 24,
+        /// Connect through another port; the ARI says which.
         PortRedirect = 25,
+        /// The path MTU is not acceptable.
         InvalidMtu = 26,
+        /// Not enough responder resources for the requested initiator depth.
         InsufficientResponderResources = 27,
+        /// The application refused the connection.
         ConsumerReject = 28,
+        /// The RNR retry count is not acceptable.
         InvalidRnrRetry = 29,
+        /// The sender's Local Communication ID is already in use.
         DuplicateLocalCommId = 30,
+        /// The CM ClassVersion is not supported.
         InvalidClassVersion = 31,
+        /// Primary path: invalid flow label.
         InvalidFlowLabel = 32,
+        /// Alternate path: invalid flow label.
         InvalidAlternateFlowLabel = 33,
     }
 }
@@ -185,11 +226,17 @@ open_enum! {
 open_enum! {
     /// SIDR_REP `Status` (8 bits).
     pub enum SidrStatus(u8) {
+        /// The service was found; QPN and Q_Key are valid.
         Success = 0,
+        /// No service is registered under the Service ID.
         ServiceIdNotSupported = 1,
+        /// The service refused the request.
         RejectedByServiceProvider = 2,
+        /// The service has no QP available.
         NoQp = 3,
+        /// Ask elsewhere; the additional information says where.
         Redirect = 4,
+        /// The CM ClassVersion is not supported.
         ClassVersionNotSupported = 5,
     }
 }
@@ -199,19 +246,31 @@ open_enum! {
     pub enum ApStatus(u8) {
         /// The alternate path was loaded.
         Success = 0,
+        /// The communication ID matches no connection.
         InvalidCommId = 1,
+        /// Loading an alternate path is not supported.
         Unsupported = 2,
+        /// The receiver refused the alternate path.
         Rejected = 3,
+        /// Redirected; the additional information says where.
         Redirect = 4,
         /// The proposed path is already the current (primary) path.
         IsCurrent = 5,
+        /// The Remote QPN/EECN matches no connection.
         InvalidQpnEecn = 6,
+        /// Proposed path: invalid LID.
         InvalidLid = 7,
+        /// Proposed path: invalid GID.
         InvalidGid = 8,
+        /// Proposed path: invalid flow label.
         InvalidFlowLabel = 9,
+        /// Proposed path: invalid traffic class.
         InvalidTrafficClass = 10,
+        /// Proposed path: invalid hop limit.
         InvalidHopLimit = 11,
+        /// Proposed path: invalid packet rate.
         InvalidPacketRate = 12,
+        /// Proposed path: invalid service level.
         InvalidSl = 13,
     }
 }

@@ -44,16 +44,25 @@ pub(crate) const PRESERVED_FIELDS: &[Field] = &[
 /// to answer a bad `ClassVersion` with REJ reason 31).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MadHeader {
+    /// BaseVersion: version of the MAD format (1).
     pub base_version: u8,
+    /// MgmtClass: the management class (0x07 for CM).
     pub mgmt_class: u8,
+    /// ClassVersion: version of the class protocol (2 for CM).
     pub class_version: u8,
     /// Method including the R bit (0x80).
     pub method: u8,
+    /// Status: result code of a response; zero in CM Sends.
     pub status: u16,
+    /// ClassSpecific: defined per class; unused by CM.
     pub class_specific: u16,
+    /// TransactionID: pairs a reply with its request.
     pub transaction_id: u64,
+    /// AttributeID: which message (attribute) the MAD carries.
     pub attribute_id: u16,
+    /// The reserved word at MAD offset 18; zero when sent.
     pub reserved: u16,
+    /// AttributeModifier: qualifies the attribute; CM uses it only for ECE.
     pub attribute_modifier: u32,
 }
 

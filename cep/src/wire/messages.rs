@@ -51,6 +51,7 @@ impl<const N: usize> PrivateData<N> {
         &self.0
     }
 
+    /// The whole area by value, padding included.
     pub const fn into_bytes(self) -> [u8; N] {
         self.0
     }
@@ -177,15 +178,21 @@ fn non_canonical(field: Field, value: u64) -> WireError {
 /// see [`PathInfo::is_present`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PathInfo {
+    /// Local Port LID: LID of the sender's port on this path.
     pub local_lid: u16,
+    /// Remote Port LID: LID of the receiver's port on this path.
     pub remote_lid: u16,
+    /// Local Port GID: GID of the sender's port on this path.
     pub local_gid: [u8; 16],
+    /// Remote Port GID: GID of the receiver's port on this path.
     pub remote_gid: [u8; 16],
-    /// 20 bits.
+    /// Flow Label for the GRH, 20 bits.
     pub flow_label: u32,
-    /// 6 bits, IBTA rate encoding.
+    /// Packet Rate: static rate of the path, 6 bits, IBTA rate encoding.
     pub packet_rate: u8,
+    /// Traffic Class for the GRH.
     pub traffic_class: u8,
+    /// Hop Limit for the GRH.
     pub hop_limit: u8,
     /// Service level, 4 bits.
     pub sl: u8,
@@ -369,44 +376,68 @@ pub(crate) mod req_layout {
 /// Connection request (REQ).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Req {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Service ID: the service the active side wants to reach.
     pub service_id: u64,
+    /// Local CA GUID: GUID of the sender's channel adapter.
     pub local_ca_guid: u64,
+    /// Local Q_Key: the sender's Q_Key.
     pub local_qkey: u32,
-    /// 24 bits.
+    /// Local QPN: the sender's QP number, 24 bits.
     pub local_qpn: u32,
+    /// Responder Resources: how many RDMA Read/atomic requests the sender
+    /// will accept outstanding at once.
     pub responder_resources: u8,
-    /// 24 bits.
+    /// Local EECN: the sender's EE context number (RD only), 24 bits.
     pub local_eecn: u32,
+    /// Initiator Depth: how many RDMA Read/atomic requests the sender may
+    /// have outstanding at once.
     pub initiator_depth: u8,
-    /// 24 bits.
+    /// Remote EECN: the receiver's EE context number (RD only), 24 bits.
     pub remote_eecn: u32,
-    /// 5 bits, CM timeout encoding.
+    /// Remote CM Response Timeout: how long the receiver's CM may take to
+    /// answer this REQ; 5 bits, CM timeout encoding.
     pub remote_cm_response_timeout: u8,
+    /// Transport Service Type of the connection.
     pub transport_service_type: TransportType,
+    /// End-to-End Flow Control: whether the sender's receive queue
+    /// generates end-to-end credits.
     pub end_to_end_flow_control: bool,
-    /// 24 bits.
+    /// Starting PSN: the first PSN the sender will transmit (the receiver's
+    /// expected receive PSN), 24 bits.
     pub starting_psn: u32,
-    /// 5 bits, CM timeout encoding.
+    /// Local CM Response Timeout: how long the sender's CM may take to
+    /// answer; 5 bits, CM timeout encoding.
     pub local_cm_response_timeout: u8,
-    /// 3 bits.
+    /// Retry Count: how often the transport retries after a local ACK
+    /// timeout, 3 bits.
     pub retry_count: u8,
+    /// P_Key: partition key of the connection.
     pub pkey: u16,
-    /// 4 bits, IBTA MTU encoding (1 = 256 ... 5 = 4096).
+    /// Path Packet Payload MTU, 4 bits, IBTA MTU encoding (1 = 256 ... 5 = 4096).
     pub path_mtu: u8,
+    /// RDC Exists: set when a reliable datagram channel already exists (RD only).
     pub rdc_exists: bool,
-    /// 3 bits.
+    /// RNR Retry Count: how often the receiver retries after an RNR NAK from
+    /// the sender (7 = without limit), 3 bits.
     pub rnr_retry_count: u8,
-    /// 4 bits.
+    /// Max CM Retries: how many times the sender resends a CM message that
+    /// gets no answer, 4 bits.
     pub max_cm_retries: u8,
+    /// SRQ: the sender's QP takes receives from a shared receive queue.
     pub srq: bool,
-    /// 3 bits; meaningful when `transport_service_type` is `Extended`
-    /// (1 = XRC).
+    /// Extended Transport Type, 3 bits; meaningful when
+    /// `transport_service_type` is `Extended` (1 = XRC).
     pub extended_transport_type: u8,
+    /// Primary path of the connection.
     pub primary_path: PathInfo,
-    /// All zero when there is no alternate path.
+    /// Alternate path for automatic path migration; all zero when there is
+    /// none.
     pub alternate_path: PathInfo,
+    /// SAPSupported flag, kept as sent (this stack does not act on it).
     pub sap_supported: bool,
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<92>,
 }
 
@@ -414,6 +445,8 @@ impl Req {
     /// `ExtendedTransportType` value for XRC.
     pub const EXTENDED_TRANSPORT_XRC: u8 = 1;
 
+    /// Whether the REQ asks for an XRC connection (`Extended` transport,
+    /// extended type [`Req::EXTENDED_TRANSPORT_XRC`]).
     pub fn is_xrc(&self) -> bool {
         self.transport_service_type == TransportType::Extended
             && self.extended_transport_type == Self::EXTENDED_TRANSPORT_XRC
@@ -532,11 +565,16 @@ pub(crate) mod mra_layout {
 /// while".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Mra {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's id for this connection.
     pub remote_comm_id: u32,
+    /// Message MRAed: which message this MRA acknowledges.
     pub message_mraed: MessageMraed,
+    /// Service Timeout: how much longer the sender needs before it answers;
     /// 5 bits, CM timeout encoding.
     pub service_timeout: u8,
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<222>,
 }
 
@@ -599,15 +637,21 @@ pub(crate) mod rej_layout {
 /// Reject (REJ).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rej {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's id for this connection (zero
+    /// if the sender never learned it).
     pub remote_comm_id: u32,
+    /// Message Rejected: which message this REJ answers.
     pub message_rejected: MessageRejected,
     /// 7 bits: how many bytes of `ari` are meaningful. Not checked against
     /// the 72-byte area on decode; see [`Rej::ari_bytes`].
     pub rejected_info_length: u8,
+    /// Reason: why the message was rejected.
     pub reason: RejectReason,
     /// Additional rejection information, whole area.
     pub ari: [u8; INFO_LEN],
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<148>,
 }
 
@@ -715,25 +759,41 @@ pub(crate) mod rep_layout {
 /// Connection reply (REP).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Rep {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's id for this connection.
     pub remote_comm_id: u32,
+    /// Local Q_Key: the sender's Q_Key.
     pub local_qkey: u32,
-    /// 24 bits.
+    /// Local QPN: the sender's QP number, 24 bits.
     pub local_qpn: u32,
-    /// 24 bits.
+    /// Local EECN: the sender's EE context number (RD only), 24 bits.
     pub local_eecn: u32,
-    /// 24 bits.
+    /// Starting PSN: the first PSN the sender will transmit (the receiver's
+    /// expected receive PSN), 24 bits.
     pub starting_psn: u32,
+    /// Responder Resources: how many RDMA Read/atomic requests the sender
+    /// will accept outstanding at once.
     pub responder_resources: u8,
+    /// Initiator Depth: how many RDMA Read/atomic requests the sender may
+    /// have outstanding at once.
     pub initiator_depth: u8,
-    /// 5 bits, CM timeout encoding.
+    /// Target ACK Delay: the longest the sender's CA takes to acknowledge a
+    /// request packet; 5 bits, CM timeout encoding.
     pub target_ack_delay: u8,
+    /// Failover Accepted: the answer to the alternate path in the REQ.
     pub failover_accepted: FailoverAccepted,
+    /// End-to-End Flow Control: whether the sender's receive queue
+    /// generates end-to-end credits.
     pub end_to_end_flow_control: bool,
-    /// 3 bits.
+    /// RNR Retry Count: how often the receiver retries after an RNR NAK from
+    /// the sender (7 = without limit), 3 bits.
     pub rnr_retry_count: u8,
+    /// SRQ: the sender's QP takes receives from a shared receive queue.
     pub srq: bool,
+    /// Local CA GUID: GUID of the sender's channel adapter.
     pub local_ca_guid: u64,
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<196>,
 }
 
@@ -806,8 +866,11 @@ pub(crate) mod rtu_layout {
 /// Ready to use (RTU).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Rtu {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's id for this connection.
     pub remote_comm_id: u32,
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<224>,
 }
 
@@ -849,10 +912,13 @@ pub(crate) mod dreq_layout {
 /// Disconnect request (DREQ).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Dreq {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's id for this connection.
     pub remote_comm_id: u32,
     /// 24 bits: the receiver's QPN (or EECN for RD).
     pub remote_qpn_eecn: u32,
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<220>,
 }
 
@@ -895,8 +961,11 @@ pub(crate) mod drep_layout {
 /// Disconnect reply (DREP).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Drep {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's id for this connection.
     pub remote_comm_id: u32,
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<224>,
 }
 
@@ -942,9 +1011,13 @@ pub(crate) mod sidr_req_layout {
 /// Service ID resolution request (SIDR_REQ), for UD services.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SidrReq {
+    /// Request ID: the sender's id for this lookup, echoed in the SIDR_REP.
     pub request_id: u32,
+    /// P_Key: the partition the requester will use to reach the service.
     pub pkey: u16,
+    /// Service ID: the UD service to resolve.
     pub service_id: u64,
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<216>,
 }
 
@@ -1000,15 +1073,23 @@ pub(crate) mod sidr_rep_layout {
 /// Service ID resolution reply (SIDR_REP).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SidrRep {
+    /// Request ID: copied from the SIDR_REQ being answered.
     pub request_id: u32,
+    /// Status: outcome of the lookup.
     pub status: SidrStatus,
+    /// Additional Information Length: how many bytes of `additional_info`
+    /// are meaningful.
     pub additional_info_length: u8,
-    /// 24 bits.
+    /// QPN: the service's UD QP number, 24 bits.
     pub qpn: u32,
+    /// Service ID: the service this reply is for.
     pub service_id: u64,
+    /// Q_Key: the Q_Key to use when sending to the service's QP.
     pub qkey: u32,
-    /// Whole area (redirection information for status `Redirect`).
+    /// Additional Information, whole area (redirection information for
+    /// status `Redirect`).
     pub additional_info: [u8; INFO_LEN],
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<136>,
 }
 
@@ -1115,13 +1196,18 @@ pub(crate) mod lap_layout {
 /// Load alternate path (LAP).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Lap {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's id for this connection.
     pub remote_comm_id: u32,
-    /// 24 bits.
+    /// Remote QPN/EECN: the receiver's QP (or EE context) number, 24 bits.
     pub remote_qpn_eecn: u32,
-    /// 5 bits, CM timeout encoding.
+    /// Remote CM Response Timeout: how long the receiver's CM may take to
+    /// answer this LAP; 5 bits, CM timeout encoding.
     pub remote_cm_response_timeout: u8,
+    /// The proposed alternate path.
     pub alternate_path: PathInfo,
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<168>,
 }
 
@@ -1181,12 +1267,18 @@ pub(crate) mod apr_layout {
 /// Alternate path response (APR).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Apr {
+    /// Local Communication ID: the sender's id for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's id for this connection.
     pub remote_comm_id: u32,
+    /// Additional Information Length: how many bytes of `additional_info`
+    /// are meaningful.
     pub additional_info_length: u8,
+    /// AP Status: the outcome of the LAP.
     pub ap_status: ApStatus,
-    /// Whole area.
+    /// Additional Information: detail for the status, whole area.
     pub additional_info: [u8; INFO_LEN],
+    /// Private Data: consumer-defined bytes the CM carries without interpreting.
     pub private_data: PrivateData<148>,
 }
 

@@ -76,16 +76,27 @@ pub const DATA_LEN: usize = MAD_LEN - HEADER_LEN;
 
 /// CM AttributeIDs (IBTA Vol 1, Table 104).
 pub mod attr {
+    /// Connection request (REQ).
     pub const REQ: u16 = 0x0010;
+    /// Message receipt acknowledgement (MRA).
     pub const MRA: u16 = 0x0011;
+    /// Reject (REJ).
     pub const REJ: u16 = 0x0012;
+    /// Connection reply (REP).
     pub const REP: u16 = 0x0013;
+    /// Ready to use (RTU).
     pub const RTU: u16 = 0x0014;
+    /// Disconnect request (DREQ).
     pub const DREQ: u16 = 0x0015;
+    /// Disconnect reply (DREP).
     pub const DREP: u16 = 0x0016;
+    /// Service ID resolution request (SIDR_REQ).
     pub const SIDR_REQ: u16 = 0x0017;
+    /// Service ID resolution reply (SIDR_REP).
     pub const SIDR_REP: u16 = 0x0018;
+    /// Load alternate path (LAP).
     pub const LAP: u16 = 0x0019;
+    /// Alternate path response (APR).
     pub const APR: u16 = 0x001A;
 
     /// Every CM message AttributeID, in numeric order.
@@ -119,11 +130,14 @@ pub enum WireError {
     /// The buffer is not exactly [`MAD_LEN`] bytes (or, for
     /// [`MadHeader::decode`], shorter than [`HEADER_LEN`]).
     BadLength {
+        /// Length of the buffer that was given.
         got: usize,
     },
+    /// BaseVersion other than [`BASE_VERSION`] (the value found).
     BadBaseVersion(u8),
     /// MgmtClass other than CM (0x07).
     BadClass(u8),
+    /// ClassVersion other than [`CM_CLASS_VERSION`] (the value found).
     BadClassVersion(u8),
     /// Method byte (R bit included) other than Send (0x03).
     BadMethod(u8),
@@ -131,23 +145,31 @@ pub enum WireError {
     UnknownAttribute(u16),
     /// Encoding: the value does not fit the field's wire width.
     FieldOutOfRange {
+        /// Name of the field, as in the layout tables (`"REQ LocalQPN"`).
         field: &'static str,
+        /// The value that does not fit.
         value: u64,
     },
     /// The private data does not fit the message's private data area.
     PrivateDataTooLong {
+        /// Size of the message's private data area.
         max: usize,
+        /// Length of the data that was given.
         got: usize,
     },
     /// Decoding: an enumerated field holds a reserved value.
     Reserved {
+        /// Name of the field, as in the layout tables.
         field: &'static str,
+        /// The reserved value found.
         value: u64,
     },
     /// Encoding: an `Other(code)` was given for a code that has a named
     /// variant. Refused so that each wire value has a single representation.
     NonCanonical {
+        /// Name of the field, as in the layout tables.
         field: &'static str,
+        /// The code that was wrapped in `Other`.
         value: u64,
     },
 }
@@ -202,16 +224,27 @@ impl std::error::Error for WireError {}
 /// Any CM message body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CmMessage {
+    /// Connection request.
     Req(Req),
+    /// Message receipt acknowledgement.
     Mra(Mra),
+    /// Reject.
     Rej(Rej),
+    /// Connection reply.
     Rep(Rep),
+    /// Ready to use.
     Rtu(Rtu),
+    /// Disconnect request.
     Dreq(Dreq),
+    /// Disconnect reply.
     Drep(Drep),
+    /// Service ID resolution request.
     SidrReq(SidrReq),
+    /// Service ID resolution reply.
     SidrRep(SidrRep),
+    /// Load alternate path.
     Lap(Lap),
+    /// Alternate path response.
     Apr(Apr),
 }
 
@@ -305,10 +338,12 @@ pub struct CmMad {
     /// Zero except where ECE uses it (REQ, REP, SIDR_REP); kept verbatim for
     /// every message.
     pub attribute_modifier: u32,
+    /// The message body; it also determines the AttributeID.
     pub message: CmMessage,
 }
 
 impl CmMad {
+    /// A MAD carrying `message` under `transaction_id`, with AttributeModifier 0.
     pub fn new(transaction_id: u64, message: impl Into<CmMessage>) -> Self {
         Self {
             transaction_id,
@@ -336,6 +371,7 @@ impl CmMad {
         )
     }
 
+    /// Short upper-case name of the message; see [`CmMessage::message_kind`].
     pub const fn message_kind(&self) -> &'static str {
         self.message.message_kind()
     }
