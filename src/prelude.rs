@@ -10,7 +10,7 @@ pub use crate::methods::{
 pub use crate::owned::{Own, Owned};
 pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};
 pub use cep::cm::{AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
-pub use cep::proto::{Event, SidrParams, SidrReplyParams, TimedOut};
+pub use cep::proto::{Event, PeerAddr, SidrParams, SidrReplyParams, TimedOut};
 pub use cep::wire::{ApStatus, RejectReason};
 pub use hca::provider::{
     Access, AvAttr, CqArm, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit,
