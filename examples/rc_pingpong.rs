@@ -88,7 +88,7 @@ fn main() -> Result<()> {
         ),
         (qp_b, qp_a, &buf_b, &buf_a, lkey_b, lkey_a, cq_b, cq_a, 0x5a),
     ] {
-        src.fill(byte);
+        src.fill(byte)?;
         let recv = [Sge {
             addr: 0,
             length: 64,

@@ -24,7 +24,7 @@ fn main() -> Result<()> {
             sg_list: &[],
         }],
     )?;
-    a.buf.fill(0x11);
+    a.buf.fill(0x11)?;
     let write = SendOp::WriteImm {
         remote_addr: 0,
         rkey: b.rkey,

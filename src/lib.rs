@@ -80,6 +80,78 @@
 //!
 //! `examples/rc_pingpong.rs` connects two QPs through the CM with the same
 //! calls.
+//!
+//! # Memory
+//!
+//! Registration comes in two forms (`docs/memory.md` has the whole design):
+//!
+//! * **Safe**: [`RegisteredBuffer`](verbs::RegisteredBuffer), memory the
+//!   library owns. Every MR over it keeps it alive, and it never moves, so
+//!   nothing the application drops can free bytes the HCA may touch. It
+//!   is read and written through methods that take the lock the HCA takes
+//!   too, so no access is ever a data race.
+//! * **`unsafe`**: [`RawRegion`](verbs::RawRegion), memory the caller
+//!   manages (zero copy), registered with `pd.register_region(..)`. Its
+//!   constructor is the one `unsafe` call, and its contract says what the
+//!   caller promises. It cannot be built without that promise:
+//!
+//! ```compile_fail,E0133
+//! use ibal::prelude::*;
+//! let mut bytes = vec![0u8; 64];
+//! // error[E0133]: call to unsafe function requires an unsafe block
+//! let region = RawRegion::new(bytes.as_mut_ptr(), bytes.len());
+//! ```
+//!
+//! Application memory cannot be registered through the safe calls:
+//!
+//! ```compile_fail,E0308
+//! use ibal::prelude::*;
+//! fn register_my_vec(al: &Al, pd: Handle<Pd>, mine: &mut Vec<u8>) -> Result<Handle<Mr>> {
+//!     pd.register(al, mine, Access::LOCAL_WRITE) // a Vec is not a RegisteredBuffer
+//! }
+//! ```
+//!
+//! and a view of registered memory cannot outlive the call that lends it,
+//! so no slice survives into a time when the HCA writes the bytes:
+//!
+//! ```compile_fail
+//! use ibal::prelude::*;
+//! let buf = RegisteredBuffer::new(64);
+//! let kept: &mut [u8] = buf.with_mut(|bytes| bytes).unwrap();
+//! ```
+//!
+//! **Buffers in flight.** From the post of a work request until it
+//! finishes (its completion or its flush), the bytes it names are in
+//! flight: the buffer's mutating methods refuse them with
+//! [`Error::ResourceBusy`] and change nothing, so safe code cannot reuse a
+//! receive buffer the HCA is about to fill. Reading is always allowed.
+//!
+//! ```
+//! use ibal::prelude::*;
+//! # fn main() -> ibal::Result<()> {
+//! # let fabric = Fabric::new();
+//! # fabric.add_hca(HcaConfig::new(0xa000, &[1]))?;
+//! # let provider = SoftProvider::new(fabric);
+//! # let al = Al::open()?;
+//! # let ca = al.open_ca(&provider, 0xa000)?;
+//! # let pd = ca.alloc_pd(&al)?;
+//! # let cq = ca.create_cq(&al, 64)?;
+//! # let qp = pd.create_qp(&al, QpCreate::new(QpType::Rc, cq))?;
+//! # let init = QpModify::to(QpState::Init).pkey_index(0).port(1);
+//! # qp.modify(&al, &init.access(Access::LOCAL_WRITE))?;
+//! let buf = RegisteredBuffer::new(128);
+//! let mr = pd.register(&al, &buf, Access::LOCAL_WRITE)?;
+//! let (lkey, _) = mr.keys(&al)?;
+//! let sge = [Sge { addr: 0, length: 64, lkey }];
+//! qp.post_recv(&al, &[RecvWr { wr_id: 1, sg_list: &sge }])?;
+//! assert!(matches!(buf.write(0, b"too early"), Err(Error::ResourceBusy(_))));
+//! buf.write(64, b"the other half is mine")?; // not named by the receive
+//! qp.destroy(&al)?; // the receive is flushed: the bytes are free again
+//! buf.write(0, b"now")?;
+//! # assert!(al.close()?.is_clean());
+//! # Ok(())
+//! # }
+//! ```
 
 #![deny(missing_docs)]
 

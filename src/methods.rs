@@ -20,7 +20,7 @@ use hca::provider::{
 };
 use hca::provider::{SrqInit, Wc};
 use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Dev, DevAv, Mr, Pd, Srq};
-use hca::{verbs::Cq, RegisteredBuffer};
+use hca::{verbs::Cq, RawRegion, RegisteredBuffer};
 use qp::{Qp, QpCreate};
 
 use al::sync::Arc;
@@ -153,6 +153,15 @@ pub trait PdMethods {
         iova: u64,
         access: Access,
     ) -> Result<Handle<Mr>>;
+    /// Register caller-managed memory (zero copy). The `unsafe` promise was
+    /// made when the [`RawRegion`] was built ([`RawRegion::new`] says what
+    /// it is); the MR's addresses are the region's own.
+    fn register_region(
+        self,
+        al: &Arc<AlInstance>,
+        region: RawRegion,
+        access: Access,
+    ) -> Result<Handle<Mr>>;
     /// A shared receive queue.
     fn create_srq(self, al: &Arc<AlInstance>, init: SrqInit) -> Result<Handle<Srq>>;
     /// An address vector (for UD sends).
@@ -181,6 +190,14 @@ impl PdMethods for Handle<Pd> {
         access: Access,
     ) -> Result<Handle<Mr>> {
         verbs::register_mr(al, self, buf, offset, len, iova, access)
+    }
+    fn register_region(
+        self,
+        al: &Arc<AlInstance>,
+        region: RawRegion,
+        access: Access,
+    ) -> Result<Handle<Mr>> {
+        verbs::register_region(al, self, region, access)
     }
     fn create_srq(self, al: &Arc<AlInstance>, init: SrqInit) -> Result<Handle<Srq>> {
         verbs::create_srq(al, self, init)

@@ -17,6 +17,6 @@ pub use hca::provider::{
     UdDest, Wc, WcOpcode, WcStatus,
 };
 pub use hca::verbs::{Av, Ca, Cq, Mr, Pd, Srq};
-pub use hca::{Fabric, HcaConfig, RegisteredBuffer, SoftProvider};
+pub use hca::{Fabric, HcaConfig, RawRegion, RegisteredBuffer, SoftProvider};
 pub use qp::{Qp, QpCreate};
 pub use std::sync::Arc;

@@ -72,7 +72,7 @@ fn send_and_check(al: &Al, a: &Side, b: &Side, byte: u8) {
         al.resolve(ma).unwrap().lkey(),
         al.resolve(mb).unwrap().lkey(),
     );
-    ba.fill(byte);
+    ba.fill(byte).unwrap();
     let rs = [Sge {
         addr: 0,
         length: 256,

@@ -344,11 +344,13 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
         for (from, to, side) in [(0usize, 1usize, 0u8), (1, 0, 1)] {
             let (src, dst) = (&nodes[from], &nodes[to]);
             let shift = i as u8;
-            src.buf.with_mut(|b| {
-                for (out, p) in b[..size].iter_mut().zip(&base[side as usize]) {
-                    *out = p.wrapping_add(shift);
-                }
-            });
+            src.buf
+                .with_range_mut(0, size, |b| {
+                    for (out, p) in b.iter_mut().zip(&base[side as usize]) {
+                        *out = p.wrapping_add(shift);
+                    }
+                })
+                .map_err(|e| format!("fill the source buffer: {e}"))?;
             let start = Instant::now();
             // The receiver posts for the SEND that follows the WRITE.
             let rs = [Sge {

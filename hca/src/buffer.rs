@@ -20,51 +20,77 @@
 //! twice is one exclusive lock and `copy_within`), so two RDMA operations
 //! moving data in opposite directions cannot deadlock.
 
+mod in_flight;
 mod raw;
 
 use al::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use al::{Error, Result};
 
+use in_flight::InFlight;
+pub(crate) use in_flight::{Lease, PostedQueue, Span};
 pub(crate) use raw::RawMemory;
 pub use raw::RawRegion;
 
-/// Backing store of registered memory.
-pub(crate) enum Memory {
+/// Registered memory: its bytes, and what posted work requests still
+/// name of them ([`InFlight`]).
+pub(crate) struct Memory {
+    store: Store,
+    pub(crate) in_flight: InFlight,
+}
+
+/// Where the bytes are.
+enum Store {
     Owned(RwLock<Box<[u8]>>),
     Raw(RawMemory),
 }
 
 impl Memory {
+    fn new(store: Store) -> Memory {
+        Memory {
+            store,
+            in_flight: InFlight::default(),
+        }
+    }
+
     /// Length in bytes.
     pub(crate) fn len(&self) -> usize {
-        match self {
-            Memory::Owned(b) => b.read().len(),
-            Memory::Raw(r) => r.len(),
+        match &self.store {
+            Store::Owned(b) => b.read().len(),
+            Store::Raw(r) => r.len(),
+        }
+    }
+
+    /// The region's own address for raw memory (its iova), `None` for
+    /// owned memory.
+    pub(crate) fn raw_addr(&self) -> Option<u64> {
+        match &self.store {
+            Store::Owned(_) => None,
+            Store::Raw(r) => Some(r.base_addr()),
         }
     }
 
     /// Shared access; `None` once a raw region is invalidated.
     #[inline]
     pub(crate) fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        match self {
-            Memory::Owned(b) => Some(f(&b.read())),
-            Memory::Raw(r) => r.with(f),
+        match &self.store {
+            Store::Owned(b) => Some(f(&b.read())),
+            Store::Raw(r) => r.with(f),
         }
     }
 
     /// Exclusive access; `None` once a raw region is invalidated.
     #[inline]
     pub(crate) fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
-        match self {
-            Memory::Owned(b) => Some(f(&mut b.write())),
-            Memory::Raw(r) => r.with_mut(f),
+        match &self.store {
+            Store::Owned(b) => Some(f(&mut b.write())),
+            Store::Raw(r) => r.with_mut(f),
         }
     }
 
     /// Stop all further access (raw regions; a no-op for owned memory).
     /// When this returns no access is in progress.
     pub(crate) fn invalidate(&self) {
-        if let Memory::Raw(r) = self {
+        if let Store::Raw(r) = &self.store {
             r.invalidate();
         }
     }
@@ -119,7 +145,7 @@ impl<'m> LockedPair<'m> {
     /// Lock `src` and `dst`; `None` unless both are owned memory (raw
     /// regions are copied one request at a time by [`copy`]).
     pub(crate) fn lock(src: &'m Memory, dst: &'m Memory) -> Option<LockedPair<'m>> {
-        let (Memory::Owned(s), Memory::Owned(d)) = (src, dst) else {
+        let (Store::Owned(s), Store::Owned(d)) = (&src.store, &dst.store) else {
             return None;
         };
         Some(if std::ptr::eq(src, dst) {
@@ -144,11 +170,34 @@ impl<'m> LockedPair<'m> {
     }
 }
 
-/// Provider-owned memory that can be registered as one or more MRs.
+/// Provider-owned memory that can be registered as one or more MRs: the
+/// safe form of registration.
 ///
+/// The library owns the bytes (a boxed slice that never moves or resizes)
+/// and every MR registered over them keeps them alive, so they cannot be
+/// freed or moved while registered, whatever the application drops.
 /// Cloning shares the memory. Every access is bounds-checked and goes
 /// through the buffer's lock, which the provider also takes while it moves
-/// data in or out (local work requests and remote RDMA alike).
+/// data in or out (local work requests and remote RDMA alike), so no access
+/// is ever a data race.
+///
+/// **In flight.** From the post of a local work request until it finishes
+/// (its completion, or its flush), the bytes it names are leased: the
+/// mutating accessors ([`write`](Self::write), [`fill`](Self::fill),
+/// [`with_mut`](Self::with_mut), [`with_range_mut`](Self::with_range_mut))
+/// refuse a range that overlaps a lease with `ResourceBusy` and change
+/// nothing. Reading is always allowed. Bytes a peer may write by RDMA (an
+/// rkey with remote write access) are not leased: that access is the
+/// application's protocol with its peer, as in every verbs API.
+///
+/// A borrowed view cannot outlive its closure, so safe code cannot keep a
+/// slice into memory the HCA is about to write:
+///
+/// ```compile_fail
+/// use hca::RegisteredBuffer;
+/// let buf = RegisteredBuffer::new(64);
+/// let escaped: &mut [u8] = buf.with_mut(|b| b).unwrap();
+/// ```
 ///
 /// Do not post work requests from inside [`with`](Self::with) or
 /// [`with_mut`](Self::with_mut) closures on the same buffer: the provider
@@ -162,6 +211,7 @@ impl std::fmt::Debug for RegisteredBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegisteredBuffer")
             .field("len", &self.len())
+            .field("in_flight", &self.in_flight())
             .finish()
     }
 }
@@ -175,7 +225,9 @@ impl RegisteredBuffer {
     /// A buffer holding `data`.
     pub fn from_vec(data: Vec<u8>) -> RegisteredBuffer {
         RegisteredBuffer {
-            mem: Arc::new(Memory::Owned(RwLock::new(data.into_boxed_slice()))),
+            mem: Arc::new(Memory::new(Store::Owned(RwLock::new(
+                data.into_boxed_slice(),
+            )))),
         }
     }
 
@@ -202,6 +254,20 @@ impl RegisteredBuffer {
         Ok(offset..end)
     }
 
+    /// How many posted work requests still name bytes of this buffer.
+    pub fn in_flight(&self) -> usize {
+        self.mem.in_flight.count()
+    }
+
+    /// Whether a posted work request still names any of `len` bytes from
+    /// `offset` (a write there would be refused).
+    pub fn is_in_flight(&self, offset: usize, len: usize) -> bool {
+        self.mem
+            .in_flight
+            .overlapping(offset, offset.saturating_add(len))
+            .is_some()
+    }
+
     /// Copy `out.len()` bytes from `offset` into `out`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let r = self.range(offset, out.len())?;
@@ -209,16 +275,16 @@ impl RegisteredBuffer {
         Ok(())
     }
 
-    /// Copy `data` to `offset`.
+    /// Copy `data` to `offset`. `ResourceBusy` (nothing written) if a
+    /// posted work request still names any of those bytes.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        let r = self.range(offset, data.len())?;
-        self.with_mut(|b| b[r].copy_from_slice(data));
-        Ok(())
+        self.with_range_mut(offset, data.len(), |b| b.copy_from_slice(data))
     }
 
-    /// Fill the whole buffer with `byte`.
-    pub fn fill(&self, byte: u8) {
-        self.with_mut(|b| b.fill(byte));
+    /// Fill the whole buffer with `byte`. `ResourceBusy` (nothing written)
+    /// while any work request over the buffer is in flight.
+    pub fn fill(&self, byte: u8) -> Result<()> {
+        self.with_mut(|b| b.fill(byte))
     }
 
     /// A copy of the contents.
@@ -229,17 +295,34 @@ impl RegisteredBuffer {
     /// Run `f` on the contents with shared access (RDMA into the buffer
     /// waits until `f` returns).
     pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        match &*self.mem {
-            Memory::Owned(b) => f(&b.read()),
-            Memory::Raw(_) => unreachable!("a RegisteredBuffer is always owned memory"),
+        match &self.mem.store {
+            Store::Owned(b) => f(&b.read()),
+            Store::Raw(_) => unreachable!("a RegisteredBuffer is always owned memory"),
         }
     }
 
-    /// Run `f` on the contents with exclusive access.
-    pub fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        match &*self.mem {
-            Memory::Owned(b) => f(&mut b.write()),
-            Memory::Raw(_) => unreachable!("a RegisteredBuffer is always owned memory"),
+    /// Run `f` on the whole contents with exclusive access. `ResourceBusy`
+    /// (and `f` does not run) while any work request over the buffer is
+    /// in flight; [`with_range_mut`](Self::with_range_mut) takes only the
+    /// bytes it needs.
+    pub fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
+        self.with_range_mut(0, self.len(), f)
+    }
+
+    /// Run `f` on `len` bytes from `offset` with exclusive access.
+    /// `ResourceBusy` (and `f` does not run) if a posted work request still
+    /// names any of them; `InvalidParameter` if the range is outside.
+    pub fn with_range_mut<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R> {
+        let r = self.range(offset, len)?;
+        self.mem.in_flight.check_writable(r.start, r.end)?;
+        match &self.mem.store {
+            Store::Owned(b) => Ok(f(&mut b.write()[r])),
+            Store::Raw(_) => unreachable!("a RegisteredBuffer is always owned memory"),
         }
     }
 }

@@ -20,7 +20,7 @@ const SRQ: SrqInit = SrqInit {
 
 fn fill(len: usize, b: u8) -> RegisteredBuffer {
     let buf = RegisteredBuffer::new(len);
-    buf.fill(b);
+    buf.fill(b).unwrap();
     buf
 }
 

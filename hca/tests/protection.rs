@@ -24,9 +24,9 @@ fn setup(b_access: Access) -> Setup {
     let (f, a, b) = two();
     let (qa, qb) = rc_pair(&a, &b, ALL);
     let abuf = RegisteredBuffer::new(4096);
-    abuf.fill(FILL_A);
+    abuf.fill(FILL_A).unwrap();
     let bbuf = RegisteredBuffer::new(4096);
-    bbuf.fill(FILL_B);
+    bbuf.fill(FILL_B).unwrap();
     let amr = a.pd.register(&abuf, ALL).unwrap();
     // b's MR covers [1024, 2048) of its buffer, iova 0x10000.
     let bmr =
@@ -125,7 +125,7 @@ fn local_out_of_bounds_is_local_protection_error() {
 fn read_into_mr_without_local_write_is_local_protection_error() {
     let s = setup(ALL);
     let buf = RegisteredBuffer::new(64);
-    buf.fill(1);
+    buf.fill(1).unwrap();
     let ro = s.a.pd.register(&buf, Access::NONE).unwrap();
     s.qa.post_send(&[SendWr::new(
         1,

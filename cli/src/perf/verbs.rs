@@ -794,7 +794,7 @@ pub fn run_send_rate(cfg: &SendRateConfig) -> BenchResult<SendRateReport> {
     if rbuf.to_vec() != sbuf.to_vec() {
         return Err("the SEND did not deliver its payload".into());
     }
-    rbuf.fill(0);
+    rbuf.fill(0).map_err(|e| e.to_string())?;
     time_sends_batched(&pair, SEND_BATCH as u64, lkey_a, lkey_b)?;
     if rbuf.to_vec() != sbuf.to_vec() {
         return Err("the batched SENDs did not deliver their payload".into());

@@ -13,7 +13,7 @@
 use al::sync::{Arc, RwLock};
 use al::{Error, Result};
 
-use super::Memory;
+use super::{Memory, Store};
 
 /// Caller-managed memory ready to be registered (zero copy).
 ///
@@ -73,11 +73,11 @@ impl RawRegion {
             )));
         }
         Ok(RawRegion {
-            mem: Arc::new(Memory::Raw(RawMemory {
+            mem: Arc::new(Memory::new(Store::Raw(RawMemory {
                 ptr,
                 len,
                 valid: RwLock::new(true),
-            })),
+            }))),
         })
     }
 

@@ -7,7 +7,7 @@
 //! is on (see `fabric.rs`).
 
 use al::sync::atomic::Ordering;
-use al::sync::Arc;
+use al::sync::{Arc, MutexGuard};
 
 use crate::provider::{
     Access, Gid, GrhAttr, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, GRH_SIZE, GSI_QKEY,
@@ -19,7 +19,8 @@ use crate::soft::mr::{
     copy_lists, gather, resolve_local, resolve_remote, scatter, Payload, SegList,
 };
 use crate::soft::qp::{
-    send_opcode, PendingWr, QpInner, RecvQueue, SendQueue, UdInfo, WrView, PSN_MASK,
+    send_opcode, PendingWr, QpInner, RecvEntry, RecvQueue, SendQueue, SrqQueue, UdInfo, WrView,
+    PSN_MASK,
 };
 
 /// Largest message (IBTA: 2^31).
@@ -97,11 +98,11 @@ pub(crate) fn submit(
             match execute(f, qp, sq, wr, d) {
                 Outcome::Done { status, byte_len } => complete(qp, sq, wr, status, byte_len, d),
                 Outcome::Rnr => {
-                    let mut p = PendingWr::from_view(wr);
                     let left = sq.attr.rnr_retry;
                     if left == 0 {
                         complete(qp, sq, wr, WcStatus::RnrRetryExceeded, 0, d);
                     } else {
+                        let mut p = PendingWr::from_view(wr, lease_of(qp, wr));
                         p.rnr_left = Some(left);
                         sq.pending.push_back(p);
                         wait_rnr(f, qp, sq);
@@ -113,6 +114,11 @@ pub(crate) fn submit(
     }
 }
 
+/// Lease the bytes of a send that stays in the send queue past its post.
+fn lease_of(qp: &QpInner, wr: &WrView<'_>) -> bool {
+    qp.hca.mrs.hold(wr.sg)
+}
+
 fn hold(qp: &QpInner, sq: &mut SendQueue, wr: &WrView<'_>) -> al::Result<()> {
     if sq.pending.len() >= qp.caps.max_send_wr as usize {
         return Err(al::Error::insufficient_resources(format!(
@@ -120,7 +126,8 @@ fn hold(qp: &QpInner, sq: &mut SendQueue, wr: &WrView<'_>) -> al::Result<()> {
             qp.caps.max_send_wr
         )));
     }
-    sq.pending.push_back(PendingWr::from_view(wr));
+    sq.pending
+        .push_back(PendingWr::from_view(wr, lease_of(qp, wr)));
     Ok(())
 }
 
@@ -174,7 +181,10 @@ pub(crate) fn retry_pending(
             return false;
         };
         match execute(f, qp, sq, &p.view(), d) {
-            Outcome::Done { status, byte_len } => complete(qp, sq, &p.view(), status, byte_len, d),
+            Outcome::Done { status, byte_len } => {
+                p.release(&qp.hca.mrs);
+                complete(qp, sq, &p.view(), status, byte_len, d)
+            }
             Outcome::Rnr => {
                 let left = match p.rnr_left {
                     None => sq.attr.rnr_retry,
@@ -182,6 +192,7 @@ pub(crate) fn retry_pending(
                     Some(n) => n.saturating_sub(1),
                 };
                 if left == 0 {
+                    p.release(&qp.hca.mrs);
                     complete(qp, sq, &p.view(), WcStatus::RnrRetryExceeded, 0, d);
                     return false;
                 }
@@ -511,10 +522,37 @@ fn responder_error(dest: &Arc<QpInner>, rq: &mut RecvQueue, d: &mut Deferred) {
     d.errors.push(dest.clone());
 }
 
-fn take_recv(dest: &QpInner, rq: &mut RecvQueue) -> Option<crate::soft::qp::RecvEntry> {
+/// A receive taken off its queue. Taken from an SRQ, it keeps the SRQ
+/// locked until the caller is done with it (the destination's `rq` lock
+/// does the same for its own queue): the in-flight check scans the queue
+/// under that lock, so it cannot see the receive gone before its data has
+/// landed. Lock order: `rq`, then the SRQ, then CQs and memory.
+struct TakenRecv<'q> {
+    entry: RecvEntry,
+    _srq: Option<MutexGuard<'q, SrqQueue>>,
+}
+
+impl std::ops::Deref for TakenRecv<'_> {
+    type Target = RecvEntry;
+    fn deref(&self) -> &RecvEntry {
+        &self.entry
+    }
+}
+
+fn take_recv<'q>(dest: &'q QpInner, rq: &mut RecvQueue) -> Option<TakenRecv<'q>> {
     match &dest.srq {
-        Some(srq) => srq.q.lock().pop_front(),
-        None => rq.wrs.pop_front(),
+        Some(srq) => {
+            let mut q = srq.q.lock();
+            let entry = q.wrs.pop_front()?;
+            Some(TakenRecv {
+                entry,
+                _srq: Some(q),
+            })
+        }
+        None => Some(TakenRecv {
+            entry: rq.wrs.pop_front()?,
+            _srq: None,
+        }),
     }
 }
 

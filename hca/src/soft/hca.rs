@@ -1,12 +1,10 @@
 //! Public handles of the soft provider: HCA, PD, CQ, MR, SRQ, AV, QP.
 
-use std::collections::VecDeque;
-
 use al::sync::atomic::{AtomicBool, Ordering};
-use al::sync::{Arc, Mutex};
+use al::sync::Arc;
 use al::{Error, Result};
 
-use crate::buffer::{RawRegion, RegisteredBuffer};
+use crate::buffer::{RawRegion, RegisteredBuffer, Span};
 use crate::provider::{
     Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, DeviceInfo, PortAttr, PortState, Provider,
     QpAttr, QpInit, QpModify, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
@@ -147,12 +145,12 @@ impl SoftHca {
         let charge = HcaCore::charge(&self.node.core, Counted::Srq)?;
         Ok(SoftSrq {
             _charge: charge,
-            inner: Arc::new(SrqInner {
-                pd: pd.id,
-                max_sge: init.max_sge as usize,
-                max_wr: init.max_wr as usize,
-                q: Mutex::new(VecDeque::with_capacity(init.max_wr as usize)),
-            }),
+            inner: Arc::new(SrqInner::new(
+                pd.id,
+                self.node.core.clone(),
+                init.max_sge as usize,
+                init.max_wr as usize,
+            )),
         })
     }
 
@@ -345,10 +343,7 @@ impl SoftPd {
     pub fn register_region(&self, region: RawRegion, access: Access) -> Result<SoftMr> {
         check_access(access)?;
         let len = region.len();
-        let iova = match &*region.mem {
-            crate::buffer::Memory::Raw(r) => r.base_addr(),
-            crate::buffer::Memory::Owned(_) => 0,
-        };
+        let iova = region.mem.raw_addr().unwrap_or(0);
         self.insert(region.mem.clone(), 0, len, iova, access)
     }
 
@@ -371,6 +366,12 @@ impl SoftPd {
             mem_off,
             deregistered: AtomicBool::new(false),
         })?;
+        inner.mem.in_flight.add_span(Span {
+            key: inner.key,
+            iova: inner.iova,
+            off: inner.mem_off,
+            len: inner.len,
+        });
         Ok(SoftMr {
             inner,
             core: self.core.clone(),
@@ -450,8 +451,14 @@ impl SoftMr {
     }
 
     /// Copy bytes into the MR (offset relative to the MR's start).
+    /// `ResourceBusy` (nothing written) if a posted work request still
+    /// names any of those bytes.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         let at = self.range(offset, data.len())?;
+        self.inner
+            .mem
+            .in_flight
+            .check_writable(at, at + data.len())?;
         self.inner
             .mem
             .with_mut(|m| m[at..at + data.len()].copy_from_slice(data))
@@ -462,6 +469,9 @@ impl SoftMr {
 impl Drop for SoftMr {
     fn drop(&mut self) {
         self.core.mrs.remove(self.inner.key);
+        // Its queued requests can no longer reach the bytes (their key
+        // names nothing now): the application may write them again.
+        self.inner.mem.in_flight.remove_span(self.inner.key);
         self.inner.mem.invalidate();
     }
 }
@@ -530,7 +540,7 @@ impl SoftSrq {
     }
     /// Receives waiting.
     pub fn len(&self) -> usize {
-        self.inner.q.lock().len()
+        self.inner.q.lock().wrs.len()
     }
     /// Whether no receive waits.
     pub fn is_empty(&self) -> bool {
@@ -706,7 +716,10 @@ impl Drop for SoftQp {
         self.inner.destroyed.store(true, Ordering::Release);
         self.node.qps.write().remove(&self.key);
         let mut sq = self.inner.sq.lock();
-        sq.pending.clear();
+        // Requests still queued end with the QP (and held sends' leases
+        // with them); the memories it posted into forget its queue.
+        self.inner.drop_queued(&mut sq, &mut self.inner.rq.lock());
+        self.inner.rq.close();
         // The batched path's cache may hold the peer QP (which may hold
         // this one): let go of it now.
         sq.run_cache.clear();

@@ -5,7 +5,7 @@ use al::sync::{Arc, RwLock};
 use al::{Error, Result};
 use slab::Slab;
 
-use crate::buffer::Memory;
+use crate::buffer::{Lease, Memory, PostedQueue};
 use crate::provider::{Access, Sge};
 use crate::soft::fabric::Identity;
 
@@ -26,6 +26,20 @@ pub(crate) struct MrInner {
 }
 
 impl MrInner {
+    /// The lease an SGE naming this MR takes, if its range lies inside.
+    pub(crate) fn lease_of(&self, sge: &Sge) -> Option<Lease> {
+        let len = sge.length as usize;
+        if len == 0 || sge.lkey != self.key {
+            return None;
+        }
+        let start = self.locate(sge.addr, len)?;
+        Some(Lease {
+            key: self.key,
+            start,
+            end: start + len,
+        })
+    }
+
     /// The offset in `mem` of `len` bytes at `addr`, if they lie inside
     /// the MR.
     #[inline]
@@ -111,6 +125,52 @@ impl MrTable {
         let slots = self.slots.read();
         let mr = slots.get(idx)?;
         (mr.key == key).then(|| mr.clone())
+    }
+
+    /// Lease the bytes of a send that is held in its send queue past its
+    /// post (behind an RNR NAK, or posted in SQD): each SGE whose key names
+    /// a registered MR and whose range lies inside it. Returns whether
+    /// [`MrTable::release`] must be called when it leaves the queue.
+    pub(crate) fn hold(&self, sg: &[Sge]) -> bool {
+        let mut held = false;
+        for sge in sg {
+            if let Some(mr) = self.lookup(sge.lkey) {
+                if let Some(lease) = mr.lease_of(sge) {
+                    held |= mr.mem.in_flight.hold(lease, &mr.deregistered);
+                }
+            }
+        }
+        held
+    }
+
+    /// Release what [`MrTable::hold`] took for `sg`. An SGE whose key
+    /// names no MR now needs nothing: deregistration dropped its leases.
+    pub(crate) fn release(&self, sg: &[Sge]) {
+        for sge in sg {
+            if let Some(mr) = self.lookup(sge.lkey) {
+                if let Some(lease) = mr.lease_of(sge) {
+                    mr.mem.in_flight.unhold(&lease);
+                }
+            }
+        }
+    }
+
+    /// Register `queue` with the memory of the MR that `sge` names, so its
+    /// queued requests count as in flight there. `seen` remembers the
+    /// last few keys the queue registered for, so a post costs a compare.
+    #[inline]
+    pub(crate) fn note_poster(&self, sge: &Sge, seen: &mut SeenKeys, queue: &dyn PostedQueue) {
+        if !seen.contains(sge.lkey) {
+            self.note_poster_slow(sge.lkey, seen, queue);
+        }
+    }
+
+    #[cold]
+    fn note_poster_slow(&self, key: u32, seen: &mut SeenKeys, queue: &dyn PostedQueue) {
+        if let Some(mr) = self.lookup(key) {
+            mr.mem.in_flight.add_queue(queue);
+            seen.insert(key);
+        }
     }
 
     pub(crate) fn remove(&self, key: u32) {
@@ -322,4 +382,24 @@ pub(crate) fn gather(src: &SegList) -> Option<Vec<u8>> {
             .with(|m| v.extend_from_slice(&m[s.off..s.off + s.len]))?;
     }
     Some(v)
+}
+
+/// The last few MR keys a receive queue registered itself for (see
+/// [`MrTable::note_poster`]); 0 is never a key.
+#[derive(Debug, Default)]
+pub(crate) struct SeenKeys {
+    keys: [u32; 4],
+    next: usize,
+}
+
+impl SeenKeys {
+    #[inline]
+    fn contains(&self, key: u32) -> bool {
+        self.keys.contains(&key)
+    }
+
+    fn insert(&mut self, key: u32) {
+        self.keys[self.next] = key;
+        self.next = (self.next + 1) % self.keys.len();
+    }
 }

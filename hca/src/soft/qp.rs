@@ -3,10 +3,11 @@
 
 use std::collections::VecDeque;
 
-use al::sync::atomic::AtomicBool;
+use al::sync::atomic::{AtomicBool, Ordering};
 use al::sync::{Arc, Mutex};
 use al::{Error, Result};
 
+use crate::buffer::PostedQueue;
 use crate::provider::{
     Access, AvAttr, QpAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, Sge, Wc, WcOpcode,
     WcStatus,
@@ -15,6 +16,7 @@ use crate::qp_state;
 use crate::soft::cq::{CqInner, Deferred};
 use crate::soft::fabric::{FabricInner, HcaCore, Identity};
 use crate::soft::fast::RunCache;
+use crate::soft::mr::{MrTable, SeenKeys};
 
 /// A scatter list kept with a posted receive; four entries inline.
 pub(crate) enum SgVec {
@@ -53,17 +55,116 @@ pub(crate) struct RecvEntry {
     pub(crate) sg: SgVec,
 }
 
+/// A queue of posted receives, shared with the memories it posts into:
+/// their in-flight check scans its entries (`buffer/in_flight.rs`). It
+/// holds nothing but its entries and plain state, so sharing it makes no
+/// reference cycle.
+pub(crate) struct Posted<Q> {
+    q: Mutex<Q>,
+    /// Set when its QP or SRQ ends; the memories then forget it.
+    closed: AtomicBool,
+}
+
+impl<Q> Posted<Q> {
+    pub(crate) fn new(q: Q) -> Arc<Posted<Q>> {
+        Arc::new(Posted {
+            q: Mutex::new(q),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// The queue has ended.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+impl<Q> std::ops::Deref for Posted<Q> {
+    type Target = Mutex<Q>;
+    fn deref(&self) -> &Mutex<Q> {
+        &self.q
+    }
+}
+
+/// A queue whose entries are posted receives.
+pub(crate) trait RecvEntries: Send + 'static {
+    fn entries(&self) -> &VecDeque<RecvEntry>;
+}
+
+impl<Q: RecvEntries> PostedQueue for Arc<Posted<Q>> {
+    fn each_sge(&self, f: &mut dyn FnMut(&Sge)) {
+        for e in self.q.lock().entries() {
+            e.sg.as_slice().iter().for_each(&mut *f);
+        }
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+    fn share(&self) -> Box<dyn PostedQueue> {
+        Box::new(self.clone())
+    }
+    fn id(&self) -> usize {
+        &**self as *const Posted<Q> as usize
+    }
+}
+
+/// An SRQ's receives.
+pub(crate) struct SrqQueue {
+    pub(crate) wrs: VecDeque<RecvEntry>,
+    /// MR keys this queue registered with (see `MrTable::note_poster`).
+    seen: SeenKeys,
+}
+
+impl RecvEntries for SrqQueue {
+    fn entries(&self) -> &VecDeque<RecvEntry> {
+        &self.wrs
+    }
+}
+
+impl RecvEntries for RecvQueue {
+    fn entries(&self) -> &VecDeque<RecvEntry> {
+        &self.wrs
+    }
+}
+
 /// A shared receive queue.
 pub(crate) struct SrqInner {
     pub(crate) pd: Identity,
+    /// Its HCA (the MR table its receives are checked against).
+    pub(crate) hca: Arc<HcaCore>,
     pub(crate) max_sge: usize,
     pub(crate) max_wr: usize,
-    pub(crate) q: Mutex<VecDeque<RecvEntry>>,
+    pub(crate) q: Arc<Posted<SrqQueue>>,
+}
+
+impl SrqInner {
+    pub(crate) fn new(pd: Identity, hca: Arc<HcaCore>, max_sge: usize, max_wr: usize) -> SrqInner {
+        SrqInner {
+            pd,
+            hca,
+            max_sge,
+            max_wr,
+            q: Posted::new(SrqQueue {
+                wrs: VecDeque::with_capacity(max_wr),
+                seen: SeenKeys::default(),
+            }),
+        }
+    }
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // The SRQ's end (no QP and no handle left): its receives end here,
+        // and the memories it posted into forget its queue.
+        self.q.lock().wrs.clear();
+        self.q.close();
+    }
 }
 
 impl SrqInner {
     pub(crate) fn post(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let mut q = self.q.lock();
+        let mut guard = self.q.lock();
+        let q = &mut *guard;
         for (i, wr) in wrs.iter().enumerate() {
             if wr.sg_list.len() > self.max_sge {
                 return Err(Error::invalid_parameter(format!(
@@ -72,13 +173,16 @@ impl SrqInner {
                     self.max_sge
                 )));
             }
-            if q.len() >= self.max_wr {
+            if q.wrs.len() >= self.max_wr {
                 return Err(Error::insufficient_resources(format!(
                     "SRQ receive {i}: the SRQ is full ({} requests)",
                     self.max_wr
                 )));
             }
-            q.push_back(RecvEntry {
+            for sge in wr.sg_list {
+                self.hca.mrs.note_poster(sge, &mut q.seen, &self.q);
+            }
+            q.wrs.push_back(RecvEntry {
                 wr_id: wr.wr_id,
                 sg: SgVec::new(wr.sg_list),
             });
@@ -106,6 +210,8 @@ pub(crate) struct PendingWr {
     pub(crate) ud: Option<UdInfo>,
     /// RNR retries left; `None` before the first attempt.
     pub(crate) rnr_left: Option<u8>,
+    /// Whether the bytes it names are leased while it is held.
+    pub(crate) leased: bool,
 }
 
 /// A borrowed send work request as the engine runs it.
@@ -120,7 +226,14 @@ pub(crate) struct WrView<'a> {
 }
 
 impl PendingWr {
-    pub(crate) fn from_view(v: &WrView<'_>) -> PendingWr {
+    /// Release the request's leases (it leaves the send queue).
+    #[inline]
+    pub(crate) fn release(&self, mrs: &MrTable) {
+        if self.leased {
+            mrs.release(&self.sg);
+        }
+    }
+    pub(crate) fn from_view(v: &WrView<'_>, leased: bool) -> PendingWr {
         PendingWr {
             wr_id: v.wr_id,
             op: v.op,
@@ -129,6 +242,7 @@ impl PendingWr {
             solicited: v.solicited,
             ud: v.ud,
             rnr_left: None,
+            leased,
         }
     }
     pub(crate) fn view(&self) -> WrView<'_> {
@@ -163,6 +277,8 @@ pub(crate) struct RecvQueue {
     /// Next expected PSN (RC).
     pub(crate) psn: u32,
     pub(crate) wrs: VecDeque<RecvEntry>,
+    /// MR keys this queue registered with (see `MrTable::note_poster`).
+    pub(crate) seen: SeenKeys,
 }
 
 /// A queue pair. Lock order: `sq`, then `rq`, then an SRQ, then CQs and
@@ -179,7 +295,8 @@ pub(crate) struct QpInner {
     pub(crate) caps: QpCaps,
     pub(crate) sq_sig_all: bool,
     pub(crate) sq: Mutex<SendQueue>,
-    pub(crate) rq: Mutex<RecvQueue>,
+    /// Shared with the memories it posts into (their in-flight check).
+    pub(crate) rq: Arc<Posted<RecvQueue>>,
     pub(crate) destroyed: AtomicBool,
 }
 
@@ -226,7 +343,7 @@ impl QpInner {
                 in_retry: false,
                 run_cache: RunCache::default(),
             }),
-            rq: Mutex::new(RecvQueue {
+            rq: Posted::new(RecvQueue {
                 state: QpState::Reset,
                 port: gsi_port,
                 pkey_index: 0,
@@ -234,6 +351,7 @@ impl QpInner {
                 access: Access::NONE,
                 psn: 0,
                 wrs: VecDeque::with_capacity(caps.max_recv_wr as usize),
+                seen: SeenKeys::default(),
             }),
             destroyed: AtomicBool::new(false),
         }
@@ -270,6 +388,15 @@ impl QpInner {
         self.recv_cq.push(wc, false, d);
     }
 
+    /// Drop every queued request without a completion (RESET, and the
+    /// QP's end), releasing their leases.
+    pub(crate) fn drop_queued(&self, sq: &mut SendQueue, rq: &mut RecvQueue) {
+        for p in sq.pending.drain(..) {
+            p.release(&self.hca.mrs);
+        }
+        rq.wrs.clear();
+    }
+
     /// Flush the receive side into ERR (the caller holds `rq`).
     pub(crate) fn flush_rq_locked(&self, rq: &mut RecvQueue, d: &mut Deferred) {
         rq.state = QpState::Err;
@@ -285,6 +412,7 @@ impl QpInner {
         }
         sq.attr.state = QpState::Err;
         while let Some(p) = sq.pending.pop_front() {
+            p.release(&self.hca.mrs);
             self.flush_send_wc(p.wr_id, &p.op, d);
         }
         let mut rq = self.rq.lock();
@@ -295,6 +423,7 @@ impl QpInner {
     pub(crate) fn sqe_locked(&self, sq: &mut SendQueue, d: &mut Deferred) {
         sq.attr.state = QpState::Sqe;
         while let Some(p) = sq.pending.pop_front() {
+            p.release(&self.hca.mrs);
             self.flush_send_wc(p.wr_id, &p.op, d);
         }
         let mut rq = self.rq.lock();
@@ -347,6 +476,10 @@ impl QpInner {
                     self.caps.max_recv_wr
                 )));
             }
+            let rq = &mut *rq;
+            for sge in wr.sg_list {
+                self.hca.mrs.note_poster(sge, &mut rq.seen, &self.rq);
+            }
             rq.wrs.push_back(RecvEntry {
                 wr_id: wr.wr_id,
                 sg: SgVec::new(wr.sg_list),
@@ -386,8 +519,7 @@ impl QpInner {
         let mut rq = this.rq.lock();
         match to {
             QpState::Reset => {
-                sq.pending.clear();
-                rq.wrs.clear();
+                this.drop_queued(&mut sq, &mut rq);
                 let port = if this.qp_type == QpType::Gsi {
                     sq.attr.port
                 } else {
