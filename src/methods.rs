@@ -19,7 +19,7 @@ use hca::provider::{
     Access, AvAttr, CqArm, DeviceAttr, Provider, QpAttr, QpModify, RecvWr, SendWr,
 };
 use hca::provider::{SrqInit, Wc};
-use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Dev, DevAv, Mr, Pd, Srq};
+use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Dev, Mr, Pd, Srq};
 use hca::{verbs::Cq, RawRegion, RegisteredBuffer};
 use qp::{Qp, QpCreate};
 
@@ -251,8 +251,11 @@ impl SrqMethods for Handle<Srq> {
 
 /// Methods of a queue pair.
 pub trait QpMethods {
-    /// Post send work requests.
-    fn post_send(self, al: &Arc<AlInstance>, wrs: &[SendWr<'_, DevAv>]) -> Result<()>;
+    /// Post send work requests. A UD send names its destination's AV by
+    /// handle (`.to(UdDest { av: &av, .. })`); every AV is checked (live,
+    /// of this AL, in the QP's PD) before anything is posted
+    /// ([`crate::verbs::post_send`]).
+    fn post_send(self, al: &Arc<AlInstance>, wrs: &[SendWr<'_, Handle<Av>>]) -> Result<()>;
     /// Post receive work requests.
     fn post_recv(self, al: &Arc<AlInstance>, wrs: &[RecvWr<'_>]) -> Result<()>;
     /// The QP's attributes and state.
@@ -270,7 +273,7 @@ pub trait QpMethods {
 }
 
 impl QpMethods for Handle<Qp> {
-    fn post_send(self, al: &Arc<AlInstance>, wrs: &[SendWr<'_, DevAv>]) -> Result<()> {
+    fn post_send(self, al: &Arc<AlInstance>, wrs: &[SendWr<'_, Handle<Av>>]) -> Result<()> {
         qp::post_send(al, self, wrs)
     }
     fn post_recv(self, al: &Arc<AlInstance>, wrs: &[RecvWr<'_>]) -> Result<()> {

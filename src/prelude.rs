@@ -10,8 +10,12 @@ pub use crate::methods::{
 pub use crate::owned::{Own, Owned};
 pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};
 pub use cep::cm::{AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
+pub use cep::proto::LapParams;
 pub use cep::proto::{Event, PeerAddr, SidrParams, SidrReplyParams, TimedOut};
 pub use cep::wire::{ApStatus, RejectReason};
+pub use cep::wire::{PathInfo, PrivateData};
+pub use hca::provider::MigState;
+pub use hca::provider::GRH_SIZE;
 pub use hca::provider::{
     Access, AvAttr, CqArm, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit,
     UdDest, Wc, WcOpcode, WcStatus,

@@ -118,3 +118,73 @@ pub fn one_completion(al: &Al, cq: Handle<Cq>) -> Result<Wc> {
     }
     Ok(wc[0])
 }
+
+/// Bring a UD QP to RTS with Q_Key `qkey` on port 1. A datagram QP has no
+/// peer: INIT takes its port, P_Key index and Q_Key, RTR nothing, RTS its
+/// send PSN.
+pub fn ud_ready(al: &Al, qp: Handle<Qp>, qkey: u32) -> Result<()> {
+    let init = QpModify::to(QpState::Init).pkey_index(0).port(1).qkey(qkey);
+    qp.modify(al, &init)?;
+    qp.modify(al, &QpModify::to(QpState::Rtr))?;
+    qp.modify(al, &QpModify::to(QpState::Rts).sq_psn(0))
+}
+
+/// Connect `qp_a` to `qp_b` (of `ca_b`, at LID 2) through the CM, as
+/// [`connect`] does for two [`End`]s: B listens on `service` and accepts
+/// onto `qp_b`, A sends the RTU. Returns A's CEP once both sides are
+/// established.
+pub fn connect_qps(
+    al: &Al,
+    qp_a: Handle<Qp>,
+    ca_b: Handle<Ca>,
+    qp_b: Handle<Qp>,
+    service: u64,
+) -> Result<Handle<Cep>> {
+    let ignore: CmHandler = Arc::new(|_, _| {});
+    connect_qps_with(al, qp_a, ca_b, qp_b, service, ignore.clone(), ignore)
+}
+
+/// [`connect_qps`], and every CM event of A's CEP also goes to `also_a`,
+/// every one of B's to `also_b` (after the connection's own handling), for
+/// what comes after the connection (LAP, APR, DREQ).
+pub fn connect_qps_with(
+    al: &Al,
+    qp_a: Handle<Qp>,
+    ca_b: Handle<Ca>,
+    qp_b: Handle<Qp>,
+    service: u64,
+    also_a: CmHandler,
+    also_b: CmHandler,
+) -> Result<Handle<Cep>> {
+    let (tx, established) = mpsc::channel();
+    let (inst, tx_b) = (Arc::clone(al), tx.clone());
+    let on_request: ListenHandler = Arc::new(move |_l, cep, _ev| {
+        cep.accept(&inst, qp_b, &AcceptReply::default())
+            .expect("accept");
+    });
+    let passive: CmHandler = Arc::new(move |cep, ev| {
+        if let Event::Established { .. } = ev {
+            let _ = tx_b.send(());
+        }
+        also_b(cep, ev);
+    });
+    ca_b.listen(al, 1, service, on_request, passive)?;
+    let inst = Arc::clone(al);
+    let active: CmHandler = Arc::new(move |cep, ev| {
+        match ev {
+            Event::ReplyReceived { .. } => cep.rtu(&inst, &[]).expect("rtu"),
+            Event::Established { .. } => {
+                let _ = tx.send(());
+            }
+            _ => {}
+        }
+        also_a(cep, ev);
+    });
+    let cep = qp_a.connect(al, &ConnectRequest::new(service, 2), active)?;
+    for _ in 0..2 {
+        established
+            .recv_timeout(Duration::from_secs(5))
+            .map_err(|_| Error::Timeout("no connection".into()))?;
+    }
+    Ok(cep)
+}

@@ -14,9 +14,10 @@
 use std::fmt;
 
 use al::sync::Arc;
-use al::{create, destroy_raw, AlInstance, Handle, Kind, Obj, Object, Result};
-use hca::provider::{Device, QpAttr, QpCaps, QpInit, QpModify, QpType, RecvWr, SendWr};
-use hca::verbs::{Cq, Dev, DevAv, Pd, Srq};
+use al::{create, destroy_raw, AlInstance, Handle, Kind, Obj, Object, Ref, Result};
+use hca::provider::{Device, QpAttr, QpCaps, QpInit, QpModify, QpType, RecvWr, SendWr, UdDest};
+use hca::verbs::{Av, Cq, Dev, DevAv, Pd, Srq};
+use smallvec::SmallVec;
 
 use crate::cid::CidSlot;
 
@@ -277,10 +278,98 @@ pub fn query_qp(al: &AlInstance, qp: Handle<Qp>) -> Result<QpAttr> {
     al.resolve(qp)?.query()
 }
 
+/// How many work requests one [`post_send`] call converts on the stack; a
+/// longer list is converted into one heap allocation for the whole call.
+const WRS_ON_STACK: usize = 16;
+/// How many address vectors one [`post_send`] call holds on the stack.
+const AVS_ON_STACK: usize = 8;
+
 /// Post send work requests.
-pub fn post_send(al: &AlInstance, qp: Handle<Qp>, wrs: &[SendWr<'_, DevAv>]) -> Result<()> {
+///
+/// A datagram (UD) send names its destination's address vector by handle
+/// (`SendWr::new(..).to(UdDest { av: &av, .. })`). Before anything is
+/// posted, every AV of the list is resolved and checked: it must be a live
+/// AV of this AL instance, in the QP's protection domain. A stale, forged
+/// or dying AV handle fails the whole call with `InvalidHandle` or
+/// `Destroying` (of kind AV), one of another PD or CA with
+/// `InvalidParameter` naming the request's index; either way nothing is
+/// posted. The AVs are held until the
+/// provider has taken the requests.
+///
+/// On a connected QP (RC, UC) a destination is ignored, as IBTA says; the
+/// requests go to the provider as they are, with no lookup.
+///
+/// Past those checks the provider's rule applies: on error the requests
+/// before the failing one are posted, the rest are not, and the error
+/// names the index.
+pub fn post_send(al: &AlInstance, qp: Handle<Qp>, wrs: &[SendWr<'_, Handle<Av>>]) -> Result<()> {
     let r = al.resolve(qp)?;
-    r.device().post_send(&r.qp, wrs)
+    if !r.qp_type.is_datagram() {
+        // The fast path: one branch per call, a copy per request.
+        let dev_wrs: SmallVec<[SendWr<'_, DevAv>; WRS_ON_STACK]> =
+            wrs.iter().map(|wr| with_dest(wr, None)).collect();
+        return r.device().post_send(&r.qp, &dev_wrs);
+    }
+    // Resolve and check every AV first, so that a bad one posts nothing.
+    let mut avs: SmallVec<[Ref<'static, Obj<Av>>; AVS_ON_STACK]> = SmallVec::new();
+    for (i, wr) in wrs.iter().enumerate() {
+        if let Some(ud) = &wr.ud {
+            avs.push(resolve_av(al, &r, i, *ud.av)?);
+        }
+    }
+    let mut next = avs.iter();
+    let dev_wrs: SmallVec<[SendWr<'_, DevAv>; WRS_ON_STACK]> = wrs
+        .iter()
+        .map(|wr| {
+            // One AV was resolved for each request with a destination, in
+            // order.
+            let av = wr
+                .ud
+                .as_ref()
+                .and_then(|_| next.next())
+                .map(|av| av.provider());
+            with_dest(wr, av)
+        })
+        .collect();
+    r.device().post_send(&r.qp, &dev_wrs)
+}
+
+/// `wr` as the provider takes it: its datagram destination (if any) names
+/// `av`, the provider AV its handle resolved to.
+#[inline]
+fn with_dest<'a>(wr: &SendWr<'a, Handle<Av>>, av: Option<&'a DevAv>) -> SendWr<'a, DevAv> {
+    SendWr {
+        wr_id: wr.wr_id,
+        op: wr.op,
+        sg_list: wr.sg_list,
+        signaled: wr.signaled,
+        solicited: wr.solicited,
+        ud: match (&wr.ud, av) {
+            (Some(ud), Some(av)) => Some(UdDest {
+                av,
+                remote_qpn: ud.remote_qpn,
+                remote_qkey: ud.remote_qkey,
+                pkey_index: ud.pkey_index,
+            }),
+            _ => None,
+        },
+    }
+}
+
+/// Resolve send `i`'s AV handle and check it may be used on `qp`.
+fn resolve_av(al: &AlInstance, qp: &Qp, i: usize, av: Handle<Av>) -> Result<Ref<'static, Obj<Av>>> {
+    let r = al.resolve(av)?;
+    r.core().check_live()?;
+    if !Arc::ptr_eq(r.pd(), &qp.pd) {
+        return Err(al::Error::invalid_parameter(
+            if Arc::ptr_eq(r.pd().ca(), qp.pd.ca()) {
+                format!("send {i}: the AV belongs to another PD than the QP")
+            } else {
+                format!("send {i}: the AV belongs to another CA than the QP")
+            },
+        ));
+    }
+    Ok(r)
 }
 
 /// Post receive work requests.

@@ -956,17 +956,13 @@ impl UdPair {
             length: MAD_SIZE as u32,
             lkey: self.lkeys[from],
         }];
-        let av = al
-            .resolve(self.avs[from])
-            .map_err(al_err("resolving an AV"))?;
         let wr = SendWr::new(1, SendOp::Send, &ssge).to(UdDest {
-            av: av.provider(),
+            av: &self.avs[from],
             remote_qpn: self.qpns[to],
             remote_qkey: UD_QKEY,
             pkey_index: 0,
         });
         post_send(al, self.qps[from], &[wr]).map_err(al_err("post_send"))?;
-        drop(av);
         poll_one(al, self.cqs[from], wc)?;
         let r = poll_one(al, self.cqs[to], wc)?;
         if r.byte_len as usize != GRH_SIZE + MAD_SIZE {
