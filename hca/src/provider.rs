@@ -911,7 +911,17 @@ pub trait Device: Send + Sync {
     fn destroy_qp(&self, qp: Self::Qp) -> Result<()>;
     /// Post send work requests, in order. On error the requests before the
     /// failing one are posted, the rest are not; the error names the index.
-    fn post_send(&self, qp: &Self::Qp, wrs: &[SendWr<'_, Self::Av>]) -> Result<()>;
+    ///
+    /// A request names its datagram destination's AV as `H` (the object
+    /// layer uses its AV handles); `av_of(i)` is request `i`'s AV, resolved
+    /// by the caller, and is asked for datagram QPs only. A connected QP's
+    /// requests go through as they are: no copy, no lookup.
+    fn post_send<'v, H>(
+        &self,
+        qp: &Self::Qp,
+        wrs: &[SendWr<'_, H>],
+        av_of: &dyn Fn(usize) -> Option<&'v Self::Av>,
+    ) -> Result<()>;
     /// Post receive work requests, with the same partial-failure rule.
     fn post_recv(&self, qp: &Self::Qp, wrs: &[RecvWr<'_>]) -> Result<()>;
 }

@@ -463,7 +463,7 @@ fn provider_trait_drives_the_soft_hca() {
             remote_qkey: 3,
             pkey_index: 0,
         });
-        dev.post_send(&qp, &[wr]).unwrap();
+        dev.post_send(&qp, &[wr], &|_| Some(&av)).unwrap();
         let mut wcs = [Wc::default(); 4];
         let n = dev.poll_cq(&cq, &mut wcs).unwrap();
         dev.destroy_qp(qp).unwrap();

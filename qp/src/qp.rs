@@ -15,8 +15,8 @@ use std::fmt;
 
 use al::sync::Arc;
 use al::{create, destroy_raw, AlInstance, Handle, Kind, Obj, Object, Ref, Result};
-use hca::provider::{Device, QpAttr, QpCaps, QpInit, QpModify, QpType, RecvWr, SendWr, UdDest};
-use hca::verbs::{Av, Cq, Dev, DevAv, Pd, Srq};
+use hca::provider::{Device, QpAttr, QpCaps, QpInit, QpModify, QpType, RecvWr, SendWr};
+use hca::verbs::{Av, Cq, Dev, Pd, Srq};
 use smallvec::SmallVec;
 
 use crate::cid::CidSlot;
@@ -278,11 +278,8 @@ pub fn query_qp(al: &AlInstance, qp: Handle<Qp>) -> Result<QpAttr> {
     al.resolve(qp)?.query()
 }
 
-/// How many work requests one [`post_send`] call converts on the stack; a
-/// longer list is converted into one heap allocation for the whole call.
-const WRS_ON_STACK: usize = 16;
 /// How many address vectors one [`post_send`] call holds on the stack.
-const AVS_ON_STACK: usize = 8;
+const AVS_ON_STACK: usize = 16;
 
 /// Post send work requests.
 ///
@@ -293,11 +290,10 @@ const AVS_ON_STACK: usize = 8;
 /// or dying AV handle fails the whole call with `InvalidHandle` or
 /// `Destroying` (of kind AV), one of another PD or CA with
 /// `InvalidParameter` naming the request's index; either way nothing is
-/// posted. The AVs are held until the
-/// provider has taken the requests.
+/// posted. The AVs are held until the provider has taken the requests.
 ///
 /// On a connected QP (RC, UC) a destination is ignored, as IBTA says; the
-/// requests go to the provider as they are, with no lookup.
+/// requests go to the provider as they are: no copy, no lookup.
 ///
 /// Past those checks the provider's rule applies: on error the requests
 /// before the failing one are posted, the rest are not, and the error
@@ -305,55 +301,20 @@ const AVS_ON_STACK: usize = 8;
 pub fn post_send(al: &AlInstance, qp: Handle<Qp>, wrs: &[SendWr<'_, Handle<Av>>]) -> Result<()> {
     let r = al.resolve(qp)?;
     if !r.qp_type.is_datagram() {
-        // The fast path: one branch per call, a copy per request.
-        let dev_wrs: SmallVec<[SendWr<'_, DevAv>; WRS_ON_STACK]> =
-            wrs.iter().map(|wr| with_dest(wr, None)).collect();
-        return r.device().post_send(&r.qp, &dev_wrs);
+        return r.device().post_send(&r.qp, wrs, &|_| None);
     }
-    // Resolve and check every AV first, so that a bad one posts nothing.
-    let mut avs: SmallVec<[Ref<'static, Obj<Av>>; AVS_ON_STACK]> = SmallVec::new();
+    // Resolve and check every AV first, so that a bad one posts nothing;
+    // `avs[i]` is request i's.
+    let mut avs: SmallVec<[Option<Ref<'static, Obj<Av>>>; AVS_ON_STACK]> = SmallVec::new();
     for (i, wr) in wrs.iter().enumerate() {
-        if let Some(ud) = &wr.ud {
-            avs.push(resolve_av(al, &r, i, *ud.av)?);
-        }
+        avs.push(match &wr.ud {
+            Some(ud) => Some(resolve_av(al, &r, i, *ud.av)?),
+            None => None,
+        });
     }
-    let mut next = avs.iter();
-    let dev_wrs: SmallVec<[SendWr<'_, DevAv>; WRS_ON_STACK]> = wrs
-        .iter()
-        .map(|wr| {
-            // One AV was resolved for each request with a destination, in
-            // order.
-            let av = wr
-                .ud
-                .as_ref()
-                .and_then(|_| next.next())
-                .map(|av| av.provider());
-            with_dest(wr, av)
-        })
-        .collect();
-    r.device().post_send(&r.qp, &dev_wrs)
-}
-
-/// `wr` as the provider takes it: its datagram destination (if any) names
-/// `av`, the provider AV its handle resolved to.
-#[inline]
-fn with_dest<'a>(wr: &SendWr<'a, Handle<Av>>, av: Option<&'a DevAv>) -> SendWr<'a, DevAv> {
-    SendWr {
-        wr_id: wr.wr_id,
-        op: wr.op,
-        sg_list: wr.sg_list,
-        signaled: wr.signaled,
-        solicited: wr.solicited,
-        ud: match (&wr.ud, av) {
-            (Some(ud), Some(av)) => Some(UdDest {
-                av,
-                remote_qpn: ud.remote_qpn,
-                remote_qkey: ud.remote_qkey,
-                pkey_index: ud.pkey_index,
-            }),
-            _ => None,
-        },
-    }
+    r.device().post_send(&r.qp, wrs, &|i| {
+        avs.get(i).and_then(Option::as_ref).map(|av| av.provider())
+    })
 }
 
 /// Resolve send `i`'s AV handle and check it may be used on `qp`.

@@ -326,6 +326,7 @@ impl<D: Device> Io<D> {
                 remote_qkey: GSI_QKEY,
                 pkey_index: self.pkey_index,
             })],
+            &|_| Some(av),
         )
     }
 

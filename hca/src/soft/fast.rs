@@ -42,7 +42,6 @@ use crate::provider::{
 use crate::soft::cq::{CqPush, Deferred};
 use crate::soft::engine::{imm_of, pkey_match, MAX_MSG};
 use crate::soft::fabric::{FabricInner, HcaNode};
-use crate::soft::hca::SoftAv;
 use crate::soft::mr::{MrInner, MrTable};
 use crate::soft::qp::{send_opcode, QpInner, RecvQueue, SendQueue, PSN_MASK};
 
@@ -64,7 +63,7 @@ enum Kind {
 /// this is everything the general path's request validation checks (the
 /// `ud` field is ignored on connected QPs), so a plain request is valid.
 #[inline]
-fn plain(wr: &SendWr<'_, SoftAv>, lkey: u32, kind: Kind) -> bool {
+fn plain<H>(wr: &SendWr<'_, H>, lkey: u32, kind: Kind) -> bool {
     let op = match (kind, wr.op) {
         (Kind::Send { .. }, SendOp::Send | SendOp::SendImm(_)) => true,
         (Kind::Write { rkey }, SendOp::Write { rkey: r, .. }) => r == rkey,
@@ -75,7 +74,7 @@ fn plain(wr: &SendWr<'_, SoftAv>, lkey: u32, kind: Kind) -> bool {
 
 /// The request's gather list when it is one non-empty element.
 #[inline]
-fn one_sge(wr: &SendWr<'_, SoftAv>) -> Option<Sge> {
+fn one_sge<H>(wr: &SendWr<'_, H>) -> Option<Sge> {
     match wr.sg_list {
         [sge] if sge.length != 0 => Some(*sge),
         _ => None,
@@ -84,11 +83,11 @@ fn one_sge(wr: &SendWr<'_, SoftAv>) -> Option<Sge> {
 
 /// Run plain RC SENDs or RDMA WRITEs from the start of `wrs`. Returns
 /// how many ran; 0 means the first needs the general path.
-pub(crate) fn rc_run(
+pub(crate) fn rc_run<H>(
     f: &FabricInner,
     qp: &QpInner,
     sq: &mut SendQueue,
-    wrs: &[SendWr<'_, SoftAv>],
+    wrs: &[SendWr<'_, H>],
     d: &mut Deferred,
 ) -> usize {
     let Some(first) = wrs.first() else {
@@ -143,10 +142,10 @@ pub(crate) fn rc_run(
 
 /// The run proper, with the destination and the MR slots from the cache.
 #[allow(clippy::too_many_arguments)]
-fn run_cached(
+fn run_cached<H>(
     qp: &QpInner,
     sq: &mut SendQueue,
-    wrs: &[SendWr<'_, SoftAv>],
+    wrs: &[SendWr<'_, H>],
     d: &mut Deferred,
     dest_cache: &mut DestCache,
     src_slot: &mut Option<Arc<MrInner>>,
@@ -294,11 +293,11 @@ impl Run<'_> {
 
     /// Check, copy (through the memories the run has locked) and complete
     /// requests until one is not plain. Returns how many ran.
-    fn copy_loop(
+    fn copy_loop<H>(
         &self,
         sq: &mut SendQueue,
         rq: &mut RecvQueue,
-        wrs: &[SendWr<'_, SoftAv>],
+        wrs: &[SendWr<'_, H>],
         cqs: &mut RunCqs<'_>,
         mem: &mut LockedPair<'_>,
     ) -> usize {

@@ -605,7 +605,7 @@ impl SoftQp {
         self.inner.query()
     }
 
-    fn view<'a>(&self, i: usize, wr: &SendWr<'a, SoftAv>) -> Result<WrView<'a>> {
+    fn view<'a, H>(&self, i: usize, wr: &SendWr<'a, H>, av: Option<&SoftAv>) -> Result<WrView<'a>> {
         let qp = &self.inner;
         if wr.sg_list.len() > qp.caps.max_send_sge as usize {
             return Err(Error::invalid_parameter(format!(
@@ -635,9 +635,14 @@ impl SoftQp {
                 )))
             }
             (true, Some(u)) => {
+                let Some(av) = av else {
+                    return Err(Error::invalid_parameter(format!(
+                        "send {i}: the destination names no address vector"
+                    )));
+                };
                 // One integer compare; PD identities are unique across
                 // devices, so an AV of another HCA fails it too.
-                if u.av.pd != qp.pd {
+                if av.pd != qp.pd {
                     return Err(Error::invalid_parameter(format!(
                         "send {i}: the AV belongs to another PD (or another HCA)"
                     )));
@@ -648,7 +653,7 @@ impl SoftQp {
                     )));
                 }
                 Some(UdInfo {
-                    av: u.av.attr,
+                    av: av.attr,
                     qpn: u.remote_qpn,
                     qkey: u.remote_qkey,
                     pkey_index: u.pkey_index,
@@ -669,6 +674,19 @@ impl SoftQp {
     /// Post sends in order. On error, the sends before the failing one
     /// were posted; the error names the failing index.
     pub fn post_send(&self, wrs: &[SendWr<'_, SoftAv>]) -> Result<()> {
+        self.post_send_with(wrs, &|i| {
+            wrs.get(i).and_then(|w| w.ud.as_ref().map(|u| u.av))
+        })
+    }
+
+    /// [`SoftQp::post_send`] for requests that name their datagram
+    /// destination's AV some other way (a handle the caller resolved):
+    /// `av_of(i)` is request `i`'s AV. A connected QP never asks.
+    pub fn post_send_with<'v, H>(
+        &self,
+        wrs: &[SendWr<'_, H>],
+        av_of: &dyn Fn(usize) -> Option<&'v SoftAv>,
+    ) -> Result<()> {
         let mut d = Deferred::new();
         let r = (|| {
             let mut sq = self.inner.sq.lock();
@@ -682,7 +700,12 @@ impl SoftQp {
                 let Some(wr) = wrs.get(i) else {
                     break;
                 };
-                let v = self.view(i, wr)?;
+                let av = if self.inner.qp_type.is_datagram() {
+                    av_of(i)
+                } else {
+                    None
+                };
+                let v = self.view(i, wr, av)?;
                 engine::submit(&self.fabric, &self.inner, &mut sq, &v, &mut d).map_err(
                     |e| match e {
                         Error::InvalidQpState(s) => {
@@ -823,8 +846,13 @@ impl Device for SoftHca {
         drop(qp);
         Ok(())
     }
-    fn post_send(&self, qp: &SoftQp, wrs: &[SendWr<'_, SoftAv>]) -> Result<()> {
-        qp.post_send(wrs)
+    fn post_send<'v, H>(
+        &self,
+        qp: &SoftQp,
+        wrs: &[SendWr<'_, H>],
+        av_of: &dyn Fn(usize) -> Option<&'v SoftAv>,
+    ) -> Result<()> {
+        qp.post_send_with(wrs, av_of)
     }
     fn post_recv(&self, qp: &SoftQp, wrs: &[RecvWr<'_>]) -> Result<()> {
         qp.post_recv(wrs)
