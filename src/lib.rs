@@ -183,6 +183,59 @@ pub mod cm {
     //! The IBTA connection manager: listen, connect, accept and the rest
     //! (each also a method: [`crate::methods`]), SIDR, the events a CEP's
     //! handler receives, and the MAD codec ([`wire`]).
+    //!
+    //! A connection: B listens and accepts each request on its QP; A
+    //! connects, answers the reply with the RTU, and both sides see
+    //! `Established` in their CEP's handler.
+    //!
+    //! ```
+    //! use ibal::prelude::*;
+    //! use std::{sync::mpsc, time::Duration};
+    //! # fn main() -> ibal::Result<()> {
+    //! let fabric = Fabric::new();
+    //! fabric.add_hca(HcaConfig::new(0xa0, &[1]))?;
+    //! fabric.add_hca(HcaConfig::new(0xb0, &[2]))?;
+    //! let provider = SoftProvider::new(fabric);
+    //! let al = Al::open()?;
+    //! let rc_qp = |guid| -> Result<_> {
+    //!     let ca = al.open_ca(&provider, guid)?;
+    //!     let cq = ca.create_cq(&al, 16)?;
+    //!     Ok((ca, ca.alloc_pd(&al)?.create_qp(&al, QpCreate::new(QpType::Rc, cq))?))
+    //! };
+    //! let ((_, qp_a), (ca_b, qp_b)) = (rc_qp(0xa0)?, rc_qp(0xb0)?);
+    //! let (tx, established) = mpsc::channel();
+    //!
+    //! let (inst, tx_b) = (Arc::clone(&al), tx.clone());
+    //! let on_request: ListenHandler = Arc::new(move |_listen, cep, _req| {
+    //!     let _ = cep.accept(&inst, qp_b, &AcceptReply::default());
+    //! });
+    //! let passive: CmHandler = Arc::new(move |_cep, ev| {
+    //!     if let Event::Established { .. } = ev {
+    //!         let _ = tx_b.send("B");
+    //!     }
+    //! });
+    //! ca_b.listen(&al, 1, 0x42, on_request, passive)?;
+    //!
+    //! let inst = Arc::clone(&al);
+    //! let active: CmHandler = Arc::new(move |cep, ev| match ev {
+    //!     Event::ReplyReceived { .. } => {
+    //!         let _ = cep.rtu(&inst, &[]);
+    //!     }
+    //!     Event::Established { .. } => {
+    //!         let _ = tx.send("A");
+    //!     }
+    //!     _ => {}
+    //! });
+    //! // Service 0x42 on the port with LID 2.
+    //! let cep = qp_a.connect(&al, &ConnectRequest::new(0x42, 2), active)?;
+    //! for _ in 0..2 {
+    //!     established.recv_timeout(Duration::from_secs(5)).expect("established");
+    //! }
+    //! cep.disconnect(&al, &[])?;
+    //! assert!(al.close()?.is_clean());
+    //! # Ok(())
+    //! # }
+    //! ```
     pub use cep::cm::{
         accept, active_ports, apr, attach_ca, attach_ca_with, connect, disconnect,
         disconnect_reply, lap, listen, mra, poll, reject, rtu, sidr_reply, sidr_request,
