@@ -4,6 +4,22 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `println!` for the command's output, except that a closed stdout (the
+/// reader went away: `ibal perf lookup --json | head -c 100`) ends the
+/// command quietly instead of panicking, as command-line tools do.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("ibal: cannot write the output: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "ibal",
@@ -259,10 +275,10 @@ fn pingpong(
         capture,
     })?;
     if json {
-        println!("{}", report.to_json());
+        out!("{}", report.to_json());
     } else {
         print!("{}", report.to_text());
-        println!("\n`ibal overview` describes this build; `ibal --help` lists every command.");
+        out!("\n`ibal overview` describes this build; `ibal --help` lists every command.");
     }
     Ok(())
 }
@@ -289,7 +305,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
                 rounds,
             });
             if json {
-                println!("{}", report.to_json());
+                out!("{}", report.to_json());
             } else {
                 print!("{}", report.to_text());
             }
@@ -347,7 +363,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
 
 fn print_report(json: bool, as_json: String, as_text: String) {
     if json {
-        println!("{as_json}");
+        out!("{as_json}");
     } else {
         print!("{as_text}");
     }
@@ -361,45 +377,43 @@ fn devinfo(json: bool) -> Result<(), String> {
 }
 
 fn overview() -> Result<(), String> {
-    println!(
+    out!(
         "ibal {} — the InfiniBand Access Layer object model in Rust\n",
         env!("CARGO_PKG_VERSION")
     );
-    println!("Layers (each depends only on those above it):");
-    println!("  al   handle tables, object lifecycle, AL instances, callback executor");
-    println!("  hca  verbs objects and providers (embedded soft HCA; rdma-core behind `rdma`)");
-    println!("  qp   queue pairs, IBTA QP state machine, connection-id slot");
-    println!("  cep  IBTA connection manager: MAD codec, protocol core, CEPs");
-    println!();
-    println!("Self-check on this machine:");
+    out!("Layers (each depends only on those above it):");
+    out!("  al   handle tables, object lifecycle, AL instances, callback executor");
+    out!("  hca  verbs objects and providers (embedded soft HCA; rdma-core behind `rdma`)");
+    out!("  qp   queue pairs, IBTA QP state machine, connection-id slot");
+    out!("  cep  IBTA connection manager: MAD codec, protocol core, CEPs");
+    out!();
+    out!("Self-check on this machine:");
     let t0 = std::time::Instant::now();
     let al = ibal::Al::open().map_err(|e| e.to_string())?;
-    println!("  opened AL instance {} (handle {})", al.id(), al.handle());
+    out!("  opened AL instance {} (handle {})", al.id(), al.handle());
     let stats = al.close().map_err(|e| e.to_string())?;
-    println!("  closed it in {:?}: {stats}", t0.elapsed());
+    out!("  closed it in {:?}: {stats}", t0.elapsed());
     let mad = cep::wire::CmMad::new(0x1234, cep::wire::Rtu::default());
     let bytes = mad.encode().map_err(|e| e.to_string())?;
     let back = cep::wire::decode(&bytes).map_err(|e| e.to_string())?;
-    println!(
+    out!(
         "  CM codec: encoded and decoded a {} MAD of {} bytes",
         back.message_kind(),
         bytes.len()
     );
-    println!();
-    println!("Commands:");
-    println!("  ibal [pingpong --loopback] [--iterations N] [--size S] [--json] [--capture FILE]");
-    println!("                                                the main job: connect through the CM, WRITE+SEND ping-pong, disconnect, leak check");
-    println!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
-    println!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
-    println!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
-    println!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
-    println!("  ibal perf conn-rate [--mode M] [--json]       CM connect latency and rate vs a 256-byte MAD round trip");
-    println!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P]");
-    println!("                                                random API races with CM fault injection; fails on any leak");
-    println!("  ibal --help                                   everything else");
-    println!();
-    println!(
-        "Tests: `cargo test`; loom models: `bash loom-tests/run.sh`. See README.md and docs/."
-    );
+    out!();
+    out!("Commands:");
+    out!("  ibal [pingpong --loopback] [--iterations N] [--size S] [--json] [--capture FILE]");
+    out!("                                                the main job: connect through the CM, WRITE+SEND ping-pong, disconnect, leak check");
+    out!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
+    out!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
+    out!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
+    out!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
+    out!("  ibal perf conn-rate [--mode M] [--json]       CM connect latency and rate vs a 256-byte MAD round trip");
+    out!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P]");
+    out!("                                                random API races with CM fault injection; fails on any leak");
+    out!("  ibal --help                                   everything else");
+    out!();
+    out!("Tests: `cargo test`; loom models: `bash loom-tests/run.sh`. See README.md and docs/.");
     Ok(())
 }
