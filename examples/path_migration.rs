@@ -1,14 +1,14 @@
 //! Path migration on a connected RC pair. Each HCA has two ports: the
 //! connection runs on port 1 (LIDs 1 and 2), and A proposes port 2 (LIDs
 //! 3 and 4) as the alternate path with a LAP. B loads it into its QP and
-//! accepts with an APR; A loads it too, then migrates, and traffic still
-//! flows.
+//! accepts with an APR; A loads it too, both migrate, and traffic flows on
+//! port 2.
 //!
 //! The CM carries the LAP and APR; loading the path and migrating are QP
 //! modifies (RTS to RTS with `alt_av` and `path_mig_state`), the
-//! application's job as in IBAL. The soft provider checks the alternate
-//! path and accepts the migration state but does not route on it
-//! (`docs/soft-provider.md`): the packets keep taking port 1.
+//! application's job as in IBAL. The soft provider arms a loaded path at
+//! once and does not migrate on a peer's MigReq bit, so each side migrates
+//! by its own modify (`docs/soft-provider.md`).
 //!
 //! `cargo run --example path_migration`
 
@@ -99,18 +99,20 @@ fn main() -> Result<()> {
     assert_eq!((status, &data[..]), (ApStatus::Success, &b"loaded"[..]));
     println!("LAP 3 -> 4 answered: APR {status:?}");
 
-    // A loads the same path from its side, then migrates to it.
+    // A loads the same path from its side; then both migrate to it.
     load_alternate(&al, a.qp, AvAttr::lid(2, 4))?;
-    a.qp.modify(
-        &al,
-        &QpModify::to(QpState::Rts).path_mig_state(MigState::Migrated),
-    )?;
-    assert_eq!(a.qp.query(&al)?.state, QpState::Rts);
+    for qp in [a.qp, b.qp] {
+        assert_eq!(qp.query(&al)?.path_mig_state, MigState::Armed);
+        let migrate = QpModify::to(QpState::Rts).path_mig_state(MigState::Migrated);
+        qp.modify(&al, &migrate)?;
+        let attr = qp.query(&al)?;
+        assert_eq!((attr.state, attr.port), (QpState::Rts, 2), "on port 2 now");
+    }
     for fill in [0x22, 0x33] {
         send_checked(&al, &a, &b, fill)?;
         send_checked(&al, &b, &a, fill)?;
     }
-    println!("migrated: traffic flows both ways, every byte checked");
+    println!("migrated to port 2: traffic flows both ways, every byte checked");
 
     cep.disconnect(&al, &[])?;
     assert!(al.close()?.is_clean());

@@ -778,6 +778,12 @@ pub struct QpAttr {
     pub access: Access,
     /// Primary path.
     pub av: Option<AvAttr>,
+    /// Alternate path (loaded by a modify with `alt_av`; becomes the
+    /// primary path when the QP migrates).
+    pub alt_av: Option<AvAttr>,
+    /// Path migration state: `Migrated` until an alternate path is loaded
+    /// and armed; `Armed` until the QP migrates to it.
+    pub path_mig_state: MigState,
     /// Path MTU.
     pub path_mtu: Mtu,
     /// Destination QP number.

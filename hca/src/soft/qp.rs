@@ -9,8 +9,8 @@ use al::{Error, Result};
 
 use crate::buffer::PostedQueue;
 use crate::provider::{
-    Access, AvAttr, QpAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, Sge, Wc, WcOpcode,
-    WcStatus,
+    Access, AvAttr, MigState, QpAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, Sge, Wc,
+    WcOpcode, WcStatus,
 };
 use crate::qp_state;
 use crate::soft::cq::{CqInner, Deferred};
@@ -557,6 +557,29 @@ impl QpInner {
         if let Some(v) = m.av {
             a.av = Some(v);
         }
+        if let Some(v) = m.alt_av {
+            a.alt_av = Some(v);
+        }
+        match m.path_mig_state {
+            // The soft HCA arms a loaded alternate path at once (IBTA
+            // 17.2.8: REARM asks the CA to arm, ARMED says it did).
+            Some(MigState::Rearm | MigState::Armed) if a.alt_av.is_some() => {
+                a.path_mig_state = MigState::Armed;
+            }
+            Some(MigState::Rearm | MigState::Armed) => a.path_mig_state = MigState::Rearm,
+            // A migration the application asks for: the alternate path
+            // becomes the primary one, its port the QP's port, and no
+            // alternate is left until the next LAP loads one.
+            Some(MigState::Migrated) if a.path_mig_state == MigState::Armed => {
+                if let Some(alt) = a.alt_av.take() {
+                    a.av = Some(alt);
+                    a.port = alt.port;
+                }
+                a.path_mig_state = MigState::Migrated;
+            }
+            Some(MigState::Migrated) => a.path_mig_state = MigState::Migrated,
+            None => {}
+        }
         if let Some(v) = m.path_mtu {
             a.path_mtu = v;
         }
@@ -710,6 +733,8 @@ fn fresh_attr(qpn: u32, qp_type: QpType, caps: QpCaps, sq_sig_all: bool, port: u
         qkey: 0,
         access: Access::NONE,
         av: None,
+        alt_av: None,
+        path_mig_state: MigState::Migrated,
         path_mtu: crate::provider::Mtu::Mtu4096,
         dest_qpn: 0,
         rq_psn: 0,
