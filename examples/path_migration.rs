@@ -86,10 +86,7 @@ fn main() -> Result<()> {
         local_ack_timeout: 14,
         ..PathInfo::default()
     };
-    let lap = LapParams {
-        alternate_path,
-        private_data: PrivateData::default(),
-    };
+    let lap = LapParams::new(alternate_path).private_data(b"port 2?")?;
     cep.lap(&al, lap)?;
     let wait = Duration::from_secs(5);
     let timeout = |what: &str| Error::Timeout(format!("no {what}").into());

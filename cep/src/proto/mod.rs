@@ -563,6 +563,23 @@ pub struct LapParams {
     pub private_data: crate::wire::PrivateData<168>,
 }
 
+impl LapParams {
+    /// A LAP proposing `alternate_path`, with no private data.
+    pub fn new(alternate_path: PathInfo) -> LapParams {
+        LapParams {
+            alternate_path,
+            private_data: crate::wire::PrivateData::default(),
+        }
+    }
+
+    /// The same LAP carrying `data` (at most 168 bytes, else
+    /// `InvalidParameter`).
+    pub fn private_data(mut self, data: &[u8]) -> al::Result<LapParams> {
+        self.private_data = crate::wire::PrivateData::new(data)?;
+        Ok(self)
+    }
+}
+
 /// Arguments of [`Endpoint::sidr_request`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SidrParams {

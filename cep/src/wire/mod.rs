@@ -174,6 +174,15 @@ pub enum WireError {
     },
 }
 
+/// A wire error met by an application (private data too long, a field out
+/// of range) is a bad parameter, so `?` works in code returning
+/// `al::Result`.
+impl From<WireError> for al::Error {
+    fn from(e: WireError) -> al::Error {
+        al::Error::InvalidParameter(e.to_string().into())
+    }
+}
+
 impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
