@@ -123,6 +123,8 @@ pub mod cm {
     pub use cep::wire;
 }
 
+#[cfg(feature = "async")]
+pub mod asynch;
 pub mod methods;
 pub mod owned;
 pub mod prelude;
