@@ -362,6 +362,10 @@ fn dropping_a_pending_accept_destroys_its_cep_and_the_client_does_not_hang() {
         Err(e) => assert!(matches!(e, Error::RemoteError(_)), "{e:?}"),
         Ok(conn) => disconnect(conn),
     }
+    assert!(
+        format!("{listener:?}").contains("tracked: 0"),
+        "{listener:?}"
+    );
     drop(listener);
     wait_none(&al, Kind::CEP);
     assert!(al.close().unwrap().is_clean());
@@ -378,6 +382,12 @@ fn dropping_an_unanswered_request_rejects_it() {
     let client = a.qp.connect_async(&al, &ConnectRequest::new(SERVICE, 2));
     let (result, listener) = within(10, future::join(client, server));
     assert!(matches!(result, Err(Error::RemoteError(_))), "{result:?}");
+    // The listener no longer tracks the CEP it destroyed (no `Released`
+    // comes for it).
+    assert!(
+        format!("{listener:?}").contains("tracked: 0"),
+        "{listener:?}"
+    );
     drop(listener);
     wait_none(&al, Kind::CEP);
     assert!(al.close().unwrap().is_clean());

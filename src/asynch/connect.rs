@@ -13,6 +13,7 @@ use cep::wire::PrivateData;
 use qp::Qp;
 
 use super::conn::{active_handler, ConnShared, Connection};
+use super::listener::Passive;
 
 /// Where a connect or accept stands, seen by its future: established,
 /// failed, or still waiting (the waker is then registered, under the same
@@ -166,6 +167,8 @@ pub struct Accept {
     /// The reply, until the first poll sends it.
     reply: Option<AcceptReply>,
     shared: Arc<ConnShared>,
+    /// The listener's record of the CEP.
+    passive: Passive,
 }
 
 impl Accept {
@@ -175,6 +178,7 @@ impl Accept {
         qp: Handle<Qp>,
         reply: &AcceptReply,
         shared: Arc<ConnShared>,
+        passive: Passive,
     ) -> Self {
         Accept {
             al,
@@ -182,6 +186,7 @@ impl Accept {
             qp,
             reply: Some(reply.clone()),
             shared,
+            passive,
         }
     }
 }
@@ -202,8 +207,10 @@ impl Future for Accept {
                 this.cep = None;
                 // Unless the CEP is gone already, it still waits for an
                 // answer: nobody else holds the request, so reject it.
-                if !e.is_gone(Kind::CEP) {
-                    abandon(&this.al, cep);
+                if e.is_gone(Kind::CEP) {
+                    this.passive.forget(cep);
+                } else {
+                    this.passive.destroy(&this.al, cep);
                 }
                 return Poll::Ready(Err(e));
             }
@@ -214,6 +221,7 @@ impl Future for Accept {
                 // by someone else wakes nobody; a poll at least notices.
                 if this.al.resolve(cep).is_err() {
                     this.cep = None;
+                    this.passive.forget(cep);
                     return Poll::Ready(Err(Error::Canceled(
                         "the connection endpoint was destroyed before the connection was \
                          established"
@@ -234,7 +242,7 @@ impl Future for Accept {
             Some(Err((e, cm_ends))) => {
                 this.cep = None;
                 if !cm_ends {
-                    abandon(&this.al, cep);
+                    this.passive.destroy(&this.al, cep);
                 }
                 Poll::Ready(Err(e))
             }
@@ -245,7 +253,7 @@ impl Future for Accept {
 impl Drop for Accept {
     fn drop(&mut self) {
         if let Some(cep) = self.cep.take() {
-            abandon(&self.al, cep);
+            self.passive.destroy(&self.al, cep);
         }
     }
 }

@@ -56,6 +56,25 @@ impl ListenShared {
     }
 }
 
+/// The listener's record of one of its passive CEPs, for whoever holds the
+/// CEP: a CEP destroyed here gets no `Released` event, so its entry in
+/// the shared handler's map is removed here.
+pub(super) struct Passive(Arc<ListenShared>);
+
+impl Passive {
+    /// Destroy the CEP (non-blocking; a CEP already gone is fine) and
+    /// forget it.
+    pub(super) fn destroy(&self, al: &AlInstance, cep: Handle<Cep>) {
+        let _ = al.destroy(cep, None);
+        self.forget(cep);
+    }
+
+    /// Forget a CEP that is gone without its `Released` event.
+    pub(super) fn forget(&self, cep: Handle<Cep>) {
+        self.0.state.lock().conns.remove(&cep);
+    }
+}
+
 /// Held only by the listen's request handler, so it drops with the listen
 /// object (destroyed by the stream's drop, the application or AL close):
 /// the stream ends.
@@ -188,6 +207,7 @@ impl Stream for Listener {
                 cep: Some(cep),
                 shared: conn,
                 event,
+                passive: Passive(this.shared.clone()),
             }));
         }
         if st.gone {
@@ -213,8 +233,9 @@ impl Drop for Listener {
             st.waker = None;
             st.queue.drain(..).collect()
         };
+        let passive = Passive(self.shared.clone());
         for (cep, _, _) in queued {
-            let _ = self.al.destroy(cep, None);
+            passive.destroy(&self.al, cep);
         }
         // Non-blocking; a listen already gone (AL close) is fine.
         let _ = self.al.destroy(self.listen, None);
@@ -223,7 +244,12 @@ impl Drop for Listener {
 
 impl fmt::Debug for Listener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Listener").field(&self.listen).finish()
+        let st = self.shared.state.lock();
+        f.debug_struct("Listener")
+            .field("listen", &self.listen)
+            .field("queued", &st.queue.len())
+            .field("tracked", &st.conns.len())
+            .finish()
     }
 }
 
@@ -236,6 +262,7 @@ pub struct ConnectionRequest {
     cep: Option<Handle<Cep>>,
     shared: Arc<ConnShared>,
     event: Event,
+    passive: Passive,
 }
 
 impl ConnectionRequest {
@@ -282,7 +309,15 @@ impl ConnectionRequest {
             .cep
             .take()
             .expect("invariant: set until consumed or dropped");
-        Accept::new(self.al.clone(), cep, qp, reply, self.shared.clone())
+        let passive = Passive(self.passive.0.clone());
+        Accept::new(
+            self.al.clone(),
+            cep,
+            qp,
+            reply,
+            self.shared.clone(),
+            passive,
+        )
     }
 
     /// Reject the request with `reason` (and up to 148 bytes of private
@@ -295,9 +330,8 @@ impl ConnectionRequest {
             .cep
             .take()
             .expect("invariant: set until consumed or dropped");
-        cm::reject(&self.al, cep, reason, private_data).inspect_err(|_| {
-            let _ = self.al.destroy(cep, None);
-        })
+        cm::reject(&self.al, cep, reason, private_data)
+            .inspect_err(|_| self.passive.destroy(&self.al, cep))
     }
 
     /// Take the CEP over: dropping the returned handle rejects nothing.
@@ -317,7 +351,7 @@ impl Drop for ConnectionRequest {
         if let Some(cep) = self.cep.take() {
             // Non-blocking; a CEP already gone (the peer gave up, AL
             // close) is fine.
-            let _ = self.al.destroy(cep, None);
+            self.passive.destroy(&self.al, cep);
         }
     }
 }
