@@ -57,6 +57,31 @@ impl Side {
             lkey: self.lkey,
         }]
     }
+    /// Move the QP to INIT and post `ROUNDS` receives, before the CM moves
+    /// it on (connect and accept keep a QP that is in INIT, with its
+    /// receives): every message then finds its receive waiting. (The soft
+    /// provider retries a SEND that found none only when the fabric is
+    /// ticked, `Fabric::progress`, which nothing here does.)
+    fn post_receives(&self, al: &Al) -> Result<()> {
+        self.qp.modify(
+            al,
+            &QpModify::to(QpState::Init)
+                .pkey_index(0)
+                .port(1)
+                .access(Access::LOCAL_WRITE),
+        )?;
+        for round in 0..ROUNDS {
+            self.qp.post_recv(
+                al,
+                &[RecvWr {
+                    wr_id: u64::from(round),
+                    sg_list: &self.recv_sge(),
+                }],
+            )?;
+        }
+        Ok(())
+    }
+
     /// The received half of the buffer.
     fn received(&self) -> Vec<u8> {
         self.buf.to_vec()[LEN as usize..].to_vec()
@@ -95,13 +120,6 @@ async fn server(al: Arc<AlInstance>, me: Side, mut listener: Listener) -> Result
     drop(listener); // one client is enough: stop listening
     println!("server: established");
     for round in 0..ROUNDS {
-        me.qp.post_recv(
-            &al,
-            &[RecvWr {
-                wr_id: u64::from(round),
-                sg_list: &me.recv_sge(),
-            }],
-        )?;
         let wc = completion(&mut cq, WcOpcode::Recv).await?;
         let got = me.received();
         assert_eq!(wc.byte_len, LEN);
@@ -130,14 +148,6 @@ async fn client(al: Arc<AlInstance>, me: Side) -> Result<()> {
     );
     for round in 0..ROUNDS {
         let byte = 0x10 * (round + 1);
-        // The answer's receive is posted before the message goes.
-        me.qp.post_recv(
-            &al,
-            &[RecvWr {
-                wr_id: u64::from(round),
-                sg_list: &me.recv_sge(),
-            }],
-        )?;
         me.buf.write(0, &[byte; LEN as usize])?;
         me.qp.post_send(
             &al,
@@ -161,6 +171,8 @@ fn main() -> Result<()> {
     let provider = SoftProvider::new(fabric);
     let al = Al::open()?;
     let (a, b) = (side(&al, &provider, 0xa)?, side(&al, &provider, 0xb)?);
+    a.post_receives(&al)?;
+    b.post_receives(&al)?;
 
     // The server listens before either task runs, so the client's REQ
     // finds it (a REQ for a service nobody listens on is rejected).
