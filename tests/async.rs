@@ -526,3 +526,58 @@ fn al_close_under_pending_futures_wakes_them_and_is_clean() {
     let (r, _) = rx.recv_timeout(Duration::from_secs(5)).expect("hung");
     assert!(r.is_err());
 }
+
+/// Answer B's listener with `accept` while A's raw CM handler does `on_rep`
+/// with the REP; returns how B's accept ended.
+fn accept_against(
+    al: &Al,
+    a: &End,
+    b: &End,
+    request: ConnectRequest,
+    on_rep: impl Fn(&std::sync::Arc<AlInstance>, Handle<Cep>) + Send + Sync + 'static,
+) -> Result<Connection> {
+    let mut listener = b.ca.listen_async(al, 1, SERVICE).unwrap();
+    let inst = std::sync::Arc::clone(al);
+    let handler: CmHandler = std::sync::Arc::new(move |cep, ev| {
+        if let Event::ReplyReceived { .. } = ev {
+            on_rep(&inst, cep);
+        }
+    });
+    a.qp.connect(al, &request, handler).unwrap();
+    let qp_b = b.qp;
+    within(20, async move {
+        let request = listener.next().await.expect("a request");
+        request.accept(qp_b, &AcceptReply::default()).await
+    })
+}
+
+#[test]
+fn an_accept_whose_rep_is_rejected_fails_with_the_reason() {
+    let (_p, al, a, b) = world();
+    let r = accept_against(&al, &a, &b, ConnectRequest::new(SERVICE, 2), |al, cep| {
+        cep.reject(al, RejectReason::ConsumerReject, b"no thanks")
+            .unwrap()
+    });
+    let e = r.unwrap_err();
+    assert!(
+        matches!(&e, Error::RemoteError(d) if d.contains("ConsumerReject") && d.contains("Rep")),
+        "{e:?}"
+    );
+    assert!(al.close().unwrap().is_clean());
+}
+
+#[test]
+fn an_accept_whose_rtu_never_comes_times_out() {
+    let (_p, al, a, b) = world();
+    // A never answers the REP; B's REP retries (from the REQ's short CM
+    // timeouts) run out.
+    let request = ConnectRequest::new(SERVICE, 2)
+        .cm_timeouts(8, 1)
+        .local_ack_timeout(10);
+    let started = Instant::now();
+    let e = accept_against(&al, &a, &b, request, |_, _| {}).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+    assert!(e.to_string().contains("no RTU"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(al.close().unwrap().is_clean());
+}
