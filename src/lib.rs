@@ -151,6 +151,59 @@
 //! # assert!(al.close()?.is_clean());
 //! # Ok(())
 //! # }
+//!
+//! # Async (feature `async`)
+//!
+//! With the `async` feature, `ibal::asynch` (re-exported by the prelude)
+//! turns the callbacks into futures and streams, for any executor: a CQ
+//! is a `Stream` of completions (`ca.create_cq_async(..)`, then
+//! `cq.stream()`), a listen is a `Stream` of connection requests
+//! (`ca.listen_async(..)`), and `qp.connect_async(..)`,
+//! `request.accept(..)` and `connection.disconnect(..)` are futures that
+//! resolve on ESTABLISHED and on the CEP's release. The library runs no
+//! runtime: the AL's executor runs the callbacks, which only record what
+//! happened and wake the waiting task. Dropping a future or stream cancels
+//! it and leaves nothing behind (a pending connect's CEP is destroyed,
+//! which sends the peer a REJ). `docs/async.md` has the waker and arming
+//! rules; `examples/async_client_server.rs` a whole exchange.
+//!
+//! ```
+//! # #[cfg(feature = "async")]
+//! # fn main() -> ibal::Result<()> {
+//! use futures::{executor::block_on, future::join, StreamExt};
+//! use ibal::prelude::*;
+//!
+//! let fabric = Fabric::new();
+//! fabric.add_hca(HcaConfig::new(0xa, &[1]))?;
+//! fabric.add_hca(HcaConfig::new(0xb, &[2]))?;
+//! let provider = SoftProvider::new(fabric);
+//! let al = Al::open()?;
+//! let qp_on = |guid| -> ibal::Result<(Handle<Ca>, Handle<Qp>)> {
+//!     let ca = al.open_ca(&provider, guid)?;
+//!     let cq = ca.create_cq_async(&al, 16)?;
+//!     let qp = ca.alloc_pd(&al)?.create_qp(&al, QpCreate::new(QpType::Rc, cq.handle()))?;
+//!     Ok((ca, qp))
+//! };
+//! let ((_, qp_a), (ca_b, qp_b)) = (qp_on(0xa)?, qp_on(0xb)?);
+//!
+//! let mut listener = ca_b.listen_async(&al, 1, 0x42)?;
+//! let server = async {
+//!     let request = listener.next().await.expect("a request");
+//!     request.accept(qp_b, &AcceptReply::default()).await
+//! };
+//! let client = qp_a.connect_async(&al, &ConnectRequest::new(0x42, 2));
+//! let (client, server) = block_on(join(client, server));
+//! let (client, server) = (client?, server?);
+//! assert_eq!(qp_a.query(&al)?.state, QpState::Rts);
+//!
+//! block_on(client.disconnect(b"bye"))?; // DREQ, DREP, timewait, released
+//! block_on(server.disconnect(&[]))?; // the peer went first: only waits
+//! drop(listener);
+//! assert!(al.close()?.is_clean());
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "async"))]
+//! # fn main() {}
 //! ```
 
 #![deny(missing_docs)]
@@ -248,6 +301,8 @@ pub mod cm {
     pub use cep::wire;
 }
 
+#[cfg(feature = "async")]
+pub mod asynch;
 pub mod methods;
 pub mod owned;
 pub mod prelude;

@@ -3,6 +3,11 @@
 //! request and completion types, the CM's request and reply builders and
 //! events, and the embedded soft provider.
 
+#[cfg(feature = "async")]
+pub use crate::asynch::{
+    Accept, AsyncCaMethods, AsyncCq, AsyncQpMethods, Connect, Connection, ConnectionRequest,
+    CqStream, Disconnect, Listener,
+};
 pub use crate::methods::{
     AlMethods, CaMethods, CepMethods, CqMethods, Destroy, MrMethods, PdMethods, QpMethods,
     SrqMethods,
