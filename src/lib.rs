@@ -151,6 +151,7 @@
 //! # assert!(al.close()?.is_clean());
 //! # Ok(())
 //! # }
+//! ```
 //!
 //! # Async (feature `async`)
 //!
