@@ -105,7 +105,7 @@ pub(crate) fn submit(
                         let mut p = PendingWr::from_view(wr, lease_of(qp, wr));
                         p.rnr_left = Some(left);
                         sq.pending.push_back(p);
-                        wait_rnr(f, qp, sq);
+                        wait_rnr(f, qp, sq, d);
                     }
                 }
             }
@@ -131,11 +131,23 @@ fn hold(qp: &QpInner, sq: &mut SendQueue, wr: &WrView<'_>) -> al::Result<()> {
     Ok(())
 }
 
-fn wait_rnr(f: &FabricInner, qp: &Arc<QpInner>, sq: &mut SendQueue) {
+/// Queue `qp` for RNR retries. The destination remembers (under its
+/// receive lock) that a sender found it empty, and a receive posted to it
+/// then wakes the senders aimed at it (`FabricInner::wake_rnr_waiters`),
+/// so no sender depends on `Fabric::progress` to see one; the fabric's
+/// tick still counts `rnr_retry` down. A receive posted after this sender
+/// found the queue empty but before it was listed would wake nobody, so
+/// the sender looks once more after listing itself (without spending a
+/// retry): either that look takes the receive, or it marks the queue again
+/// and the post that comes later finds the sender listed.
+fn wait_rnr(f: &FabricInner, qp: &Arc<QpInner>, sq: &mut SendQueue, d: &mut Deferred) {
     if !sq.in_retry {
         sq.in_retry = true;
-        f.waiters.lock().push(qp.clone());
+        f.add_rnr_waiter(qp.clone());
     }
+    // Also when already listed: a look that succeeded earlier can leave
+    // the QP listed with nothing held until the next tick.
+    retry_pending(f, qp, sq, d, false);
 }
 
 /// Generate the send completion and apply the error rules.
@@ -170,11 +182,14 @@ pub(crate) fn complete(
 
 /// Retry held sends (RNR timer tick, or SQD -> RTS). Returns true while
 /// some send still waits for an RNR retry.
+/// With `charge` false an RNR NAK does not count against `rnr_retry` (a
+/// look after a posted receive, not a timer tick).
 pub(crate) fn retry_pending(
     f: &FabricInner,
     qp: &QpInner,
     sq: &mut SendQueue,
     d: &mut Deferred,
+    charge: bool,
 ) -> bool {
     while sq.attr.state == QpState::Rts {
         let Some(mut p) = sq.pending.pop_front() else {
@@ -184,6 +199,10 @@ pub(crate) fn retry_pending(
             Outcome::Done { status, byte_len } => {
                 p.release(&qp.hca.mrs);
                 complete(qp, sq, &p.view(), status, byte_len, d)
+            }
+            Outcome::Rnr if !charge => {
+                sq.pending.push_front(p);
+                return true;
             }
             Outcome::Rnr => {
                 let left = match p.rnr_left {
@@ -214,8 +233,8 @@ pub(crate) fn drain_pending(
 ) {
     // Held sends that never ran are tried now; if one meets an RNR NAK it
     // waits for the fabric's retry tick like any other.
-    if retry_pending(f, qp, sq, d) {
-        wait_rnr(f, qp, sq);
+    if retry_pending(f, qp, sq, d, true) {
+        wait_rnr(f, qp, sq, d);
     }
 }
 
@@ -539,20 +558,29 @@ impl std::ops::Deref for TakenRecv<'_> {
     }
 }
 
+/// Take the next receive; an RC QP found empty remembers it, so the next
+/// post wakes the sender its RNR NAK holds (see [`wait_rnr`]).
 fn take_recv<'q>(dest: &'q QpInner, rq: &mut RecvQueue) -> Option<TakenRecv<'q>> {
+    let rc = dest.qp_type == QpType::Rc;
     match &dest.srq {
         Some(srq) => {
             let mut q = srq.q.lock();
-            let entry = q.wrs.pop_front()?;
+            let Some(entry) = q.wrs.pop_front() else {
+                q.rnr_nakked |= rc;
+                return None;
+            };
             Some(TakenRecv {
                 entry,
                 _srq: Some(q),
             })
         }
-        None => Some(TakenRecv {
-            entry: rq.wrs.pop_front()?,
-            _srq: None,
-        }),
+        None => {
+            let Some(entry) = rq.wrs.pop_front() else {
+                rq.rnr_nakked |= rc;
+                return None;
+            };
+            Some(TakenRecv { entry, _srq: None })
+        }
     }
 }
 

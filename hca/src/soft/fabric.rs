@@ -16,7 +16,7 @@ use crate::soft::cq::Deferred;
 use crate::soft::engine::{self, SrcInfo};
 use crate::soft::hca::SoftHca;
 use crate::soft::mr::MrTable;
-use crate::soft::qp::QpInner;
+use crate::soft::qp::{QpInner, SendQueue};
 
 /// What [`Fabric::set_capture`] hands each datagram to.
 pub type CaptureTap = std::sync::Arc<dyn Fn(&crate::packet::UdPacket) + Send + Sync>;
@@ -547,6 +547,8 @@ pub(crate) struct FabricInner {
     /// default.
     pub(crate) batched_sends: AtomicBool,
     pub(crate) waiters: Mutex<Vec<Arc<QpInner>>>,
+    /// Wakes by posted receives so far (`wake_rnr_waiters`).
+    wakes: AtomicU64,
     pub(crate) stats: Stats,
     /// Whether `capture` holds a tap (checked first, so a fabric nobody
     /// captures pays one relaxed load per datagram; the lock publishes the
@@ -609,35 +611,79 @@ impl FabricInner {
                 }
             }
         }
-        let mut work = ready.len();
+        let work = ready.len();
         for p in &ready {
             let mut d = Deferred::new();
             engine::deliver(self, p, &mut d);
             d.run();
         }
-        let waiters = std::mem::take(&mut *self.waiters.lock());
-        let mut keep = Vec::new();
-        for qp in waiters {
-            if qp.destroyed.load(Ordering::Acquire) {
-                continue;
-            }
-            let mut d = Deferred::new();
-            {
-                let mut sq = qp.sq.lock();
-                let before = sq.pending.len();
-                let still = engine::retry_pending(self, &qp, &mut sq, &mut d);
-                work += before - sq.pending.len();
-                if still {
-                    keep.push(qp.clone());
-                } else {
-                    sq.in_retry = false;
+        work + self.retry_rnr_waiters(|_| true, true)
+    }
+
+    /// Queue a sender for RNR retries (see `engine::wait_rnr`).
+    pub(crate) fn add_rnr_waiter(&self, qp: Arc<QpInner>) {
+        self.waiters.lock().push(qp);
+    }
+
+    /// A receive was posted to a queue a sender had found empty: let the
+    /// senders waiting for an RNR retry whose destination QP `takes_it`
+    /// says draws from that queue look again now (without spending a
+    /// retry).
+    pub(crate) fn wake_rnr_waiters(&self, takes_it: impl Fn(&QpInner) -> bool) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.retry_rnr_waiters(
+            |sq| {
+                let dest = sq.attr.av.and_then(|av| self.route(&av));
+                dest.and_then(|(node, dport)| node.lookup(sq.attr.dest_qpn, dport))
+                    .is_some_and(|d| takes_it(&d))
+            },
+            false,
+        );
+    }
+
+    /// Retry the RNR waiters `wanted` picks (one retry each, counted
+    /// against `rnr_retry` if `charge`); returns the work done. A wake that
+    /// comes while this runs may have found the list without the senders
+    /// taken out here: if one came, everyone left looks once more (bounded
+    /// rounds; what is left waits for the next wake or tick).
+    fn retry_rnr_waiters(&self, wanted: impl Fn(&SendQueue) -> bool, charge: bool) -> usize {
+        let mut work = 0;
+        let mut filtered = true;
+        let mut charge = charge;
+        for _round in 0..8 {
+            let seen = self.wakes.load(Ordering::SeqCst);
+            let waiters = std::mem::take(&mut *self.waiters.lock());
+            let mut keep = Vec::new();
+            for qp in waiters {
+                if qp.destroyed.load(Ordering::Acquire) {
+                    continue;
                 }
+                let mut d = Deferred::new();
+                {
+                    let mut sq = qp.sq.lock();
+                    if filtered && !wanted(&sq) {
+                        drop(sq);
+                        keep.push(qp);
+                        continue;
+                    }
+                    let before = sq.pending.len();
+                    let still = engine::retry_pending(self, &qp, &mut sq, &mut d, charge);
+                    work += before - sq.pending.len();
+                    if still {
+                        // Still waiting counts as work, so `settle` goes on.
+                        work += 1;
+                        keep.push(qp.clone());
+                    } else {
+                        sq.in_retry = false;
+                    }
+                }
+                d.run();
             }
-            d.run();
-        }
-        if !keep.is_empty() {
-            work += keep.len();
             self.waiters.lock().extend(keep);
+            if self.wakes.load(Ordering::SeqCst) == seen {
+                break;
+            }
+            (filtered, charge) = (false, false);
         }
         work
     }
@@ -681,6 +727,7 @@ impl Fabric {
                 faults_on: AtomicBool::new(false),
                 batched_sends: AtomicBool::new(true),
                 waiters: Mutex::new(Vec::new()),
+                wakes: AtomicU64::new(0),
                 stats: Stats::default(),
                 capture_on: AtomicBool::new(false),
                 capture: RwLock::new(None),

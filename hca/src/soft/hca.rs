@@ -144,6 +144,7 @@ impl SoftHca {
         }
         let charge = HcaCore::charge(&self.node.core, Counted::Srq)?;
         Ok(SoftSrq {
+            fabric: self.fabric.clone(),
             _charge: charge,
             inner: Arc::new(SrqInner::new(
                 pd.id,
@@ -523,6 +524,7 @@ impl SoftCq {
 /// A shared receive queue.
 pub struct SoftSrq {
     inner: Arc<SrqInner>,
+    fabric: Arc<FabricInner>,
     /// Its place in the HCA's `max_srq`.
     _charge: Charge,
 }
@@ -536,7 +538,15 @@ impl std::fmt::Debug for SoftSrq {
 impl SoftSrq {
     /// Post receives.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        self.inner.post(wrs)
+        let mut wake = false;
+        let r = self.inner.post(wrs, &mut wake);
+        if wake {
+            // Senders held by an RNR NAK from a QP of this SRQ look again.
+            let me = &self.inner;
+            self.fabric
+                .wake_rnr_waiters(|d| d.srq.as_ref().is_some_and(|s| Arc::ptr_eq(s, me)));
+        }
+        r
     }
     /// Receives waiting.
     pub fn len(&self) -> usize {
@@ -728,8 +738,15 @@ impl SoftQp {
     /// Post receives in order (same partial-failure rule as sends).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut d = Deferred::new();
-        let r = self.inner.post_recv(wrs, &mut d);
+        let mut wake = false;
+        let r = self.inner.post_recv(wrs, &mut d, &mut wake);
         d.run();
+        if wake {
+            // Senders held by an RNR NAK from this QP look again now,
+            // instead of waiting for a fabric tick nobody may give.
+            let me: &QpInner = &self.inner;
+            self.fabric.wake_rnr_waiters(|d| std::ptr::eq(d, me));
+        }
         r
     }
 }

@@ -113,6 +113,9 @@ pub(crate) struct SrqQueue {
     pub(crate) wrs: VecDeque<RecvEntry>,
     /// MR keys this queue registered with (see `MrTable::note_poster`).
     seen: SeenKeys,
+    /// An RC sender found the queue empty (`engine::take_recv`): the next
+    /// post wakes the senders held by the RNR NAK.
+    pub(crate) rnr_nakked: bool,
 }
 
 impl RecvEntries for SrqQueue {
@@ -147,6 +150,7 @@ impl SrqInner {
             q: Posted::new(SrqQueue {
                 wrs: VecDeque::with_capacity(max_wr),
                 seen: SeenKeys::default(),
+                rnr_nakked: false,
             }),
         }
     }
@@ -162,7 +166,9 @@ impl Drop for SrqInner {
 }
 
 impl SrqInner {
-    pub(crate) fn post(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+    /// Post receives; `wake` is set when a sender held by an RNR NAK from
+    /// a QP of this SRQ should look again (`FabricInner::wake_rnr_waiters`).
+    pub(crate) fn post(&self, wrs: &[RecvWr<'_>], wake: &mut bool) -> Result<()> {
         let mut guard = self.q.lock();
         let q = &mut *guard;
         for (i, wr) in wrs.iter().enumerate() {
@@ -186,6 +192,7 @@ impl SrqInner {
                 wr_id: wr.wr_id,
                 sg: SgVec::new(wr.sg_list),
             });
+            *wake |= std::mem::take(&mut q.rnr_nakked);
         }
         Ok(())
     }
@@ -279,6 +286,9 @@ pub(crate) struct RecvQueue {
     pub(crate) wrs: VecDeque<RecvEntry>,
     /// MR keys this queue registered with (see `MrTable::note_poster`).
     pub(crate) seen: SeenKeys,
+    /// An RC sender found the queue empty (`engine::take_recv`): the next
+    /// post wakes the senders held by the RNR NAK.
+    pub(crate) rnr_nakked: bool,
 }
 
 /// A queue pair. Lock order: `sq`, then `rq`, then an SRQ, then CQs and
@@ -352,6 +362,7 @@ impl QpInner {
                 psn: 0,
                 wrs: VecDeque::with_capacity(caps.max_recv_wr as usize),
                 seen: SeenKeys::default(),
+                rnr_nakked: false,
             }),
             destroyed: AtomicBool::new(false),
         }
@@ -446,7 +457,14 @@ impl QpInner {
         self.error_locked(&mut sq, d);
     }
 
-    pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>], d: &mut Deferred) -> Result<()> {
+    /// Post receives; `wake` is set when a sender held by an RNR NAK from
+    /// this QP should look again (`FabricInner::wake_rnr_waiters`).
+    pub(crate) fn post_recv(
+        &self,
+        wrs: &[RecvWr<'_>],
+        d: &mut Deferred,
+        wake: &mut bool,
+    ) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid_state(
                 "the QP uses an SRQ; post receives to the SRQ",
@@ -484,6 +502,7 @@ impl QpInner {
                 wr_id: wr.wr_id,
                 sg: SgVec::new(wr.sg_list),
             });
+            *wake |= std::mem::take(&mut rq.rnr_nakked);
         }
         Ok(())
     }
