@@ -9,10 +9,22 @@ struct SoftFixture {
     fabric: Fabric,
     a: SoftHca,
     b: SoftHca,
+    /// Address by GID only, as a RoCE provider must.
+    gid_only: bool,
 }
 
 impl SoftFixture {
     fn new() -> SoftFixture {
+        Self::build(false)
+    }
+
+    /// The same fabric addressed the way a RoCE port is: no LIDs, every AV
+    /// with a GRH.
+    fn gid_only() -> SoftFixture {
+        Self::build(true)
+    }
+
+    fn build(gid_only: bool) -> SoftFixture {
         let fabric = Fabric::new();
         fabric.add_hca(HcaConfig::new(0xa000, &[1])).unwrap();
         fabric.add_hca(HcaConfig::new(0xb000, &[2])).unwrap();
@@ -21,6 +33,7 @@ impl SoftFixture {
             a: provider.open(0xa000).unwrap(),
             b: provider.open(0xb000).unwrap(),
             fabric,
+            gid_only,
         }
     }
 }
@@ -39,7 +52,7 @@ impl Fixture for SoftFixture {
         let port = hca::Device::query_port(self.device(side), 1).unwrap();
         Endpoint {
             port: 1,
-            lid: Some(port.lid),
+            lid: (!self.gid_only).then_some(port.lid),
             gid: port.gid_table[0],
             gid_index: 0,
         }
@@ -51,8 +64,9 @@ impl Fixture for SoftFixture {
     }
 
     fn supports_lid_routing(&self) -> bool {
-        true
+        !self.gid_only
     }
 }
 
 ibal_conformance::suite!(soft, SoftFixture::new);
+ibal_conformance::suite!(soft_gid_only, SoftFixture::gid_only);
