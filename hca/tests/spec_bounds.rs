@@ -1,9 +1,10 @@
 //! Values the IBTA bounds are refused, never masked or clamped (issue 12,
 //! defect 5): PSNs above 24 bits, an AV naming a port the CA does not have
 //! (or an SL / flow label that does not fit its field), access bits that
-//! name no right. Fixed cases first, then random ones against the bounds.
+//! name no right. Random cases against the bounds, on a two-port soft HCA;
+//! the fixed cases are provider-generic and live in the conformance suite
+//! (`qp_psns_are_24_bits`, `av_create_and_bounds`, `mr_registration_rules`).
 
-use al::Error;
 use hca::*;
 use proptest::prelude::*;
 
@@ -72,91 +73,11 @@ fn rts(sq_psn: u32) -> QpModify {
         .max_rd_atomic(1)
 }
 
-fn invalid<T: std::fmt::Debug>(r: Result<T, Error>) {
-    assert!(
-        matches!(r, Err(Error::InvalidParameter(_))),
-        "expected InvalidParameter, got {r:?}"
-    );
-}
-
 #[test]
-fn psns_above_24_bits_are_refused_not_masked() {
-    let s = setup();
-    let qp = rc_qp(&s);
-    qp.modify(&init(Access::REMOTE_WRITE)).unwrap();
-    invalid(qp.modify(&rtr(AvAttr::lid(1, 9), PSN_MAX + 1)));
-    invalid(qp.modify(&rtr(AvAttr::lid(1, 9), u32::MAX)));
-    assert_eq!(
-        qp.query().state,
-        QpState::Init,
-        "a refused modify changes nothing"
-    );
-    qp.modify(&rtr(AvAttr::lid(1, 9), PSN_MAX)).unwrap();
-    invalid(qp.modify(&rts(1 << 24)));
-    qp.modify(&rts(PSN_MAX)).unwrap();
-    let a = qp.query();
-    assert_eq!((a.rq_psn, a.sq_psn), (PSN_MAX, PSN_MAX));
-}
-
-#[test]
-fn an_av_must_name_a_port_of_the_ca_and_fit_its_fields() {
-    let s = setup();
-    let grh = |flow_label| GrhAttr {
-        dgid: [0; 16],
-        sgid_index: 0,
-        flow_label,
-        hop_limit: 64,
-        traffic_class: 0,
-    };
-    let bad = [
-        AvAttr::lid(0, 9),
-        AvAttr::lid(3, 9),
-        AvAttr::lid(255, 9),
-        AvAttr {
-            sl: 16,
-            ..AvAttr::lid(1, 9)
-        },
-        AvAttr {
-            grh: Some(grh(1 << 20)),
-            ..AvAttr::lid(1, 9)
-        },
-    ];
-    for av in bad {
-        invalid(s.hca.create_av(&s.pd, &av));
-        let qp = rc_qp(&s);
-        qp.modify(&init(Access::NONE)).unwrap();
-        invalid(qp.modify(&rtr(av, 0)));
-        let mut m = rtr(AvAttr::lid(1, 9), 0);
-        m.alt_av = Some(av);
-        invalid(qp.modify(&m));
-        assert_eq!(qp.query().state, QpState::Init);
-    }
-    // Port 2 exists; the largest SL and flow label fit.
-    let good = AvAttr {
-        sl: 15,
-        grh: Some(grh(0xf_ffff)),
-        ..AvAttr::lid(2, 9)
-    };
-    s.hca.create_av(&s.pd, &good).unwrap();
-    let qp = rc_qp(&s);
-    qp.modify(&init(Access::NONE)).unwrap();
-    qp.modify(&rtr(good, 0)).unwrap();
-}
-
-#[test]
-fn undefined_access_bits_are_refused() {
+fn access_from_bits_keeps_only_defined_rights() {
     assert_eq!(Access::from_bits(0x10), None);
     assert_eq!(Access::from_bits(0xf), Some(Access::DEFINED));
-    let s = setup();
-    let buf = RegisteredBuffer::new(64);
-    for bits in [0x10, 0x11, 0x8000_0001, u32::MAX] {
-        let access = Access::from_bits_retain(bits);
-        invalid(s.pd.register(&buf, access));
-        invalid(Device::register_mr(&s.hca, &s.pd, &buf, 0, 64, 0, access));
-        let qp = rc_qp(&s);
-        invalid(qp.modify(&init(access)));
-        assert_eq!(qp.query().state, QpState::Reset);
-    }
+    assert_eq!(Access::from_bits_retain(0x11).undefined_bits(), 0x10);
 }
 
 /// What the spec says of an access value given to MR registration.

@@ -553,6 +553,13 @@ impl QpInner {
                 rq.psn = 0;
                 return Ok(());
             }
+            QpState::Err if from == QpState::Reset => {
+                // Any state may go to ERR (IBTA 10.3.1), RESET too; its
+                // queues are empty, so there is nothing to flush.
+                sq.attr.state = QpState::Err;
+                this.flush_rq_locked(&mut rq, d);
+                return Ok(());
+            }
             QpState::Err => {
                 drop(rq);
                 this.error_locked(&mut sq, d);
