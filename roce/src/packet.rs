@@ -170,8 +170,10 @@ pub struct Packet<'a> {
 }
 
 impl<'a> Packet<'a> {
-    /// A packet of these headers and payload.
-    pub const fn new(headers: Headers, payload: &'a [u8]) -> Self {
+    /// A packet of these headers and payload, with the BTH pad count set
+    /// to the one the payload needs (as decoding such a packet gives).
+    pub const fn new(mut headers: Headers, payload: &'a [u8]) -> Self {
+        headers.bth.pad_count = ((4 - payload.len() % 4) % 4) as u8;
         Packet { headers, payload }
     }
 
