@@ -2,8 +2,8 @@
 //! For captures and test vectors; a provider sending over UDP sockets uses
 //! [`crate::Packet`] and lets the kernel build the IP and UDP headers.
 //!
-//! Encoding computes the IPv4 header checksum and (optionally for IPv4,
-//! always for IPv6) the UDP checksum. Decoding checks lengths, the protocol
+//! Encoding computes the IPv4 header checksum and, unless told not to, the
+//! UDP checksum. Decoding checks lengths, the protocol
 //! and the ICRC, but not those two checksums: the ICRC masks them, a NIC
 //! has checked them before RoCE sees the packet, and captures taken on a
 //! sender with checksum offload hold wrong values.
@@ -68,8 +68,10 @@ pub struct Frame<'a> {
     pub src_port: u16,
     /// UDP destination port (4791, [`crate::ROCE_UDP_PORT`]).
     pub dst_port: u16,
-    /// Whether the UDP checksum is computed (true) or sent as 0 (false;
-    /// allowed over IPv4 only, so IPv6 always computes it).
+    /// Whether the UDP checksum is computed (true) or sent as 0 (false).
+    /// Zero means "none" over IPv4; over IPv6 it is allowed only for
+    /// tunnels (RFC 8200 §8.1, RFC 6936), so IPv6 frames should compute it.
+    /// Decoding sets it to whether the checksum field is non-zero.
     pub udp_checksum: bool,
     /// The RoCEv2 packet.
     pub packet: Packet<'a>,
@@ -144,7 +146,7 @@ impl<'a> Frame<'a> {
         put_u16(udp, 0, self.src_port);
         put_u16(udp, 2, self.dst_port);
         put_u16(udp, 4, udp_len);
-        if self.udp_checksum || matches!(self.ip, IpHeader::V6(_)) {
+        if self.udp_checksum {
             let c = udp_checksum(&addrs, udp);
             put_u16(udp, 6, c);
         }
