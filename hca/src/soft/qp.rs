@@ -81,6 +81,7 @@ impl<Q> Posted<Q> {
 
 impl<Q> std::ops::Deref for Posted<Q> {
     type Target = Mutex<Q>;
+    #[inline]
     fn deref(&self) -> &Mutex<Q> {
         &self.q
     }
@@ -502,7 +503,10 @@ impl QpInner {
                 wr_id: wr.wr_id,
                 sg: SgVec::new(wr.sg_list),
             });
-            *wake |= std::mem::take(&mut rq.rnr_nakked);
+            if rq.rnr_nakked {
+                rq.rnr_nakked = false;
+                *wake = true;
+            }
         }
         Ok(())
     }
