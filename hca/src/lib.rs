@@ -1,14 +1,8 @@
-//! Verbs providers for ibal: the provider interface the object layer calls,
-//! and the embedded soft provider.
+//! The embedded soft provider and the verbs object layer of ibal.
 //!
-//! * [`provider`]: the provider-neutral interface ([`provider::Provider`],
-//!   [`provider::Device`]) and its data types: device and port attributes,
-//!   work requests, completions, QP attributes.
-//! * [`qp_state`]: the IBTA QP state machine as pure functions (reused by
-//!   the `qp` crate).
-//! * [`buffer`]: memory an MR can name: provider-owned
-//!   [`RegisteredBuffer`]s (safe), and caller-managed [`RawRegion`]s (the
-//!   crate's only `unsafe` API).
+//! * [`provider`], [`qp_state`], [`buffer`]: the provider interface, from
+//!   the `provider` crate (re-exported under the paths it had when it lived
+//!   here).
 //! * [`soft`]: software HCAs on an in-process fabric, with fault injection.
 //! * [`verbs`]: the verbs objects (CA, PD, CQ, MR, SRQ, AV) in the AL
 //!   handle tables, with the common lifecycle.
@@ -17,14 +11,16 @@
 #![deny(unsafe_code)]
 #![cfg_attr(not(ibal_loom), deny(missing_docs))]
 
-pub mod buffer;
 pub mod erf;
 pub mod packet;
-pub mod provider;
-pub mod qp_state;
 pub mod soft;
 pub mod verbs;
 
+/// The provider interface (crate `provider`), under its old path.
+pub mod provider {
+    pub use ::provider::*;
+}
+pub use ::provider::{buffer, qp_state};
 pub use buffer::{RawRegion, RegisteredBuffer};
 pub use provider::*;
 pub use soft::{

@@ -35,7 +35,7 @@
 use al::sync::atomic::Ordering;
 use al::sync::Arc;
 
-use crate::buffer::LockedPair;
+use crate::buffer::for_providers::LockedPair;
 use crate::provider::{
     Access, AvAttr, QpState, QpType, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };

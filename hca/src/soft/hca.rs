@@ -4,7 +4,8 @@ use al::sync::atomic::{AtomicBool, Ordering};
 use al::sync::Arc;
 use al::{Error, Result};
 
-use crate::buffer::{RawRegion, RegisteredBuffer, Span};
+use crate::buffer::for_providers::{memory_of, region_memory, Memory, Span};
+use crate::buffer::{RawRegion, RegisteredBuffer};
 use crate::provider::{
     Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, DeviceInfo, PortAttr, PortState, Provider,
     QpAttr, QpInit, QpModify, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
@@ -336,7 +337,7 @@ impl SoftPd {
         if iova.checked_add(len as u64).is_none() {
             return Err(Error::invalid_parameter("iova + len overflows"));
         }
-        self.insert(buf.mem.clone(), offset, len, iova, access)
+        self.insert(memory_of(buf).clone(), offset, len, iova, access)
     }
 
     /// Register caller-managed memory; the MR's iova is the pointer value.
@@ -344,13 +345,14 @@ impl SoftPd {
     pub fn register_region(&self, region: RawRegion, access: Access) -> Result<SoftMr> {
         check_access(access)?;
         let len = region.len();
-        let iova = region.mem.raw_addr().unwrap_or(0);
-        self.insert(region.mem.clone(), 0, len, iova, access)
+        let mem = region_memory(&region).clone();
+        let iova = mem.raw_addr().unwrap_or(0);
+        self.insert(mem, 0, len, iova, access)
     }
 
     fn insert(
         &self,
-        mem: Arc<crate::buffer::Memory>,
+        mem: Arc<Memory>,
         mem_off: usize,
         len: usize,
         iova: u64,

@@ -5,9 +5,10 @@ use al::sync::{Arc, RwLock};
 use al::{Error, Result};
 use slab::Slab;
 
-use crate::buffer::{Lease, Memory, PostedQueue};
+use crate::buffer::for_providers::{Lease, Memory};
 use crate::provider::{Access, Sge};
 use crate::soft::fabric::Identity;
+use crate::soft::qp::{Posted, RecvEntries, SharedPosted};
 
 /// A registered region as the data path sees it.
 pub(crate) struct MrInner {
@@ -159,16 +160,26 @@ impl MrTable {
     /// queued requests count as in flight there. `seen` remembers the
     /// last few keys the queue registered for, so a post costs a compare.
     #[inline]
-    pub(crate) fn note_poster(&self, sge: &Sge, seen: &mut SeenKeys, queue: &dyn PostedQueue) {
+    pub(crate) fn note_poster<Q: RecvEntries>(
+        &self,
+        sge: &Sge,
+        seen: &mut SeenKeys,
+        queue: &Arc<Posted<Q>>,
+    ) {
         if !seen.contains(sge.lkey) {
             self.note_poster_slow(sge.lkey, seen, queue);
         }
     }
 
     #[cold]
-    fn note_poster_slow(&self, key: u32, seen: &mut SeenKeys, queue: &dyn PostedQueue) {
+    fn note_poster_slow<Q: RecvEntries>(
+        &self,
+        key: u32,
+        seen: &mut SeenKeys,
+        queue: &Arc<Posted<Q>>,
+    ) {
         if let Some(mr) = self.lookup(key) {
-            mr.mem.in_flight.add_queue(queue);
+            mr.mem.in_flight.add_queue(&SharedPosted(queue.clone()));
             seen.insert(key);
         }
     }
@@ -356,7 +367,13 @@ pub(crate) fn copy_lists(src: &SegList, dst: &SegList, skip: usize, len: usize) 
             break;
         };
         let n = (s.len - s_used).min(d.len - d_used).min(left);
-        if !crate::buffer::copy(&s.mr.mem, s.off + s_used, &d.mr.mem, d.off + d_used, n) {
+        if !crate::buffer::for_providers::copy(
+            &s.mr.mem,
+            s.off + s_used,
+            &d.mr.mem,
+            d.off + d_used,
+            n,
+        ) {
             return false;
         }
         left -= n;

@@ -7,7 +7,7 @@ use al::sync::atomic::{AtomicBool, Ordering};
 use al::sync::{Arc, Mutex};
 use al::{Error, Result};
 
-use crate::buffer::PostedQueue;
+use crate::buffer::for_providers::PostedQueue;
 use crate::provider::{
     Access, AvAttr, MigState, QpAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, Sge, Wc,
     WcOpcode, WcStatus,
@@ -92,20 +92,23 @@ pub(crate) trait RecvEntries: Send + 'static {
     fn entries(&self) -> &VecDeque<RecvEntry>;
 }
 
-impl<Q: RecvEntries> PostedQueue for Arc<Posted<Q>> {
+/// A shared receive queue as the memories it posts into hold it.
+pub(crate) struct SharedPosted<Q>(pub(crate) Arc<Posted<Q>>);
+
+impl<Q: RecvEntries> PostedQueue for SharedPosted<Q> {
     fn each_sge(&self, f: &mut dyn FnMut(&Sge)) {
-        for e in self.q.lock().entries() {
+        for e in self.0.q.lock().entries() {
             e.sg.as_slice().iter().for_each(&mut *f);
         }
     }
     fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.0.closed.load(Ordering::Acquire)
     }
     fn share(&self) -> Box<dyn PostedQueue> {
-        Box::new(self.clone())
+        Box::new(SharedPosted(self.0.clone()))
     }
     fn id(&self) -> usize {
-        &**self as *const Posted<Q> as usize
+        &*self.0 as *const Posted<Q> as usize
     }
 }
 

@@ -27,15 +27,15 @@ use al::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use al::{Error, Result};
 
 use in_flight::InFlight;
-pub(crate) use in_flight::{Lease, PostedQueue, Span};
-pub(crate) use raw::RawMemory;
+use raw::RawMemory;
 pub use raw::RawRegion;
 
 /// Registered memory: its bytes, and what posted work requests still
 /// name of them ([`InFlight`]).
-pub(crate) struct Memory {
+pub struct Memory {
     store: Store,
-    pub(crate) in_flight: InFlight,
+    /// What posted work requests still name of it.
+    pub in_flight: InFlight,
 }
 
 /// Where the bytes are.
@@ -53,16 +53,21 @@ impl Memory {
     }
 
     /// Length in bytes.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         match &self.store {
             Store::Owned(b) => b.read().len(),
             Store::Raw(r) => r.len(),
         }
     }
 
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The region's own address for raw memory (its iova), `None` for
     /// owned memory.
-    pub(crate) fn raw_addr(&self) -> Option<u64> {
+    pub fn raw_addr(&self) -> Option<u64> {
         match &self.store {
             Store::Owned(_) => None,
             Store::Raw(r) => Some(r.base_addr()),
@@ -71,7 +76,7 @@ impl Memory {
 
     /// Shared access; `None` once a raw region is invalidated.
     #[inline]
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         match &self.store {
             Store::Owned(b) => Some(f(&b.read())),
             Store::Raw(r) => r.with(f),
@@ -80,7 +85,7 @@ impl Memory {
 
     /// Exclusive access; `None` once a raw region is invalidated.
     #[inline]
-    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+    pub fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
         match &self.store {
             Store::Owned(b) => Some(f(&mut b.write())),
             Store::Raw(r) => r.with_mut(f),
@@ -89,7 +94,7 @@ impl Memory {
 
     /// Stop all further access (raw regions; a no-op for owned memory).
     /// When this returns no access is in progress.
-    pub(crate) fn invalidate(&self) {
+    pub fn invalidate(&self) {
         if let Store::Raw(r) = &self.store {
             r.invalidate();
         }
@@ -109,7 +114,7 @@ impl Memory {
 /// Copy `len` bytes from `src[so..]` to `dst[d_off..]`. Ranges must have
 /// been bounds-checked (a wrong range panics, it cannot corrupt memory).
 /// Returns false when a raw region was invalidated.
-pub(crate) fn copy(src: &Memory, so: usize, dst: &Memory, d_off: usize, len: usize) -> bool {
+pub fn copy(src: &Memory, so: usize, dst: &Memory, d_off: usize, len: usize) -> bool {
     if len == 0 {
         return true;
     }
@@ -133,8 +138,10 @@ pub(crate) fn copy(src: &Memory, so: usize, dst: &Memory, d_off: usize, len: usi
 /// Two owned memories locked for a series of copies from the first into
 /// the second (the batched send path holds them across a run), taken in
 /// the order [`copy`] takes them; one write lock when they are the same.
-pub(crate) enum LockedPair<'m> {
+pub enum LockedPair<'m> {
+    /// The same memory: one write lock.
     Same(RwLockWriteGuard<'m, Box<[u8]>>),
+    /// Two memories: the source read-locked, the destination write-locked.
     Two(
         RwLockReadGuard<'m, Box<[u8]>>,
         RwLockWriteGuard<'m, Box<[u8]>>,
@@ -144,7 +151,7 @@ pub(crate) enum LockedPair<'m> {
 impl<'m> LockedPair<'m> {
     /// Lock `src` and `dst`; `None` unless both are owned memory (raw
     /// regions are copied one request at a time by [`copy`]).
-    pub(crate) fn lock(src: &'m Memory, dst: &'m Memory) -> Option<LockedPair<'m>> {
+    pub fn lock(src: &'m Memory, dst: &'m Memory) -> Option<LockedPair<'m>> {
         let (Store::Owned(s), Store::Owned(d)) = (&src.store, &dst.store) else {
             return None;
         };
@@ -162,7 +169,7 @@ impl<'m> LockedPair<'m> {
     /// Copy `len` bytes from `src[so..]` to `dst[d_off..]`. Ranges must have
     /// been bounds-checked (a wrong range panics, it cannot corrupt memory).
     #[inline]
-    pub(crate) fn copy(&mut self, so: usize, d_off: usize, len: usize) {
+    pub fn copy(&mut self, so: usize, d_off: usize, len: usize) {
         match self {
             LockedPair::Same(m) => m.copy_within(so..so + len, d_off),
             LockedPair::Two(s, d) => d[d_off..d_off + len].copy_from_slice(&s[so..so + len]),
@@ -324,5 +331,27 @@ impl RegisteredBuffer {
             Store::Owned(b) => Ok(f(&mut b.write()[r])),
             Store::Raw(_) => unreachable!("a RegisteredBuffer is always owned memory"),
         }
+    }
+}
+
+/// What providers need of registered memory: its bytes, copies between
+/// memories, and the in-flight record. Not for applications: the facade
+/// does not re-export this module, so a program using `ibal` cannot name
+/// it (`docs/memory.md`).
+#[doc(hidden)]
+pub mod for_providers {
+    pub use super::in_flight::{InFlight, Lease, PostedQueue, Span};
+    pub use super::raw::RawMemory;
+    pub use super::{copy, LockedPair, Memory};
+    use al::sync::Arc;
+
+    /// The memory behind a buffer.
+    pub fn memory_of(buf: &super::RegisteredBuffer) -> &Arc<Memory> {
+        &buf.mem
+    }
+
+    /// The memory behind a caller-managed region.
+    pub fn region_memory(region: &super::RawRegion) -> &Arc<Memory> {
+        &region.mem
     }
 }

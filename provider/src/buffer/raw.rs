@@ -104,7 +104,7 @@ impl Drop for RawRegion {
 }
 
 /// The provider side of a raw region.
-pub(crate) struct RawMemory {
+pub struct RawMemory {
     ptr: *mut u8,
     len: usize,
     /// False once invalidated; the lock also serialises provider access.
@@ -121,16 +121,23 @@ unsafe impl Send for RawMemory {}
 unsafe impl Sync for RawMemory {}
 
 impl RawMemory {
-    pub(crate) fn len(&self) -> usize {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Always false (a region has at least one byte).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
     /// The region's address, used as the MR's iova.
-    pub(crate) fn base_addr(&self) -> u64 {
+    pub fn base_addr(&self) -> u64 {
         self.ptr as usize as u64
     }
 
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    /// Shared access under the region's lock; `None` once invalidated.
+    pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let valid = self.valid.read();
         if !*valid {
             return None;
@@ -145,7 +152,8 @@ impl RawMemory {
         Some(f(s))
     }
 
-    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+    /// Exclusive access under the region's lock; `None` once invalidated.
+    pub fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
         let valid = self.valid.write();
         if !*valid {
             return None;
@@ -157,7 +165,8 @@ impl RawMemory {
         Some(f(s))
     }
 
-    pub(crate) fn invalidate(&self) {
+    /// Stop all further access; when this returns none is in progress.
+    pub fn invalidate(&self) {
         *self.valid.write() = false;
     }
 }

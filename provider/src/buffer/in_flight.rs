@@ -29,26 +29,26 @@ use al::sync::atomic::{AtomicBool, Ordering};
 use al::sync::Mutex;
 use al::{Error, Result};
 
-use crate::provider::Sge;
+use crate::Sge;
 
 /// An MR over a memory, as the in-flight check sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Span {
+pub struct Span {
     /// The MR's key (its lkey).
-    pub(crate) key: u32,
+    pub key: u32,
     /// The address of the MR's first byte as SGEs name it.
-    pub(crate) iova: u64,
+    pub iova: u64,
     /// Offset of the MR's first byte in the memory.
-    pub(crate) off: usize,
+    pub off: usize,
     /// Length of the MR.
-    pub(crate) len: usize,
+    pub len: usize,
 }
 
 impl Span {
     /// The bytes (`start..end` in the memory) an SGE naming this MR
     /// covers, if it names it and lies inside.
     #[inline]
-    pub(crate) fn bytes(&self, sge: &Sge) -> Option<(usize, usize)> {
+    pub fn bytes(&self, sge: &Sge) -> Option<(usize, usize)> {
         if sge.lkey != self.key || sge.length == 0 {
             return None;
         }
@@ -62,7 +62,7 @@ impl Span {
 }
 
 /// A queue of posted receives the check can scan.
-pub(crate) trait PostedQueue: Send + Sync {
+pub trait PostedQueue: Send + Sync {
     /// Call `f` on every SGE of every request queued now.
     fn each_sge(&self, f: &mut dyn FnMut(&Sge));
     /// Whether the queue has ended (its QP or SRQ is gone): dropped from
@@ -77,18 +77,18 @@ pub(crate) trait PostedQueue: Send + Sync {
 
 /// A held send's claim on bytes, taken through MR `key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Lease {
+pub struct Lease {
     /// The MR key the request names.
-    pub(crate) key: u32,
+    pub key: u32,
     /// First byte (offset in the memory).
-    pub(crate) start: usize,
+    pub start: usize,
     /// One past the last byte.
-    pub(crate) end: usize,
+    pub end: usize,
 }
 
 /// The in-flight state of one memory.
 #[derive(Default)]
-pub(crate) struct InFlight {
+pub struct InFlight {
     spans: Mutex<Vec<Span>>,
     queues: Mutex<Vec<Box<dyn PostedQueue>>>,
     held: Mutex<VecDeque<Lease>>,
@@ -96,20 +96,20 @@ pub(crate) struct InFlight {
 
 impl InFlight {
     /// An MR over the memory was registered.
-    pub(crate) fn add_span(&self, span: Span) {
+    pub fn add_span(&self, span: Span) {
         self.spans.lock().push(span);
     }
 
     /// MR `key` is being deregistered: its requests can no longer reach
     /// the bytes.
-    pub(crate) fn remove_span(&self, key: u32) {
+    pub fn remove_span(&self, key: u32) {
         self.spans.lock().retain(|s| s.key != key);
         self.held.lock().retain(|l| l.key != key);
     }
 
     /// Register a receive queue that posts into this memory (once; ended
     /// queues are dropped here).
-    pub(crate) fn add_queue(&self, queue: &dyn PostedQueue) {
+    pub fn add_queue(&self, queue: &dyn PostedQueue) {
         let mut queues = self.queues.lock();
         queues.retain(|q| !q.is_closed());
         if !queues.iter().any(|q| q.id() == queue.id()) {
@@ -120,7 +120,7 @@ impl InFlight {
     /// Record a held send's lease unless `gone` (its MR was deregistered).
     /// The flag is read under the lease lock, which [`InFlight::remove_span`]
     /// takes after the flag is set: a lease is refused here or purged there.
-    pub(crate) fn hold(&self, lease: Lease, gone: &AtomicBool) -> bool {
+    pub fn hold(&self, lease: Lease, gone: &AtomicBool) -> bool {
         let mut held = self.held.lock();
         if gone.load(Ordering::Acquire) {
             return false;
@@ -130,7 +130,7 @@ impl InFlight {
     }
 
     /// Drop a held send's lease (one record equal to it).
-    pub(crate) fn unhold(&self, lease: &Lease) {
+    pub fn unhold(&self, lease: &Lease) {
         let mut held = self.held.lock();
         if let Some(i) = held.iter().position(|h| h == lease) {
             held.remove(i);
@@ -168,7 +168,7 @@ impl InFlight {
     }
 
     /// The first range in flight that overlaps `start..end`, if any.
-    pub(crate) fn overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
+    pub fn overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
         let mut hit = None;
         self.any(|s, e| {
             let overlaps = s < end && start < e;
@@ -181,7 +181,7 @@ impl InFlight {
     }
 
     /// How many SGEs of posted requests name bytes of the memory.
-    pub(crate) fn count(&self) -> usize {
+    pub fn count(&self) -> usize {
         let mut n = 0;
         self.any(|_, _| {
             n += 1;
@@ -192,7 +192,7 @@ impl InFlight {
 
     /// Refuse an application write to `start..end` while a work request
     /// names any of it.
-    pub(crate) fn check_writable(&self, start: usize, end: usize) -> Result<()> {
+    pub fn check_writable(&self, start: usize, end: usize) -> Result<()> {
         match self.overlapping(start, end) {
             None => Ok(()),
             Some((s, e)) => Err(Error::ResourceBusy(

@@ -1,0 +1,24 @@
+//! The verbs provider interface of ibal: what the object layer calls and
+//! every provider implements, with no provider in it.
+//!
+//! * The crate root: the provider-neutral interface ([`Provider`],
+//!   [`Device`]) and its data types: device and port attributes, work
+//!   requests, completions, QP attributes.
+//! * [`qp_state`]: the IBTA QP state machine as pure functions (reused by
+//!   the `qp` crate and by every provider).
+//! * [`buffer`]: memory an MR can name: provider-owned
+//!   [`RegisteredBuffer`]s (safe) and caller-managed [`RawRegion`]s (the
+//!   crate's only `unsafe` API), and, for providers only, the access,
+//!   copy and in-flight machinery behind them ([`buffer::for_providers`]).
+//!
+//! Providers live beside this crate (the soft provider in `hca`), so that
+//! a provider never depends on another and the object layer can choose
+//! among them (`docs/verbs.md`).
+#![deny(unsafe_code)]
+#![cfg_attr(not(ibal_loom), deny(missing_docs))]
+
+pub mod buffer;
+pub mod qp_state;
+mod types;
+
+pub use types::*;
