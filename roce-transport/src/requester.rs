@@ -75,9 +75,14 @@ impl<R: Clone> Transport<R> {
             }
             self.sq.rnr_until = None;
         }
-        if self.sq.tx_idx == 0 {
-            if let Some(status) = self.sq.wqes.front().and_then(|w| w.failed) {
-                self.head_failed(status);
+        // Work requests that failed at post time complete in order; a
+        // datagram QP goes on past them.
+        while self.sq.tx_idx == 0 {
+            let Some(status) = self.sq.wqes.front().and_then(|w| w.failed) else {
+                break;
+            };
+            self.head_failed(status);
+            if self.state != QpState::Rts {
                 return None;
             }
         }
