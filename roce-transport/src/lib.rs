@@ -1,0 +1,37 @@
+//! A sans-IO RoCEv2 transport core, one [`Transport`] per queue pair: the
+//! requester, responder and completer state machines of IBTA vol. 1
+//! chapter 9 for RC, UC and UD, driven by work requests, decoded packets
+//! and "now is T", producing packets to send, a deadline and completions.
+//!
+//! No sockets, threads or clocks: the driver (a UDP provider) owns those,
+//! as `quinn-proto` leaves them to `quinn`. Memory is reached through the
+//! [`Memory`] trait the provider implements over its memory regions.
+//!
+//! ```text
+//! post_send / post_recv ─┐                       ┌─> poll_transmit(now) -> Transmit
+//! handle_packet(now, ..) ├─> Transport (per QP) ─┼─> poll_timeout()    -> deadline
+//! handle_timeout(now)    ┘                       └─> poll_completion() -> Wc
+//! ```
+//!
+//! See `docs/roce-transport.md` for the state machines and the rules.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod completer;
+mod config;
+mod memory;
+pub mod psn;
+mod requester;
+mod responder;
+pub mod timers;
+mod transport;
+
+pub use completer::RNR_RETRY_INFINITE;
+pub use config::{Config, Error};
+pub use memory::{AtomicOp, MemError, Memory};
+pub use requester::{ACKREQ_EVERY, MAX_UNACKED_PSNS};
+pub use responder::{grh_bytes, pkey_match};
+pub use transport::{Counters, Source, Transmit, Transport};
+
+/// Largest message (2^31 bytes, IBTA's limit for a RETH DMA length).
+pub const MAX_MSG: u32 = 1 << 31;

@@ -1,0 +1,460 @@
+//! The per-QP transport: the glue that owns the requester, completer and
+//! responder state and exposes the sans-IO interface.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use hca::provider::{Access, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
+use roce::{Headers, IpHeader, Packet};
+
+use crate::config::{Config, Error};
+use crate::memory::Memory;
+use crate::psn;
+use crate::responder::Responder;
+
+/// A packet the transport wants sent: encode it with
+/// [`Transmit::packet`] and `roce::Packet::encode` for the flow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit<R> {
+    /// BTH and extension headers.
+    pub headers: Headers,
+    /// The payload (without pad).
+    pub payload: Vec<u8>,
+    /// Where to send it: `None` for the connected peer (RC, UC and every
+    /// response), the work request's address vector for UD.
+    pub route: Option<R>,
+}
+
+impl<R> Transmit<R> {
+    /// The packet, borrowing the payload.
+    pub fn packet(&self) -> Packet<'_> {
+        Packet::new(self.headers, &self.payload)
+    }
+}
+
+/// Where an incoming packet came from: the IP header the driver received
+/// it in and the UDP ports. Only UD uses it (for the GRH of the receive
+/// buffer); connected QPs take packets from their one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Source {
+    /// The received IP header.
+    pub ip: IpHeader,
+    /// UDP source port.
+    pub src_port: u16,
+    /// UDP destination port.
+    pub dst_port: u16,
+}
+
+/// Counts of packets the transport dropped or answered with a NAK, by
+/// reason (for the port counters of the driver).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Packets whose opcode this QP type does not take, or whose
+    /// destination QP is not this one.
+    pub bad_opcode: u64,
+    /// P_Key mismatch.
+    pub bad_pkey: u64,
+    /// Q_Key mismatch (UD).
+    pub bad_qkey: u64,
+    /// Requests ahead of the expected PSN (RC: NAKed once per gap; UC:
+    /// message dropped).
+    pub out_of_sequence: u64,
+    /// Duplicate requests (re-ACKed or replayed).
+    pub duplicates: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// NAKs sent other than RNR.
+    pub naks_sent: u64,
+    /// Messages dropped for lack of a receive (UC, UD).
+    pub no_receive: u64,
+    /// Responses ignored by the completer (stale, unexpected or malformed).
+    pub ignored_responses: u64,
+    /// Transport retries (timer or PSN sequence NAK).
+    pub retries: u64,
+    /// RNR retries.
+    pub rnr_retries: u64,
+    /// Requests dropped because the responder's READ/atomic resources
+    /// were all busy.
+    pub resources_busy: u64,
+}
+
+/// One send work request as the transport keeps it.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe<R> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sges: Vec<Sge>,
+    pub signaled: bool,
+    pub solicited: bool,
+    pub route: Option<R>,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+    /// The gathered message (SEND, WRITE).
+    pub data: Vec<u8>,
+    /// Message length in bytes.
+    pub len: u32,
+    /// First PSN and number of PSNs the message takes.
+    pub first_psn: u32,
+    pub npkts: u32,
+    /// READ response packets received so far (READ).
+    pub resp_pkts: u32,
+    /// The packet index the READ request last sent starts at: a READ
+    /// retried after `resp_pkts` responses asks only for the rest, and its
+    /// responses are numbered first/middle/last from there.
+    pub read_base: u32,
+    /// Failed at post time with this status (completed in order).
+    pub failed: Option<WcStatus>,
+}
+
+impl<R> SendWqe<R> {
+    pub(crate) fn last_psn(&self) -> u32 {
+        psn::add(self.first_psn, self.npkts - 1)
+    }
+    /// A READ or an atomic: completed by response data, not by an ACK.
+    pub(crate) fn needs_response(&self) -> bool {
+        matches!(
+            self.op,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+    pub(crate) fn contains(&self, p: u32) -> bool {
+        let d = psn::diff(p, self.first_psn);
+        d >= 0 && (d as u32) < self.npkts
+    }
+    pub(crate) fn wc_opcode(&self) -> WcOpcode {
+        match self.op {
+            SendOp::Send | SendOp::SendImm(_) => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// One receive work request.
+#[derive(Debug, Clone)]
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+}
+
+/// Requester and completer state (the send queue).
+#[derive(Debug)]
+pub(crate) struct SendSide<R> {
+    /// Posted, not yet completed, in order.
+    pub wqes: VecDeque<SendWqe<R>>,
+    /// PSN the next posted message starts at.
+    pub next_psn: u32,
+    /// Next packet to transmit: index into `wqes` and packet index in it.
+    pub tx_idx: usize,
+    pub tx_pkt: u32,
+    /// Oldest PSN not yet acknowledged.
+    pub una: u32,
+    /// PSN after the newest one ever transmitted.
+    pub sent_end: u32,
+    /// Packets sent since the last one with AckReq.
+    pub since_ackreq: u32,
+    /// Transport retries left.
+    pub retry_left: u8,
+    /// A gap (PSN sequence NAK, implied NAK, missing READ response) may
+    /// start a retry; cleared by a retry, set again by forward progress,
+    /// so one gap costs one retry however many packets reveal it.
+    pub gap_retry_armed: bool,
+    /// RNR retries left.
+    pub rnr_left: u8,
+    /// Retransmit timer.
+    pub retrans_at: Option<Duration>,
+    /// Transmission paused until this time by an RNR NAK.
+    pub rnr_until: Option<Duration>,
+}
+
+/// The sans-IO transport of one QP. `R` is the type of the route a UD
+/// work request names (the provider's address vector); connected QPs
+/// never use it.
+///
+/// Drive it with [`Transport::post_send`], [`Transport::post_recv`],
+/// [`Transport::handle_packet`] and [`Transport::handle_timeout`]; after
+/// each input, drain [`Transport::poll_transmit`] and
+/// [`Transport::poll_completion`] and re-read [`Transport::poll_timeout`].
+#[derive(Debug)]
+pub struct Transport<R> {
+    pub(crate) cfg: Config,
+    pub(crate) state: QpState,
+    pub(crate) mtu: u32,
+    pub(crate) sq: SendSide<R>,
+    pub(crate) resp: Responder,
+    pub(crate) completions: VecDeque<Wc>,
+    pub(crate) counters: Counters,
+}
+
+impl<R: Clone> Transport<R> {
+    /// A transport for a QP in RTS with these attributes.
+    pub fn new(cfg: Config) -> Result<Self, Error> {
+        cfg.validate()?;
+        Ok(Transport {
+            mtu: cfg.path_mtu.bytes() as u32,
+            sq: SendSide {
+                wqes: VecDeque::new(),
+                next_psn: cfg.sq_psn,
+                tx_idx: 0,
+                tx_pkt: 0,
+                una: cfg.sq_psn,
+                sent_end: cfg.sq_psn,
+                since_ackreq: 0,
+                retry_left: cfg.retry_cnt,
+                gap_retry_armed: true,
+                rnr_left: cfg.rnr_retry,
+                retrans_at: None,
+                rnr_until: None,
+            },
+            resp: Responder::new(&cfg),
+            completions: VecDeque::new(),
+            counters: Counters::default(),
+            state: QpState::Rts,
+            cfg,
+        })
+    }
+
+    /// The attributes it was created with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// RTS, or ERR after an error completion or [`Transport::set_error`].
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Drop and NAK counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The PSN the next new message will start at.
+    pub fn next_send_psn(&self) -> u32 {
+        self.sq.next_psn
+    }
+
+    /// The PSN the responder expects next.
+    pub fn expected_psn(&self) -> u32 {
+        self.resp.epsn
+    }
+
+    pub(crate) fn is_datagram(&self) -> bool {
+        matches!(self.cfg.qp_type, QpType::Ud | QpType::Gsi)
+    }
+
+    /// Whether the completion queue has room for more work requests.
+    fn room(&self) -> bool {
+        let cap = (self.cfg.max_send_wr + self.cfg.max_recv_wr) as usize;
+        self.completions.len() + self.sq.wqes.len() + self.resp.rq.len() < cap + cap
+    }
+
+    /// Posts a send work request. The gather list is read now (the
+    /// message is copied, so a retransmission sends the same bytes).
+    /// A request that cannot run (bad L_Key, too long) is accepted and
+    /// completes with its error status in order, as hardware does; in ERR
+    /// it completes with WR_FLUSH_ERR.
+    pub fn post_send<M: Memory>(&mut self, wr: &SendWr<'_, R>, mem: &mut M) -> Result<(), Error> {
+        if self.sq.wqes.len() >= self.cfg.max_send_wr as usize || !self.room() {
+            return Err(Error::QueueFull);
+        }
+        if wr.sg_list.len() > self.cfg.max_sge as usize {
+            return Err(Error::InvalidWr("too many scatter/gather entries"));
+        }
+        let datagram = self.is_datagram();
+        let (route, remote_qpn, remote_qkey) = match (&wr.ud, datagram) {
+            (Some(ud), true) => (Some(ud.av.clone()), ud.remote_qpn, ud.remote_qkey),
+            (None, true) => return Err(Error::InvalidWr("UD send without a destination")),
+            (_, false) => (None, self.cfg.dest_qpn, 0),
+        };
+        match (self.cfg.qp_type, wr.op) {
+            (QpType::Rc, _) => {}
+            (QpType::Uc, SendOp::Send | SendOp::SendImm(_))
+            | (QpType::Uc, SendOp::Write { .. } | SendOp::WriteImm { .. }) => {}
+            (QpType::Ud | QpType::Gsi, SendOp::Send | SendOp::SendImm(_)) => {}
+            _ => return Err(Error::InvalidWr("operation not supported by this QP type")),
+        }
+        let mut wqe = SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sges: wr.sg_list.to_vec(),
+            signaled: wr.signaled,
+            solicited: wr.solicited,
+            route,
+            remote_qpn,
+            remote_qkey,
+            data: Vec::new(),
+            len: 0,
+            first_psn: self.sq.next_psn,
+            npkts: 1,
+            resp_pkts: 0,
+            read_base: 0,
+            failed: None,
+        };
+        if self.state == QpState::Err {
+            wqe.failed = Some(WcStatus::WrFlushError);
+            self.complete_send(&wqe, WcStatus::WrFlushError);
+            return Ok(());
+        }
+        wqe.failed = self.prepare(&mut wqe, mem).err();
+        if wqe.failed.is_none() {
+            wqe.npkts = match wqe.op {
+                SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+                _ if datagram => 1,
+                _ => psn::packets(wqe.len, self.mtu),
+            };
+            self.sq.next_psn = psn::add(self.sq.next_psn, wqe.npkts);
+        } else {
+            wqe.npkts = 0;
+        }
+        self.sq.wqes.push_back(wqe);
+        Ok(())
+    }
+
+    /// Checks a send's local memory and copies its message.
+    fn prepare<M: Memory>(&self, wqe: &mut SendWqe<R>, mem: &mut M) -> Result<(), WcStatus> {
+        let need = if wqe.needs_response() {
+            Access::LOCAL_WRITE
+        } else {
+            Access::NONE
+        };
+        let len = mem
+            .check_local(&wqe.sges, need)
+            .map_err(|e| e.local_status())?;
+        if len > u64::from(crate::MAX_MSG) {
+            return Err(WcStatus::LocalLengthError);
+        }
+        wqe.len = len as u32;
+        match wqe.op {
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                // A misaligned target goes to the wire: the responder
+                // NAKs it as an invalid request, as IBTA says.
+                if len != 8 {
+                    return Err(WcStatus::LocalLengthError);
+                }
+            }
+            SendOp::Read { .. } => {}
+            _ => {
+                if self.is_datagram() && len > u64::from(self.mtu) {
+                    return Err(WcStatus::LocalLengthError);
+                }
+                let mut data = vec![0; len as usize];
+                mem.gather(&wqe.sges, 0, &mut data)
+                    .map_err(|e| e.local_status())?;
+                wqe.data = data;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts a receive work request (its memory is checked when a message
+    /// lands in it). In ERR it completes with WR_FLUSH_ERR.
+    pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<(), Error> {
+        if self.resp.rq.len() >= self.cfg.max_recv_wr as usize || !self.room() {
+            return Err(Error::QueueFull);
+        }
+        if wr.sg_list.len() > self.cfg.max_sge as usize {
+            return Err(Error::InvalidWr("too many scatter/gather entries"));
+        }
+        let wqe = RecvWqe {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list.to_vec(),
+        };
+        if self.state == QpState::Err {
+            self.flush_recv(wqe);
+        } else {
+            self.resp.rq.push_back(wqe);
+        }
+        Ok(())
+    }
+
+    /// The next completion, oldest first.
+    pub fn poll_completion(&mut self) -> Option<Wc> {
+        self.completions.pop_front()
+    }
+
+    /// Moves the QP to ERR: every outstanding send and receive completes
+    /// with WR_FLUSH_ERR, nothing more is sent.
+    pub fn set_error(&mut self) {
+        self.enter_error(None);
+    }
+
+    /// Enters ERR: the head send completes with `status` (when given),
+    /// everything else is flushed.
+    pub(crate) fn enter_error(&mut self, head_status: Option<WcStatus>) {
+        if let Some(status) = head_status {
+            if let Some(w) = self.sq.wqes.pop_front() {
+                self.complete_send(&w, status);
+            }
+        }
+        self.state = QpState::Err;
+        while let Some(w) = self.sq.wqes.pop_front() {
+            self.complete_send(&w, WcStatus::WrFlushError);
+        }
+        self.sq.tx_idx = 0;
+        self.sq.tx_pkt = 0;
+        self.sq.retrans_at = None;
+        self.sq.rnr_until = None;
+        if let Some(w) = self.resp.take_current_recv() {
+            self.flush_recv(w);
+        }
+        while let Some(w) = self.resp.rq.pop_front() {
+            self.flush_recv(w);
+        }
+        self.resp.out.clear();
+        self.resp.replay.clear();
+    }
+
+    fn flush_recv(&mut self, w: RecvWqe) {
+        self.completions.push_back(Wc {
+            wr_id: w.wr_id,
+            status: WcStatus::WrFlushError,
+            opcode: WcOpcode::Recv,
+            qp_num: self.cfg.qpn,
+            ..Wc::default()
+        });
+    }
+
+    /// Pushes the completion of a send (errors always, success when
+    /// signaled).
+    pub(crate) fn complete_send(&mut self, w: &SendWqe<R>, status: WcStatus) {
+        if status == WcStatus::Success && !w.signaled {
+            return;
+        }
+        let byte_len = if status == WcStatus::Success {
+            w.len
+        } else {
+            0
+        };
+        self.completions.push_back(Wc {
+            wr_id: w.wr_id,
+            status,
+            opcode: w.wc_opcode(),
+            byte_len,
+            qp_num: self.cfg.qpn,
+            ..Wc::default()
+        });
+    }
+
+    /// The earliest time [`Transport::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        match (self.sq.retrans_at, self.sq.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The next packet to send: the responder's ACKs, NAKs and READ/atomic
+    /// responses first (in PSN order), then the requester's packets.
+    pub fn poll_transmit<M: Memory>(&mut self, now: Duration, mem: &mut M) -> Option<Transmit<R>> {
+        if let Some(t) = self.responder_transmit(mem) {
+            return Some(t);
+        }
+        if self.state == QpState::Err {
+            return None;
+        }
+        self.requester_transmit(now)
+    }
+}

@@ -1,0 +1,401 @@
+//! RC over a scripted or seeded faulty network.
+
+mod common;
+
+use std::time::Duration;
+
+use common::workload::{random_kinds, Kind, Workload};
+use common::{Faults, Net, Rng};
+use hca::provider::Mtu;
+
+const ALL: [Kind; 7] = [
+    Kind::Send,
+    Kind::SendImm,
+    Kind::Write,
+    Kind::WriteImm,
+    Kind::Read,
+    Kind::Cas,
+    Kind::Fadd,
+];
+
+fn every_kind(lens: &[u32]) -> Vec<(Kind, u32)> {
+    let mut v = Vec::new();
+    for &len in lens {
+        for k in ALL {
+            v.push((k, len));
+        }
+    }
+    v
+}
+
+#[test]
+fn every_operation_clean_mtu_256_and_4096() {
+    for mtu in [Mtu::Mtu256, Mtu::Mtu4096] {
+        let m = mtu.bytes() as u32;
+        let mut net = Net::rc_pair(mtu, 1);
+        let w = Workload::new(&mut net, &every_kind(&[0, 1, m - 1, m, m + 1, 3 * m + 5]));
+        w.post(&mut net);
+        assert!(w.run(&mut net, Duration::from_secs(5)), "{mtu:?}");
+        w.check(&mut net);
+        assert_eq!(net.sides[0].t.counters().retries, 0);
+    }
+}
+
+#[test]
+fn large_messages_exercise_window_and_ackreq() {
+    // 100 KiB at MTU 256 = 400 packets: beyond the 128-PSN window.
+    let mut net = Net::rc_pair(Mtu::Mtu256, 2);
+    let w = Workload::new(
+        &mut net,
+        &[
+            (Kind::Write, 100 << 10),
+            (Kind::Read, 100 << 10),
+            (Kind::Send, 70_000),
+        ],
+    );
+    w.post(&mut net);
+    assert!(w.run(&mut net, Duration::from_secs(5)));
+    w.check(&mut net);
+}
+
+#[test]
+fn lossy_network_every_message_once() {
+    for (seed, mtu) in [(3, Mtu::Mtu256), (4, Mtu::Mtu1024), (5, Mtu::Mtu4096)] {
+        let mut net = Net::rc_pair(mtu, seed);
+        net.faults = Faults::all(100);
+        let m = mtu.bytes() as u32;
+        let w = Workload::new(&mut net, &every_kind(&[0, 7, m, 2 * m + 3, 9 * m]));
+        w.post(&mut net);
+        assert!(w.run(&mut net, Duration::from_secs(60)), "seed {seed}");
+        w.check(&mut net);
+        assert!(
+            net.sides[0].t.counters().retries > 0,
+            "faults were exercised"
+        );
+        assert!(net.corrupted > 0);
+    }
+}
+
+#[test]
+fn psn_wraps_at_2_pow_24() {
+    for faults in [0, 100] {
+        let mut net = Net::rc_pair(Mtu::Mtu256, 6);
+        let start = (1 << 24) - 5;
+        for (i, s) in net.sides.iter_mut().enumerate() {
+            let mut cfg = *s.t.config();
+            cfg.sq_psn = start + i as u32;
+            cfg.rq_psn = start + 1 - i as u32;
+            s.t = roce_transport::Transport::new(cfg).unwrap();
+        }
+        net.faults = Faults::all(faults);
+        let w = Workload::new(&mut net, &every_kind(&[1000]));
+        w.post(&mut net);
+        assert!(w.run(&mut net, Duration::from_secs(30)));
+        w.check(&mut net);
+        let next = net.sides[0].t.next_send_psn();
+        assert!(next < 100, "wrapped: {next}");
+    }
+}
+
+#[test]
+fn dead_path_ends_in_retry_exceeded_then_flush() {
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 7);
+    for s in &mut net.sides {
+        let mut cfg = *s.t.config();
+        cfg.retry_cnt = 3;
+        cfg.timeout = 10; // 4.2 ms
+        s.t = roce_transport::Transport::new(cfg).unwrap();
+    }
+    net.cut = [true, false];
+    let w = Workload::new(
+        &mut net,
+        &[(Kind::Send, 10), (Kind::Write, 5000), (Kind::Read, 10)],
+    );
+    w.post(&mut net);
+    let t0 = net.now;
+    assert!(w.run(&mut net, Duration::from_secs(10)));
+    let wcs = &net.sides[0].wcs;
+    use hca::provider::WcStatus::*;
+    assert_eq!(
+        wcs.iter().map(|w| w.status).collect::<Vec<_>>(),
+        [RetryExceeded, WrFlushError, WrFlushError]
+    );
+    assert_eq!(net.sides[0].t.state(), hca::provider::QpState::Err);
+    // 1 + 3 attempts, each waiting one timeout.
+    let took = net.now - t0;
+    let to = roce_transport::timers::ack_timeout(10).unwrap();
+    assert!(took >= to * 4 && took < to * 5, "{took:?}");
+    assert_eq!(net.sides[0].t.counters().retries, 3);
+    assert_eq!(net.sides[0].t.poll_timeout(), None);
+}
+
+#[test]
+fn ack_path_dead_also_retry_exceeded() {
+    // Requests arrive, every answer is lost: the requester cannot know.
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 8);
+    net.cut = [false, true];
+    let w = Workload::new(&mut net, &[(Kind::Fadd, 8), (Kind::Send, 10)]);
+    w.post(&mut net);
+    assert!(w.run(&mut net, Duration::from_secs(100)));
+    use hca::provider::WcStatus::*;
+    assert_eq!(
+        net.sides[0]
+            .wcs
+            .iter()
+            .map(|w| w.status)
+            .collect::<Vec<_>>(),
+        [RetryExceeded, WrFlushError]
+    );
+    // The responder executed the FetchAdd once, despite 8 copies.
+    let v = net.sides[1]
+        .mem
+        .read(w.keys.dst_l, common::workload::DST, 8);
+    assert_eq!(v, 3u64.to_ne_bytes());
+    assert!(net.sides[1].t.counters().duplicates >= 7);
+}
+
+#[test]
+fn rnr_retry_exceeded_when_no_receive_ever_comes() {
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 9);
+    let mut cfg = *net.sides[0].t.config();
+    cfg.rnr_retry = 2;
+    net.sides[0].t = roce_transport::Transport::new(cfg).unwrap();
+    let w = Workload::new(&mut net, &[(Kind::Send, 100), (Kind::Write, 100)]);
+    w.post_one(&mut net, 0, &w.msgs[0]);
+    w.post_one(&mut net, 1, &w.msgs[1]);
+    let t0 = net.now;
+    assert!(w.run(&mut net, Duration::from_secs(10)));
+    use hca::provider::WcStatus::*;
+    assert_eq!(
+        net.sides[0]
+            .wcs
+            .iter()
+            .map(|w| w.status)
+            .collect::<Vec<_>>(),
+        [RnrRetryExceeded, WrFlushError]
+    );
+    assert_eq!(net.sides[1].t.counters().rnr_naks_sent, 3);
+    assert_eq!(net.sides[0].t.counters().rnr_retries, 2);
+    // Two waits of the responder's min_rnr_timer (code 1 = 10 us).
+    assert!(net.now - t0 >= Duration::from_micros(20));
+    // The responder is fine: RNR is not an error there.
+    assert_eq!(net.sides[1].t.state(), hca::provider::QpState::Rts);
+}
+
+#[test]
+fn rnr_then_receive_arrives_completes() {
+    let mut net = Net::rc_pair(Mtu::Mtu256, 10);
+    let mut cfg = *net.sides[1].t.config();
+    cfg.min_rnr_timer = 14; // 1.28 ms
+    net.sides[1].t = roce_transport::Transport::new(cfg).unwrap();
+    let w = Workload::new(
+        &mut net,
+        &[(Kind::Send, 1000), (Kind::WriteImm, 600), (Kind::Send, 5)],
+    );
+    for (i, m) in w.msgs.iter().enumerate() {
+        w.post_one(&mut net, i, m);
+    }
+    // Let it hit RNR a few times, then post the receives.
+    net.run_until(Duration::from_millis(5), |_| false);
+    assert!(net.sides[0].t.counters().rnr_retries >= 3);
+    assert!(net.sides[0].wcs.is_empty());
+    for (i, m) in w.msgs.iter().enumerate() {
+        let sge = [hca::provider::Sge {
+            addr: common::workload::RECV + m.dst_off,
+            length: m.len,
+            lkey: w.keys.recv,
+        }];
+        net.sides[1]
+            .t
+            .post_recv(&hca::provider::RecvWr {
+                wr_id: 1000 + i as u64,
+                sg_list: &sge,
+            })
+            .unwrap();
+    }
+    assert!(w.run(&mut net, Duration::from_secs(1)));
+    w.check(&mut net);
+}
+
+#[test]
+fn bad_rkey_is_remote_access_error() {
+    use hca::provider::{SendOp, SendWr, Sge, WcStatus::*};
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 11);
+    let w = Workload::new(
+        &mut net,
+        &[(Kind::Send, 10), (Kind::Write, 100), (Kind::Send, 10)],
+    );
+    w.post_one(&mut net, 0, &w.msgs[0]);
+    let sg = [Sge {
+        addr: common::workload::SRC,
+        length: 100,
+        lkey: w.keys.src,
+    }];
+    let bad = SendWr::<()>::new(
+        1,
+        SendOp::Write {
+            remote_addr: common::workload::DST,
+            rkey: 0xdead,
+        },
+        &sg,
+    );
+    let s = &mut net.sides[0];
+    s.t.post_send(&bad, &mut s.mem).unwrap();
+    w.post_one(&mut net, 2, &w.msgs[2]);
+    let sge = [Sge {
+        addr: common::workload::RECV,
+        length: 100,
+        lkey: w.keys.recv,
+    }];
+    for id in [1000, 1002] {
+        net.sides[1]
+            .t
+            .post_recv(&hca::provider::RecvWr {
+                wr_id: id,
+                sg_list: &sge,
+            })
+            .unwrap();
+    }
+    assert!(w.run(&mut net, Duration::from_secs(1)));
+    assert_eq!(
+        net.sides[0]
+            .wcs
+            .iter()
+            .map(|w| w.status)
+            .collect::<Vec<_>>(),
+        [Success, RemoteAccessError, WrFlushError]
+    );
+    // The responder NAKed and went to ERR, flushing its last receive.
+    assert_eq!(net.sides[1].t.state(), hca::provider::QpState::Err);
+    assert_eq!(
+        net.sides[1]
+            .wcs
+            .iter()
+            .map(|w| w.status)
+            .collect::<Vec<_>>(),
+        [Success, WrFlushError]
+    );
+}
+
+#[test]
+fn out_of_range_read_and_misaligned_atomic_are_naked() {
+    use hca::provider::{SendOp, SendWr, Sge, WcStatus::*};
+    for (op, want) in [
+        (
+            SendOp::Read {
+                remote_addr: common::workload::DST + (1 << 30),
+                rkey: 0,
+            },
+            RemoteAccessError,
+        ),
+        (
+            SendOp::FetchAdd {
+                remote_addr: common::workload::DST + 4,
+                rkey: 0,
+                add: 1,
+            },
+            RemoteInvalidRequest,
+        ),
+    ] {
+        let mut net = Net::rc_pair(Mtu::Mtu1024, 12);
+        let w = Workload::new(&mut net, &[(Kind::Read, 64)]);
+        let op = match op {
+            SendOp::Read { remote_addr, .. } => SendOp::Read {
+                remote_addr,
+                rkey: w.keys.dst_r,
+            },
+            SendOp::FetchAdd {
+                remote_addr, add, ..
+            } => SendOp::FetchAdd {
+                remote_addr,
+                rkey: w.keys.dst_r,
+                add,
+            },
+            o => o,
+        };
+        let len = if matches!(op, SendOp::Read { .. }) {
+            64
+        } else {
+            8
+        };
+        let sg = [Sge {
+            addr: common::workload::RBUF,
+            length: len,
+            lkey: w.keys.rbuf,
+        }];
+        let s = &mut net.sides[0];
+        s.t.post_send(&SendWr::<()>::new(0, op, &sg), &mut s.mem)
+            .unwrap();
+        assert!(w.run(&mut net, Duration::from_secs(1)));
+        assert_eq!(net.sides[0].wcs[0].status, want, "{op:?}");
+    }
+}
+
+#[test]
+fn scripted_losses_of_acks_and_read_responses() {
+    // Drop, from B, the 1st, 3rd and 4th packets (READ responses and ACKs)
+    // and, from A, the 2nd packet: each must be recovered.
+    let mut net = Net::rc_pair(Mtu::Mtu256, 13);
+    net.script = Some(Box::new(|side, n, _p| {
+        !matches!((side, n), (1, 0) | (1, 2) | (1, 3) | (0, 1) | (1, 9))
+    }));
+    let w = Workload::new(
+        &mut net,
+        &[
+            (Kind::Read, 1000),
+            (Kind::Send, 600),
+            (Kind::Cas, 8),
+            (Kind::Read, 300),
+            (Kind::Write, 700),
+        ],
+    );
+    w.post(&mut net);
+    assert!(w.run(&mut net, Duration::from_secs(5)));
+    w.check(&mut net);
+}
+
+#[test]
+fn duplicate_and_ahead_requests_at_the_responder() {
+    // Every packet twice, and a 300 us delay on every third: duplicates are
+    // re-ACKed or replayed, gaps NAKed once.
+    let mut net = Net::rc_pair(Mtu::Mtu256, 14);
+    net.faults = Faults {
+        duplicate: 1000,
+        delay: 333,
+        max_delay: Duration::from_micros(300),
+        ..Faults::default()
+    };
+    let w = Workload::new(&mut net, &every_kind(&[0, 300, 1100]));
+    w.post(&mut net);
+    assert!(w.run(&mut net, Duration::from_secs(10)));
+    w.check(&mut net);
+    let c = net.sides[1].t.counters();
+    assert!(c.duplicates > 0 && c.out_of_sequence > 0, "{c:?}");
+}
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        #[test]
+        fn random_faults_every_message_exactly_once(
+            seed in any::<u64>(),
+            drop in 0u32..100,
+            dup in 0u32..150,
+            delay in 0u32..500,
+            corrupt in 0u32..50,
+            mtu in prop_oneof![Just(Mtu::Mtu256), Just(Mtu::Mtu1024), Just(Mtu::Mtu4096)],
+        ) {
+            let mut rng = Rng(seed);
+            let kinds = random_kinds(&mut rng, 24, 3 * mtu.bytes() as u32 + 17);
+            let mut net = Net::rc_pair(mtu, seed ^ 0x5eed);
+            net.faults = Faults { drop, duplicate: dup, delay, corrupt, max_delay: Duration::from_micros(150) };
+            let w = Workload::new(&mut net, &kinds);
+            w.post(&mut net);
+            prop_assert!(w.run(&mut net, Duration::from_secs(120)), "did not finish: {:?}", net.sides[0].wcs);
+            w.check(&mut net);
+        }
+    }
+}
