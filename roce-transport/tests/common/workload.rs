@@ -30,6 +30,12 @@ pub const RBUF: u64 = 0x20_0000;
 pub const RECV: u64 = 0x30_0000;
 pub const DST: u64 = 0x40_0000;
 
+/// Bytes a message of `len` takes in every buffer: rounded up to 8 (atomics
+/// need alignment) plus an 8-byte gap that catches overruns.
+fn slot(len: u32) -> u64 {
+    u64::from(len.max(8)).div_ceil(8) * 8 + 8
+}
+
 pub struct Workload {
     pub msgs: Vec<Msg>,
     pub keys: Keys,
@@ -47,11 +53,9 @@ pub struct Keys {
 impl Workload {
     /// Registers memory on both sides of `net` for `msgs` and fills it.
     pub fn new(net: &mut Net, kinds: &[(Kind, u32)]) -> Workload {
-        let total: u64 = kinds
-            .iter()
-            .map(|&(_, l)| u64::from(l.max(8)) + 8)
-            .sum::<u64>()
-            + 64;
+        // The same stride as the layout below (8-byte aligned, 8 bytes
+        // apart), so the last message always fits.
+        let total: u64 = kinds.iter().map(|&(_, l)| slot(l)).sum::<u64>() + 64;
         let a = &mut net.sides[0].mem;
         let (src, _) = a.register(SRC, total as usize, Access::NONE);
         let (rbuf, _) = a.register(RBUF, total as usize, Access::LOCAL_WRITE);
@@ -83,7 +87,7 @@ impl Workload {
                 src_off: off,
                 dst_off: off,
             };
-            off += u64::from(len.max(8)).div_ceil(8) * 8 + 8;
+            off += slot(len);
             let data = pattern(i as u64 * 7 + 1, len as usize);
             net.sides[0].mem.write(src, SRC + m.src_off, &data);
             match kind {
