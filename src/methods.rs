@@ -15,11 +15,10 @@ use al::{AlInstance, Handle, Object, Result};
 use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
 use cep::proto::{LapParams, SidrParams, SidrReplyParams};
 use cep::wire::{ApStatus, RejectReason};
-use hca::provider::{
-    Access, AvAttr, CqArm, DeviceAttr, Provider, QpAttr, QpModify, RecvWr, SendWr,
-};
+use hca::any::AnyProvider;
+use hca::provider::{Access, AvAttr, CqArm, DeviceAttr, QpAttr, QpModify, RecvWr, SendWr};
 use hca::provider::{SrqInit, Wc};
-use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Dev, Mr, Pd, Srq};
+use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Mr, Pd, Srq};
 use hca::{verbs::Cq, RawRegion, RegisteredBuffer};
 use qp::{Qp, QpCreate};
 
@@ -28,11 +27,11 @@ use al::sync::Arc;
 /// Methods of the AL instance (`al.open_ca(..)`).
 pub trait AlMethods {
     /// Open the device with node GUID `guid` of `provider`.
-    fn open_ca<P: Provider<Device = Dev>>(&self, provider: &P, guid: u64) -> Result<Handle<Ca>>;
+    fn open_ca<P: AnyProvider + ?Sized>(&self, provider: &P, guid: u64) -> Result<Handle<Ca>>;
 }
 
 impl AlMethods for Arc<AlInstance> {
-    fn open_ca<P: Provider<Device = Dev>>(&self, provider: &P, guid: u64) -> Result<Handle<Ca>> {
+    fn open_ca<P: AnyProvider + ?Sized>(&self, provider: &P, guid: u64) -> Result<Handle<Ca>> {
         verbs::open_ca(self, provider, guid)
     }
 }

@@ -4,6 +4,8 @@
 //!   the `provider` crate (re-exported under the paths it had when it lived
 //!   here).
 //! * [`soft`]: software HCAs on an in-process fabric, with fault injection.
+//! * [`any`]: the device enum the object layer drives, over every
+//!   built-in provider.
 //! * [`verbs`]: the verbs objects (CA, PD, CQ, MR, SRQ, AV) in the AL
 //!   handle tables, with the common lifecycle.
 //!
@@ -11,6 +13,7 @@
 #![deny(unsafe_code)]
 #![cfg_attr(not(ibal_loom), deny(missing_docs))]
 
+pub mod any;
 pub mod erf;
 pub mod packet;
 pub mod soft;

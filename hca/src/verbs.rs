@@ -29,16 +29,16 @@ use al::sync::atomic::{AtomicUsize, Ordering};
 use al::sync::Arc;
 use al::{create, post_callback, AlInstance, Error, Handle, Kind, Obj, Object, Result};
 
+use crate::any::AnyProvider;
 use crate::buffer::{RawRegion, RegisteredBuffer};
 use crate::provider::{
-    Access, AsyncEvent, AvAttr, CqArm, CqInit, Device, DeviceAttr, PortAttr, Provider, RecvWr,
-    SrqInit, Wc,
+    Access, AsyncEvent, AvAttr, CqArm, CqInit, Device, DeviceAttr, PortAttr, RecvWr, SrqInit, Wc,
 };
 
-/// The device type the object layer drives. The soft provider is the one
-/// built in; a build with more providers makes this an enum implementing
-/// [`Device`].
-pub type Dev = crate::soft::SoftHca;
+/// The device type the object layer drives: an enum over every built-in
+/// provider ([`crate::any`]), so CAs of different providers live side by
+/// side in one AL.
+pub type Dev = crate::any::AnyDevice;
 
 /// The provider's protection domain type.
 pub type DevPd = <Dev as Device>::Pd;
@@ -155,13 +155,13 @@ impl fmt::Debug for Ca {
 }
 
 /// Open the device with node GUID `guid` of `provider` in `al`.
-pub fn open_ca<P: Provider<Device = Dev>>(
+pub fn open_ca<P: AnyProvider + ?Sized>(
     al: &Arc<AlInstance>,
     provider: &P,
     guid: u64,
 ) -> Result<Handle<Ca>> {
     let obj = create(al, None, |_| {
-        let device = provider.open(guid)?;
+        let device = provider.open_any(guid)?;
         let attr = device.query();
         Ok(Ca { device, attr })
     })?;

@@ -1,0 +1,344 @@
+//! The device the object layer drives: one enum over every built-in
+//! provider, so a CA can be opened from any of them at run time.
+//!
+//! Why an enum and not `dyn Device`: [`Device::post_send`] is generic over
+//! the caller's AV handle type and every object type is an associated type,
+//! so the trait is not object-safe; boxing each object and erasing the
+//! generic would cost the soft provider's batched fast path an allocation
+//! or a virtual call per request. A `match` on a two-variant enum costs a
+//! predictable branch, and each arm calls the provider's own generic,
+//! inlinable code (`docs/verbs.md`, "Providers at run time").
+//!
+//! Every object remembers the provider it came from. Handing one provider's
+//! object to another provider's device (which the object layer never does:
+//! children are created through their parent's device) is refused with
+//! `InvalidParameter`, never a panic.
+//!
+//! The enums are written once, by [`providers!`]: adding a provider is one
+//! line there.
+
+use al::{Error, Result};
+
+use crate::buffer::{RawRegion, RegisteredBuffer};
+use crate::provider::{
+    Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, PortAttr, Provider, QpAttr, QpInit,
+    QpModify, RecvWr, SendWr, SrqInit, Wc,
+};
+
+fn foreign(what: &str) -> Error {
+    Error::invalid_parameter(format!("the {what} belongs to another provider's device"))
+}
+
+/// Declares the enums over the providers' devices and objects and the
+/// `Device` implementation that dispatches to them.
+macro_rules! providers {
+    ($(
+        $(#[$doc:meta])*
+        $var:ident => $dev:ty {
+            pd: $pd:ty, cq: $cq:ty, mr: $mr:ty, srq: $srq:ty, av: $av:ty, qp: $qp:ty $(,)?
+        }
+    ),+ $(,)?) => {
+        /// A device of any built-in provider.
+        #[derive(Clone, Debug)]
+        pub enum AnyDevice { $( $(#[$doc])* $var($dev), )+ }
+        /// A protection domain of an [`AnyDevice`].
+        pub enum AnyPd { $( #[allow(missing_docs)] $var($pd), )+ }
+        /// A completion queue of an [`AnyDevice`].
+        pub enum AnyCq { $( #[allow(missing_docs)] $var($cq), )+ }
+        /// A memory region of an [`AnyDevice`].
+        pub enum AnyMr { $( #[allow(missing_docs)] $var($mr), )+ }
+        /// A shared receive queue of an [`AnyDevice`].
+        pub enum AnySrq { $( #[allow(missing_docs)] $var($srq), )+ }
+        /// An address vector of an [`AnyDevice`].
+        pub enum AnyAv { $( #[allow(missing_docs)] $var($av), )+ }
+        /// A queue pair of an [`AnyDevice`].
+        pub enum AnyQp { $( #[allow(missing_docs)] $var($qp), )+ }
+
+        $(
+            impl From<$dev> for AnyDevice {
+                fn from(d: $dev) -> AnyDevice {
+                    AnyDevice::$var(d)
+                }
+            }
+        )+
+
+        impl AnyDevice {
+            /// The name of the provider the device comes from.
+            pub fn provider_name(&self) -> &'static str {
+                match self { $( AnyDevice::$var(_) => stringify!($var), )+ }
+            }
+        }
+
+        // One provider per build leaves the mismatch arms unreachable.
+        #[allow(unreachable_patterns)]
+        impl Device for AnyDevice {
+            type Pd = AnyPd;
+            type Cq = AnyCq;
+            type Mr = AnyMr;
+            type Srq = AnySrq;
+            type Av = AnyAv;
+            type Qp = AnyQp;
+
+            fn query(&self) -> DeviceAttr {
+                match self { $( AnyDevice::$var(d) => d.query(), )+ }
+            }
+            fn query_port(&self, port: u8) -> Result<PortAttr> {
+                match self { $( AnyDevice::$var(d) => d.query_port(port), )+ }
+            }
+            fn alloc_pd(&self) -> Result<AnyPd> {
+                match self { $( AnyDevice::$var(d) => d.alloc_pd().map(AnyPd::$var), )+ }
+            }
+            fn dealloc_pd(&self, pd: AnyPd) -> Result<()> {
+                match (self, pd) {
+                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => d.dealloc_pd(p), )+
+                    _ => Err(foreign("PD")),
+                }
+            }
+            fn create_cq(&self, init: CqInit) -> Result<AnyCq> {
+                match self { $( AnyDevice::$var(d) => d.create_cq(init).map(AnyCq::$var), )+ }
+            }
+            fn destroy_cq(&self, cq: AnyCq) -> Result<()> {
+                match (self, cq) {
+                    $( (AnyDevice::$var(d), AnyCq::$var(c)) => d.destroy_cq(c), )+
+                    _ => Err(foreign("CQ")),
+                }
+            }
+            fn arm_cq(&self, cq: &AnyCq, arm: CqArm) -> Result<()> {
+                match (self, cq) {
+                    $( (AnyDevice::$var(d), AnyCq::$var(c)) => d.arm_cq(c, arm), )+
+                    _ => Err(foreign("CQ")),
+                }
+            }
+            #[inline]
+            fn poll_cq(&self, cq: &AnyCq, out: &mut [Wc]) -> Result<usize> {
+                match (self, cq) {
+                    $( (AnyDevice::$var(d), AnyCq::$var(c)) => d.poll_cq(c, out), )+
+                    _ => Err(foreign("CQ")),
+                }
+            }
+            fn register_mr(
+                &self,
+                pd: &AnyPd,
+                buf: &RegisteredBuffer,
+                offset: usize,
+                len: usize,
+                iova: u64,
+                access: Access,
+            ) -> Result<AnyMr> {
+                match (self, pd) {
+                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => d
+                        .register_mr(p, buf, offset, len, iova, access)
+                        .map(AnyMr::$var), )+
+                    _ => Err(foreign("PD")),
+                }
+            }
+            fn register_region(
+                &self,
+                pd: &AnyPd,
+                region: RawRegion,
+                access: Access,
+            ) -> Result<AnyMr> {
+                match (self, pd) {
+                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                        d.register_region(p, region, access).map(AnyMr::$var)
+                    } )+
+                    _ => Err(foreign("PD")),
+                }
+            }
+            fn mr_keys(&self, mr: &AnyMr) -> (u32, u32) {
+                // Keys are the MR's own; any device reads them.
+                match mr { $( AnyMr::$var(m) => match self {
+                    AnyDevice::$var(d) => d.mr_keys(m),
+                    _ => (0, 0),
+                }, )+ }
+            }
+            fn deregister_mr(&self, mr: AnyMr) -> Result<()> {
+                match (self, mr) {
+                    $( (AnyDevice::$var(d), AnyMr::$var(m)) => d.deregister_mr(m), )+
+                    _ => Err(foreign("MR")),
+                }
+            }
+            fn create_srq(&self, pd: &AnyPd, init: SrqInit) -> Result<AnySrq> {
+                match (self, pd) {
+                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                        d.create_srq(p, init).map(AnySrq::$var)
+                    } )+
+                    _ => Err(foreign("PD")),
+                }
+            }
+            fn destroy_srq(&self, srq: AnySrq) -> Result<()> {
+                match (self, srq) {
+                    $( (AnyDevice::$var(d), AnySrq::$var(s)) => d.destroy_srq(s), )+
+                    _ => Err(foreign("SRQ")),
+                }
+            }
+            #[inline]
+            fn post_srq_recv(&self, srq: &AnySrq, wrs: &[RecvWr<'_>]) -> Result<()> {
+                match (self, srq) {
+                    $( (AnyDevice::$var(d), AnySrq::$var(s)) => d.post_srq_recv(s, wrs), )+
+                    _ => Err(foreign("SRQ")),
+                }
+            }
+            fn create_av(&self, pd: &AnyPd, attr: &AvAttr) -> Result<AnyAv> {
+                match (self, pd) {
+                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                        d.create_av(p, attr).map(AnyAv::$var)
+                    } )+
+                    _ => Err(foreign("PD")),
+                }
+            }
+            fn destroy_av(&self, av: AnyAv) -> Result<()> {
+                match (self, av) {
+                    $( (AnyDevice::$var(d), AnyAv::$var(a)) => d.destroy_av(a), )+
+                    _ => Err(foreign("AV")),
+                }
+            }
+            fn create_qp(
+                &self,
+                pd: &AnyPd,
+                init: &QpInit<'_, AnyCq, AnySrq>,
+            ) -> Result<AnyQp> {
+                match (self, pd) {
+                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                        let init = qp_init!($var, init)?;
+                        d.create_qp(p, &init).map(AnyQp::$var)
+                    } )+
+                    _ => Err(foreign("PD")),
+                }
+            }
+            fn create_gsi_qp(
+                &self,
+                pd: &AnyPd,
+                port: u8,
+                init: &QpInit<'_, AnyCq, AnySrq>,
+            ) -> Result<AnyQp> {
+                match (self, pd) {
+                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                        let init = qp_init!($var, init)?;
+                        d.create_gsi_qp(p, port, &init).map(AnyQp::$var)
+                    } )+
+                    _ => Err(foreign("PD")),
+                }
+            }
+            fn qp_num(&self, qp: &AnyQp) -> u32 {
+                match qp { $( AnyQp::$var(q) => match self {
+                    AnyDevice::$var(d) => d.qp_num(q),
+                    _ => 0,
+                }, )+ }
+            }
+            fn modify_qp(&self, qp: &AnyQp, m: &QpModify) -> Result<()> {
+                match (self, qp) {
+                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.modify_qp(q, m), )+
+                    _ => Err(foreign("QP")),
+                }
+            }
+            fn query_qp(&self, qp: &AnyQp) -> Result<QpAttr> {
+                match (self, qp) {
+                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.query_qp(q), )+
+                    _ => Err(foreign("QP")),
+                }
+            }
+            fn destroy_qp(&self, qp: AnyQp) -> Result<()> {
+                match (self, qp) {
+                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.destroy_qp(q), )+
+                    _ => Err(foreign("QP")),
+                }
+            }
+            #[inline]
+            fn post_send<'v, H>(
+                &self,
+                qp: &AnyQp,
+                wrs: &[SendWr<'_, H>],
+                av_of: &dyn Fn(usize) -> Option<&'v AnyAv>,
+            ) -> Result<()> {
+                match (self, qp) {
+                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.post_send(q, wrs, &|i| {
+                        // Another provider's AV resolves to none: the
+                        // request fails as one without a destination.
+                        match av_of(i) {
+                            Some(AnyAv::$var(a)) => Some(a),
+                            _ => None,
+                        }
+                    }), )+
+                    _ => Err(foreign("QP")),
+                }
+            }
+            #[inline]
+            fn post_recv(&self, qp: &AnyQp, wrs: &[RecvWr<'_>]) -> Result<()> {
+                match (self, qp) {
+                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.post_recv(q, wrs), )+
+                    _ => Err(foreign("QP")),
+                }
+            }
+        }
+    };
+}
+
+/// Rebuilds a `QpInit` over one provider's queues, or fails when a queue
+/// belongs to another provider.
+macro_rules! qp_init {
+    ($var:ident, $init:expr) => {{
+        let init = $init;
+        #[allow(unreachable_patterns)]
+        match (init.send_cq, init.recv_cq, init.srq) {
+            (AnyCq::$var(send_cq), AnyCq::$var(recv_cq), None) => Ok(QpInit {
+                qp_type: init.qp_type,
+                send_cq,
+                recv_cq,
+                srq: None,
+                caps: init.caps,
+                sq_sig_all: init.sq_sig_all,
+            }),
+            (AnyCq::$var(send_cq), AnyCq::$var(recv_cq), Some(AnySrq::$var(srq))) => Ok(QpInit {
+                qp_type: init.qp_type,
+                send_cq,
+                recv_cq,
+                srq: Some(srq),
+                caps: init.caps,
+                sq_sig_all: init.sq_sig_all,
+            }),
+            (AnyCq::$var(_), AnyCq::$var(_), Some(_)) => Err(foreign("SRQ")),
+            _ => Err(foreign("CQ")),
+        }
+    }};
+}
+
+providers! {
+    /// The embedded soft provider (an in-process fabric).
+    Soft => crate::soft::SoftHca {
+        pd: crate::soft::SoftPd,
+        cq: crate::soft::SoftCq,
+        mr: crate::soft::SoftMr,
+        srq: crate::soft::SoftSrq,
+        av: crate::soft::SoftAv,
+        qp: crate::soft::SoftQp,
+    },
+}
+
+impl AnyDevice {
+    /// Identifies this device among the open devices of the process: two
+    /// handles to one device answer the same. Stable while any handle to
+    /// the device lives.
+    pub fn instance_key(&self) -> usize {
+        match self {
+            AnyDevice::Soft(d) => d.instance_key(),
+        }
+    }
+}
+
+/// A provider whose devices the object layer can drive: any [`Provider`]
+/// whose device converts into an [`AnyDevice`].
+pub trait AnyProvider {
+    /// Opens the device with node GUID `guid`.
+    fn open_any(&self, guid: u64) -> Result<AnyDevice>;
+}
+
+impl<P> AnyProvider for P
+where
+    P: Provider,
+    P::Device: Into<AnyDevice>,
+{
+    fn open_any(&self, guid: u64) -> Result<AnyDevice> {
+        self.open(guid).map(Into::into)
+    }
+}
