@@ -19,6 +19,8 @@
 
 mod completer;
 mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 mod memory;
 pub mod psn;
 mod requester;
