@@ -8,7 +8,7 @@ pub mod workload;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use hca::provider::{Access, Sge, Wc};
+use provider::{Access, Sge, Wc};
 use roce::{Endpoints, IpHeader, Ipv4Header, Packet};
 use roce_transport::{AtomicOp, Config, MemError, Memory, Source, Transport};
 
@@ -294,7 +294,7 @@ impl Net {
     }
 
     /// The pair of an RC connection: QPNs 0x11 and 0x22.
-    pub fn rc_pair(mtu: hca::provider::Mtu, seed: u64) -> Net {
+    pub fn rc_pair(mtu: provider::Mtu, seed: u64) -> Net {
         let mut a = Config::rc(0x11, 0x22);
         let mut b = Config::rc(0x22, 0x11);
         a.path_mtu = mtu;
