@@ -62,6 +62,15 @@ struct HeldSend {
     leased: bool,
 }
 
+/// A READ or atomic in the transport: its local target is leased (the
+/// response lands there later) until its completion, which the provider
+/// always asks the transport for and drops if the caller did not.
+struct Responding {
+    sg: Vec<Sge>,
+    leased: bool,
+    signaled: bool,
+}
+
 /// What the QP lock protects.
 pub(crate) struct QpCore {
     pub(crate) attr: QpAttr,
@@ -69,6 +78,8 @@ pub(crate) struct QpCore {
     t: Option<Transport<AvAttr>>,
     /// Sends posted in SQD.
     held: VecDeque<HeldSend>,
+    /// READs and atomics given to the transport, oldest first.
+    responding: VecDeque<Responding>,
     /// The transport's counters already added to the port's.
     seen: Counters,
 }
@@ -148,6 +159,7 @@ impl QpCore {
             attr,
             t: None,
             held: VecDeque::new(),
+            responding: VecDeque::new(),
             seen: Counters::default(),
         }
     }
@@ -344,6 +356,7 @@ impl QpInner {
 
     fn reset(&self, core: &mut QpCore) {
         core.t = None;
+        self.release_responding(core);
         for h in core.held.drain(..) {
             if h.leased {
                 self.dev.mrs.release(&h.sg);
@@ -731,16 +744,22 @@ impl QpInner {
                 return Ok(());
             }
         }
+        let responds = matches!(
+            wr.op,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        );
+        let mut twr = *wr;
+        twr.signaled |= responds;
         let mut mem = self.mem();
         let t = core.t.as_mut().expect("checked above");
-        match t.post_send(wr, &mut mem) {
+        let r = match t.post_send(&twr, &mut mem) {
             Ok(()) => Ok(()),
             Err(roce_transport::Error::QueueFull) => {
                 // Completions waiting to be moved out count against the
                 // queue: move them, then try once more.
                 self.drive(core, d);
                 let t = core.t.as_mut().expect("checked above");
-                t.post_send(wr, &mut mem).map_err(|_| {
+                t.post_send(&twr, &mut mem).map_err(|_| {
                     Error::insufficient_resources(format!(
                         "the send queue is full ({} requests)",
                         self.caps.max_send_wr
@@ -748,6 +767,22 @@ impl QpInner {
                 })
             }
             Err(e) => Err(Error::invalid_parameter(e.to_string())),
+        };
+        if r.is_ok() && responds {
+            core.responding.push_back(Responding {
+                leased: self.dev.mrs.hold(wr.sg_list),
+                sg: wr.sg_list.to_vec(),
+                signaled: wr.signaled,
+            });
+        }
+        r
+    }
+
+    fn release_responding(&self, core: &mut QpCore) {
+        for p in core.responding.drain(..) {
+            if p.leased {
+                self.dev.mrs.release(&p.sg);
+            }
         }
     }
 
@@ -761,8 +796,8 @@ impl QpInner {
             attr,
             t,
             held,
+            responding,
             seen,
-            ..
         } = core;
         let Some(t) = t.as_mut() else {
             self.deadline.store(NO_DEADLINE, Ordering::Release);
@@ -783,6 +818,17 @@ impl QpInner {
                 WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
                     self.rq.lock().wrs.pop_front();
                     self.recv_cq.push(wc, d);
+                }
+                WcOpcode::RdmaRead | WcOpcode::CompareSwap | WcOpcode::FetchAdd => {
+                    let p = responding.pop_front();
+                    if let Some(p) = &p {
+                        if p.leased {
+                            self.dev.mrs.release(&p.sg);
+                        }
+                    }
+                    if wc.status != WcStatus::Success || p.is_none_or(|p| p.signaled) {
+                        self.send_cq.push(wc, d);
+                    }
                 }
                 _ => self.send_cq.push(wc, d),
             }
@@ -898,6 +944,7 @@ impl QpInner {
     pub(crate) fn destroy(&self) {
         let mut core = self.core.lock();
         core.t = None;
+        self.release_responding(&mut core);
         for h in core.held.drain(..) {
             if h.leased {
                 self.dev.mrs.release(&h.sg);

@@ -83,7 +83,7 @@ impl Side {
                     recv_cq: &self.cq,
                     srq: None,
                     caps: QpCaps::default(),
-                    sq_sig_all: true,
+                    sq_sig_all: false,
                 },
             )
             .unwrap()
@@ -537,4 +537,129 @@ fn random_packets_with_valid_icrc_do_not_break_the_device() {
     b.connect(&qb, &a, a.dev.qp_num(&qa));
     while b.dev.poll_cq(&b.cq, &mut [Wc::default(); 16]).unwrap() > 0 {}
     exchange(&a, &b, &qa, &qb, 99);
+}
+
+/// Buffers in flight (`docs/memory.md`): a posted receive, and the local
+/// target of a READ until its completion, refuse the application's
+/// writes; an unsignaled READ that succeeds completes silently.
+#[test]
+fn receives_and_read_targets_are_in_flight() {
+    let p = provider();
+    let a = Side::new(p.open(1).unwrap());
+    let b = Side::new(p.open(2).unwrap());
+    let qa = a.qp(QpType::Rc);
+    let qb = b.qp(QpType::Rc);
+    a.connect(&qa, &b, b.dev.qp_num(&qb));
+    b.connect(&qb, &a, a.dev.qp_num(&qa));
+    let (abuf, _amr, akey) = a.mem(64);
+    let (bbuf, _bmr, bkey) = b.mem(64);
+    // A posted receive blocks its bytes until the SEND lands.
+    let rs = [Sge {
+        addr: 0,
+        length: 16,
+        lkey: bkey,
+    }];
+    b.dev
+        .post_recv(
+            &qb,
+            &[RecvWr {
+                wr_id: 1,
+                sg_list: &rs,
+            }],
+        )
+        .unwrap();
+    assert!(bbuf.write(8, b"no").is_err());
+    bbuf.write(32, b"elsewhere").unwrap();
+    let ss = [Sge {
+        addr: 0,
+        length: 4,
+        lkey: akey,
+    }];
+    a.dev
+        .post_send::<()>(&qa, &[SendWr::new(1, SendOp::Send, &ss)], &|_| None)
+        .unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(b.wait(1)[0].status, WcStatus::Success);
+    bbuf.write(8, b"ok").unwrap();
+    // An unsignaled READ completes silently; the signaled SEND after it
+    // is the only completion.
+    let read = SendWr::new(
+        7,
+        SendOp::Read {
+            remote_addr: 32,
+            rkey: bkey,
+        },
+        &ss,
+    )
+    .unsignaled();
+    b.dev
+        .post_recv(
+            &qb,
+            &[RecvWr {
+                wr_id: 2,
+                sg_list: &rs,
+            }],
+        )
+        .unwrap();
+    a.dev
+        .post_send::<()>(&qa, &[read, SendWr::new(8, SendOp::Send, &ss)], &|_| None)
+        .unwrap();
+    let wc = a.wait(1)[0];
+    assert_eq!((wc.wr_id, wc.status), (8, WcStatus::Success));
+    let mut got = [0u8; 4];
+    abuf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"else");
+    assert_eq!(b.wait(1)[0].wr_id, 2);
+
+    // A READ towards a QP that does not answer: its target is in flight
+    // until RETRY_EXC_ERR.
+    let lone = a.qp(QpType::Rc);
+    let dead = b.qp(QpType::Rc);
+    let m = |s| QpModify::to(s);
+    let d = &a.dev;
+    d.modify_qp(&lone, &m(QpState::Init).pkey_index(0).port(1).access(ALL))
+        .unwrap();
+    d.modify_qp(
+        &lone,
+        &m(QpState::Rtr)
+            .av(a.av_to(&b))
+            .path_mtu(Mtu::Mtu1024)
+            .dest_qpn(b.dev.qp_num(&dead))
+            .rq_psn(0)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(1),
+    )
+    .unwrap();
+    d.modify_qp(
+        &lone,
+        &m(QpState::Rts)
+            .sq_psn(0)
+            .timeout(12)
+            .retry_cnt(1)
+            .rnr_retry(0)
+            .max_rd_atomic(1),
+    )
+    .unwrap();
+    let target = [Sge {
+        addr: 16,
+        length: 8,
+        lkey: akey,
+    }];
+    let read = SendWr::new(
+        9,
+        SendOp::Read {
+            remote_addr: 0,
+            rkey: bkey,
+        },
+        &target,
+    );
+    d.post_send::<()>(&lone, &[read], &|_| None).unwrap();
+    assert!(
+        abuf.write(20, b"busy").is_err(),
+        "the READ target is leased"
+    );
+    abuf.write(40, b"free").unwrap();
+    let wc = a.wait(1)[0];
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::RetryExceeded));
+    abuf.write(20, b"free").unwrap();
 }
