@@ -25,6 +25,13 @@ pub struct PortConfig {
     pub peer_udp_port: u16,
     /// Active (and maximum) MTU of the port (default 1024).
     pub mtu: Mtu,
+    /// How many extra send sockets the port binds on UDP source ports in
+    /// 0xC000..=0xFFFF picked from a hash, so that a QP's packets leave
+    /// from a source port that depends on its QPN (`qpn % n` picks the
+    /// socket) and ECMP routers spread QPs over paths (IBTA A17.2.3 lets
+    /// the sender choose). Default 8; 0 sends everything from the
+    /// listening socket.
+    pub source_ports: u8,
 }
 
 impl PortConfig {
@@ -34,7 +41,14 @@ impl PortConfig {
             addr,
             peer_udp_port: ROCE_PORT,
             mtu: Mtu::Mtu1024,
+            source_ports: 8,
         }
+    }
+
+    /// Bind `n` send sockets for ECMP source ports (0: none).
+    pub fn source_ports(mut self, n: u8) -> PortConfig {
+        self.source_ports = n;
+        self
     }
 
     /// Send to `port` instead of 4791.

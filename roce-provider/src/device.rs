@@ -37,6 +37,9 @@ pub(crate) struct PortShared {
     pub(crate) num: u8,
     pub(crate) cfg: PortConfig,
     pub(crate) socket: UdpSocket,
+    /// Send sockets on source ports in 0xC000..=0xFFFF (ECMP), with
+    /// their addresses; empty: send from `socket`.
+    tx: Vec<(UdpSocket, SocketAddr)>,
     /// The bound address (the configured one, with the real UDP port).
     pub(crate) local: SocketAddr,
     pub(crate) gid: Gid,
@@ -44,10 +47,18 @@ pub(crate) struct PortShared {
 }
 
 impl PortShared {
-    /// Encode `pkt` for the flow to `to` and send it.
-    pub(crate) fn send(&self, to: SocketAddr, pkt: &Packet<'_>) {
+    /// Encode `pkt` for the flow to `to` and send it, from the source
+    /// port QP `qpn` uses.
+    pub(crate) fn send(&self, qpn: u32, to: SocketAddr, pkt: &Packet<'_>) {
         let c = &self.counters;
-        let Ok(ep) = Endpoints::new(self.local, to) else {
+        let (socket, from) = match self.tx.len() {
+            0 => (&self.socket, self.local),
+            n => {
+                let (s, a) = &self.tx[qpn as usize % n];
+                (s, *a)
+            }
+        };
+        let Ok(ep) = Endpoints::new(from, to) else {
             c.add(&c.tx_errors, 1);
             return;
         };
@@ -55,7 +66,7 @@ impl PortShared {
             c.add(&c.tx_errors, 1);
             return;
         };
-        match self.socket.send_to(&bytes, to) {
+        match socket.send_to(&bytes, to) {
             Ok(_) => {
                 c.add(&c.tx_packets, 1);
                 c.add(&c.tx_bytes, bytes.len() as u64);
@@ -276,10 +287,12 @@ impl RoceDevice {
             let local = socket
                 .local_addr()
                 .map_err(|e| Error::insufficient_resources(format!("port {}: {e}", i + 1)))?;
+            let tx = source_sockets(local, pc.source_ports, cfg.node_guid);
             ports.push(PortShared {
                 num: i as u8 + 1,
                 cfg: *pc,
                 socket,
+                tx,
                 local,
                 gid: gid_of(local.ip()),
                 counters: AtomicCounters::default(),
@@ -559,6 +572,27 @@ impl Drop for RoceQp {
         self.inner.dev.qps.write().remove(&self.inner.key);
         self.inner.destroy();
     }
+}
+
+/// Up to `n` send sockets on `local`'s IP, on UDP ports in
+/// 0xC000..=0xFFFF spread by a hash of the device and the socket's index
+/// (a port another socket holds is skipped; fewer sockets is fine).
+fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, SocketAddr)> {
+    use std::hash::{Hash, Hasher};
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..u64::from(n) {
+        for attempt in 0..8u64 {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (salt, local, i, attempt).hash(&mut h);
+            let port = 0xC000 | (h.finish() as u16 & 0x3fff);
+            let addr = SocketAddr::new(local.ip(), port);
+            if let Ok(s) = UdpSocket::bind(addr) {
+                out.push((s, addr));
+                break;
+            }
+        }
+    }
+    out
 }
 
 fn check_access(access: Access) -> Result<()> {

@@ -866,7 +866,7 @@ impl QpInner {
             .dev
             .directory
             .resolve(&grh.dgid, port.cfg.peer_udp_port);
-        port.send(to, &tx.packet());
+        port.send(self.qpn, to, &tx.packet());
     }
 
     // ----- the driver's entry points -----

@@ -174,9 +174,19 @@ fn exchange(a: &Side, b: &Side, qa: &RoceQp, qb: &RoceQp, id: u64) {
     a.dev
         .post_send::<()>(qa, &[SendWr::new(id, SendOp::Send, &ss)], &|_| None)
         .unwrap();
-    let s = a.wait(1)[0];
+    let (s, r) = if std::ptr::eq(a, b) {
+        // One CQ gets both, in either order.
+        let w = a.wait(2);
+        let send = w[0].opcode == WcOpcode::Send;
+        if send {
+            (w[0], w[1])
+        } else {
+            (w[1], w[0])
+        }
+    } else {
+        (a.wait(1)[0], b.wait(1)[0])
+    };
     assert_eq!((s.wr_id, s.status), (id, WcStatus::Success));
-    let r = b.wait(1)[0];
     assert_eq!((r.wr_id, r.status, r.byte_len), (id, WcStatus::Success, 11));
     let mut out = [0u8; 11];
     rbuf.read(0, &mut out).unwrap();
@@ -662,4 +672,133 @@ fn receives_and_read_targets_are_in_flight() {
     let wc = a.wait(1)[0];
     assert_eq!((wc.wr_id, wc.status), (9, WcStatus::RetryExceeded));
     abuf.write(20, b"free").unwrap();
+}
+
+/// An IPv6 port (`::1`): its GID is the IPv6 address; two QPs of one
+/// device exchange over it, and a UD receive's GRH area holds the IPv6
+/// header with both GIDs. Skipped when the host has no IPv6 loopback.
+#[test]
+fn ipv6_port() {
+    if UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("no IPv6 loopback: skipped");
+        return;
+    }
+    let p = RoceProvider::new(vec![DeviceConfig::new(
+        "v6",
+        6,
+        vec![PortConfig::new("[::1]:0".parse().unwrap())],
+    )]);
+    let a = Side::new(p.open(6).unwrap());
+    let gid = a.gid();
+    assert_eq!(gid, std::net::Ipv6Addr::LOCALHOST.octets());
+    let q1 = a.qp(QpType::Rc);
+    let q2 = a.qp(QpType::Rc);
+    a.connect(&q1, &a, a.dev.qp_num(&q2));
+    a.connect(&q2, &a, a.dev.qp_num(&q1));
+    exchange(&a, &a, &q1, &q2, 5);
+
+    let u1 = a.qp(QpType::Ud);
+    let u2 = a.qp(QpType::Ud);
+    a.ud(&u1, 3);
+    a.ud(&u2, 3);
+    let (rbuf, _rmr, rkey) = a.mem(256);
+    let rs = [Sge {
+        addr: 0,
+        length: 256,
+        lkey: rkey,
+    }];
+    a.dev
+        .post_recv(
+            &u2,
+            &[RecvWr {
+                wr_id: 1,
+                sg_list: &rs,
+            }],
+        )
+        .unwrap();
+    let (sbuf, _smr, skey) = a.mem(16);
+    sbuf.write(0, b"six!").unwrap();
+    let av = a.dev.create_av(&a.pd, &a.av_to(&a)).unwrap();
+    let ss = [Sge {
+        addr: 0,
+        length: 4,
+        lkey: skey,
+    }];
+    let wr = SendWr::new(1, SendOp::Send, &ss).to(UdDest {
+        av: &av,
+        remote_qpn: a.dev.qp_num(&u2),
+        remote_qkey: 3,
+        pkey_index: 0,
+    });
+    a.dev.post_send(&u1, &[wr], &|_| Some(&av)).unwrap();
+    let wcs = a.wait(2);
+    let r = wcs.iter().find(|w| w.opcode == WcOpcode::Recv).unwrap();
+    assert!(r.grh);
+    assert_eq!(r.byte_len, GRH_SIZE as u32 + 4);
+    assert_eq!(r.src_qp, a.dev.qp_num(&u1));
+    let mut g = [0u8; GRH_SIZE + 4];
+    rbuf.read(0, &mut g).unwrap();
+    assert_eq!(g[0] >> 4, 6);
+    assert_eq!(&g[8..24], &gid);
+    assert_eq!(&g[24..40], &gid);
+    assert_eq!(&g[40..], b"six!");
+}
+
+/// What leaves the port, seen by a plain UDP socket standing in for a
+/// peer (reached through the provider's directory): a RoCEv2 packet with
+/// a valid ICRC for the flow, from a UDP source port in 0xC000..=0xFFFF
+/// that depends on the QPN.
+#[test]
+fn packets_leave_from_ecmp_source_ports_with_a_valid_icrc() {
+    let p = provider();
+    let a = Side::new(p.open(1).unwrap());
+    let peer = UdpSocket::bind("127.0.0.3:0").unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let peer_addr = peer.local_addr().unwrap();
+    let peer_gid = roce_provider::gid_of(peer_addr.ip());
+    p.add_peer(peer_gid, peer_addr);
+    let av_attr = AvAttr {
+        grh: Some(GrhAttr {
+            dgid: peer_gid,
+            sgid_index: 0,
+            flow_label: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+        }),
+        ..AvAttr::lid(1, 0)
+    };
+    let av = a.dev.create_av(&a.pd, &av_attr).unwrap();
+    let (_buf, _mr, key) = a.mem(16);
+    let sg = [Sge {
+        addr: 0,
+        length: 5,
+        lkey: key,
+    }];
+    let mut ports = std::collections::HashSet::new();
+    for _ in 0..4 {
+        let q = a.qp(QpType::Ud);
+        a.ud(&q, 0x77);
+        let wr = SendWr::new(1, SendOp::Send, &sg).to(UdDest {
+            av: &av,
+            remote_qpn: 0x42,
+            remote_qkey: 0x77,
+            pkey_index: 0,
+        });
+        a.dev.post_send(&q, &[wr], &|_| Some(&av)).unwrap();
+        let mut buf = [0u8; 2048];
+        let (n, src) = peer.recv_from(&mut buf).unwrap();
+        assert!(src.port() >= 0xC000, "{src}");
+        let ep = Endpoints::new(src, peer_addr).unwrap();
+        let pkt = Packet::decode(&buf[..n], &ep).unwrap();
+        assert_eq!(pkt.headers.bth.opcode, Opcode::UdSendOnly);
+        assert_eq!(pkt.headers.bth.dest_qp, 0x42);
+        assert_eq!(pkt.headers.deth.unwrap().src_qp, a.dev.qp_num(&q));
+        assert_eq!(pkt.payload.len(), 5);
+        ports.insert(src.port());
+        a.wait(1);
+    }
+    assert!(
+        ports.len() > 1,
+        "consecutive QPs use different source ports"
+    );
 }
