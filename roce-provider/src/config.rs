@@ -32,6 +32,14 @@ pub struct PortConfig {
     /// the sender choose). Default 8; 0 sends everything from the
     /// listening socket.
     pub source_ports: u8,
+    /// How a UD receive's 40-byte GRH area describes an IPv4 datagram.
+    /// `false` (default): as Linux rxe fills it (20 zero bytes, then the
+    /// IPv4 header), which a consumer tells from an IPv6 header by the
+    /// version nibble at byte 20. `true`: an IPv6-style header whose
+    /// source and destination GIDs are the IPv4-mapped addresses, the
+    /// layout a consumer that reads GIDs at bytes 8 and 24 (InfiniBand's)
+    /// understands, e.g. `cep`'s CM agent today.
+    pub ipv4_grh_as_ipv6: bool,
 }
 
 impl PortConfig {
@@ -42,7 +50,15 @@ impl PortConfig {
             peer_udp_port: ROCE_PORT,
             mtu: Mtu::Mtu1024,
             source_ports: 8,
+            ipv4_grh_as_ipv6: false,
         }
+    }
+
+    /// Describe IPv4 datagrams in the GRH area with IPv4-mapped GIDs in
+    /// an IPv6-style header (see [`PortConfig::ipv4_grh_as_ipv6`]).
+    pub fn ipv4_grh_as_ipv6(mut self, on: bool) -> PortConfig {
+        self.ipv4_grh_as_ipv6 = on;
+        self
     }
 
     /// Bind `n` send sockets for ECMP source ports (0: none).

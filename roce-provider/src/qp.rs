@@ -816,7 +816,12 @@ impl QpInner {
         while let Some(wc) = t.poll_completion() {
             match wc.opcode {
                 WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
-                    self.rq.lock().wrs.pop_front();
+                    let e = self.rq.lock().wrs.pop_front();
+                    if let (true, Some(e), Some(port)) = (wc.grh, &e, port) {
+                        if port.cfg.ipv4_grh_as_ipv6 {
+                            ipv4_grh_as_ipv6(&mut mem, &e.sg);
+                        }
+                    }
                     self.recv_cq.push(wc, d);
                 }
                 WcOpcode::RdmaRead | WcOpcode::CompareSwap | WcOpcode::FetchAdd => {
@@ -953,6 +958,28 @@ impl QpInner {
         self.rq.close();
         self.deadline.store(NO_DEADLINE, Ordering::Release);
     }
+}
+
+/// Rewrite the GRH area at the start of a UD receive that holds an IPv4
+/// header the rxe way (20 zero bytes, then the header) into an IPv6-style
+/// header with IPv4-mapped source and destination GIDs.
+fn ipv4_grh_as_ipv6(mem: &mut DevMem<'_>, sg: &[Sge]) {
+    let mut g = [0u8; provider::GRH_SIZE];
+    if mem.gather(sg, 0, &mut g).is_err() || g[20] >> 4 != 4 || g[..20] != [0; 20] {
+        return;
+    }
+    let v4 = |b: &[u8]| std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_ipv6_mapped();
+    let (src, dst) = (v4(&g[32..36]), v4(&g[36..40]));
+    // IPv4 total length less its 20-byte header is the IPv6 payload.
+    let payload = u16::from_be_bytes([g[22], g[23]]).saturating_sub(20);
+    let mut out = [0u8; provider::GRH_SIZE];
+    out[0] = 0x60;
+    out[4..6].copy_from_slice(&payload.to_be_bytes());
+    out[6] = 17; // UDP
+    out[7] = g[28]; // TTL as the hop limit
+    out[8..24].copy_from_slice(&src.octets());
+    out[24..40].copy_from_slice(&dst.octets());
+    let _ = mem.scatter(sg, 0, &out);
 }
 
 /// Apply the attributes of `m` to `a` (values already checked).

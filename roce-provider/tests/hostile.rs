@@ -802,3 +802,68 @@ fn packets_leave_from_ecmp_source_ports_with_a_valid_icrc() {
         "consecutive QPs use different source ports"
     );
 }
+
+/// IPv4 GRH area: rxe's layout by default (20 zero bytes, then the IPv4
+/// header); with `ipv4_grh_as_ipv6`, an IPv6-style header with the
+/// IPv4-mapped GIDs at bytes 8 and 24.
+#[test]
+fn ipv4_grh_area_layouts() {
+    for v6_style in [false, true] {
+        let port = |ip: &str| {
+            PortConfig::new(SocketAddr::new(ip.parse().unwrap(), 0)).ipv4_grh_as_ipv6(v6_style)
+        };
+        let p = RoceProvider::new(vec![
+            DeviceConfig::new("a", 1, vec![port("127.0.0.1")]),
+            DeviceConfig::new("b", 2, vec![port("127.0.0.2")]),
+        ]);
+        let a = Side::new(p.open(1).unwrap());
+        let b = Side::new(p.open(2).unwrap());
+        let (qa, qb) = (a.qp(QpType::Ud), b.qp(QpType::Ud));
+        a.ud(&qa, 5);
+        b.ud(&qb, 5);
+        let (rbuf, _rmr, rkey) = b.mem(128);
+        let rs = [Sge {
+            addr: 0,
+            length: 128,
+            lkey: rkey,
+        }];
+        b.dev
+            .post_recv(
+                &qb,
+                &[RecvWr {
+                    wr_id: 1,
+                    sg_list: &rs,
+                }],
+            )
+            .unwrap();
+        let (_sbuf, _smr, skey) = a.mem(8);
+        let av = a.dev.create_av(&a.pd, &a.av_to(&b)).unwrap();
+        let ss = [Sge {
+            addr: 0,
+            length: 8,
+            lkey: skey,
+        }];
+        let wr = SendWr::new(1, SendOp::Send, &ss).to(UdDest {
+            av: &av,
+            remote_qpn: b.dev.qp_num(&qb),
+            remote_qkey: 5,
+            pkey_index: 0,
+        });
+        a.dev.post_send(&qa, &[wr], &|_| Some(&av)).unwrap();
+        a.wait(1);
+        let wc = b.wait(1)[0];
+        assert!(wc.grh);
+        let mut g = [0u8; GRH_SIZE];
+        rbuf.read(0, &mut g).unwrap();
+        if v6_style {
+            assert_eq!(g[0] >> 4, 6);
+            assert_eq!(&g[8..24], &a.gid());
+            assert_eq!(&g[24..40], &b.gid());
+        } else {
+            assert_eq!(g[..20], [0; 20]);
+            assert_eq!(g[20] >> 4, 4);
+            assert_eq!(&g[32..36], &[127, 0, 0, 1]);
+            assert_eq!(&g[36..40], &[127, 0, 0, 2]);
+        }
+    }
+}
