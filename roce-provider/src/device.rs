@@ -226,9 +226,20 @@ impl Provider for RoceProvider {
 }
 
 /// An open RoCEv2 device: its ports' sockets and receive threads, and its
-/// verbs objects. Dropping it stops and joins the threads; objects still
+/// verbs objects. Cloning gives another handle to the same device (as the
+/// object layer's device enum needs); dropping the last handle stops and
+/// joins the threads; objects still
 /// alive then keep their memory but see no more traffic.
+#[derive(Clone)]
 pub struct RoceDevice {
+    shared: Arc<DevShared>,
+    /// Shared by the handles; its drop (the last handle's) stops the
+    /// driver.
+    _life: Arc<Running>,
+}
+
+/// The driver of an open device: what stops it.
+struct Running {
     shared: Arc<DevShared>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -357,10 +368,13 @@ impl RoceDevice {
             }
         }
         Ok(RoceDevice {
-            shared,
-            stop,
-            threads: Mutex::new(threads),
-            open,
+            shared: shared.clone(),
+            _life: Arc::new(Running {
+                shared,
+                stop,
+                threads: Mutex::new(threads),
+                open,
+            }),
         })
     }
 
@@ -468,7 +482,7 @@ impl RoceDevice {
     }
 }
 
-impl Drop for RoceDevice {
+impl Drop for Running {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         let me = std::thread::current().id();

@@ -446,8 +446,13 @@ fn dropping_the_device_frees_its_threads_and_sockets() {
     let dev = p.open(1).unwrap();
     let addr = dev.local_addr(1).unwrap();
     assert!(p.open(1).is_err(), "a device opens once");
-    let t = Instant::now();
+    // A clone is another handle: the device runs until the last goes.
+    let other = dev.clone();
     drop(dev);
+    assert!(p.open(1).is_err(), "still open through the clone");
+    assert!(UdpSocket::bind(addr).is_err(), "still bound");
+    let t = Instant::now();
+    drop(other);
     assert!(t.elapsed() < Duration::from_secs(2));
     // The socket is closed: its address can be bound again, and the
     // device can be opened again.
