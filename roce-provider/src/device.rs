@@ -21,7 +21,7 @@ use roce::{Endpoints, Packet};
 use crate::config::{gid_of, DeviceConfig, Directory, PortConfig};
 use crate::counters::{AtomicCounters, PortCounters};
 use crate::cq::CqInner;
-use crate::driver::{run_port, POLL_INTERVAL};
+use crate::driver::{run_port, run_timers, Timers, RECV_TIMEOUT};
 use crate::mr::{MrInner, MrTable, Posted, RecvEntry};
 use crate::qp::{fresh_attr, QpCore, QpInner, SrqInner, GSI_KEY, NO_DEADLINE, QPN_MASK};
 
@@ -101,6 +101,7 @@ pub(crate) struct DevShared {
     next_qpn: AtomicU32,
     base: Instant,
     pub(crate) directory: Arc<Directory>,
+    pub(crate) timers: Timers,
 }
 
 impl DevShared {
@@ -293,7 +294,7 @@ impl RoceDevice {
                 Error::insufficient_resources(format!("port {}: bind {}: {e}", i + 1, pc.addr))
             })?;
             socket
-                .set_read_timeout(Some(POLL_INTERVAL))
+                .set_read_timeout(Some(RECV_TIMEOUT))
                 .map_err(|e| Error::insufficient_resources(format!("port {}: {e}", i + 1)))?;
             let local = socket
                 .local_addr()
@@ -344,28 +345,44 @@ impl RoceDevice {
             next_qpn: AtomicU32::new(first_qpn),
             base: Instant::now(),
             directory,
+            timers: Timers::default(),
         });
         for p in &shared.ports {
             shared.directory.set(p.gid, p.local);
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        for idx in 0..shared.ports.len() {
-            let (dev, flag) = (shared.clone(), stop.clone());
-            let name = format!("roce-{}-p{}", cfg.name, idx + 1);
-            let spawned = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || run_port(dev, idx, flag));
-            match spawned {
-                Ok(h) => threads.push(h),
-                Err(e) => {
-                    stop.store(true, Ordering::Release);
-                    for h in threads {
-                        let _ = h.join();
-                    }
-                    return Err(Error::insufficient_resources(format!("driver thread: {e}")));
-                }
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name).spawn(f)
+        };
+        let mut failed = None;
+        let (dev, flag) = (shared.clone(), stop.clone());
+        match spawn(
+            format!("roce-{}-timer", cfg.name),
+            Box::new(move || run_timers(dev, flag)),
+        ) {
+            Ok(h) => {
+                shared.timers.set_thread(h.thread().clone());
+                threads.push(h);
             }
+            Err(e) => failed = Some(e),
+        }
+        for idx in 0..shared.ports.len() {
+            if failed.is_some() {
+                break;
+            }
+            let (dev, flag) = (shared.clone(), stop.clone());
+            match spawn(
+                format!("roce-{}-p{}", cfg.name, idx + 1),
+                Box::new(move || run_port(dev, idx, flag)),
+            ) {
+                Ok(h) => threads.push(h),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            stop_driver(&shared, &stop, threads);
+            return Err(Error::insufficient_resources(format!("driver thread: {e}")));
         }
         Ok(RoceDevice {
             shared: shared.clone(),
@@ -482,17 +499,28 @@ impl RoceDevice {
     }
 }
 
+/// Stop the driver threads of `shared` and join them (all but the
+/// calling thread: a hook running on a driver thread may close the
+/// device; that thread then ends by itself when the hook returns).
+fn stop_driver(shared: &DevShared, stop: &AtomicBool, threads: Vec<JoinHandle<()>>) {
+    stop.store(true, Ordering::Release);
+    shared.timers.wake();
+    for p in &shared.ports {
+        // Wake the receive thread: an empty datagram to its own socket.
+        let _ = p.socket.send_to(&[], p.local);
+    }
+    let me = std::thread::current().id();
+    for h in threads {
+        if h.thread().id() != me {
+            let _ = h.join();
+        }
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let me = std::thread::current().id();
-        for h in self.threads.lock().drain(..) {
-            // A hook running on a driver thread may drop the device: that
-            // thread ends by itself once it returns.
-            if h.thread().id() != me {
-                let _ = h.join();
-            }
-        }
+        let threads: Vec<JoinHandle<()>> = self.threads.lock().drain(..).collect();
+        stop_driver(&self.shared, &self.stop, threads);
         for p in &self.shared.ports {
             self.shared.directory.remove(&p.gid, p.local);
         }

@@ -369,7 +369,7 @@ impl QpInner {
             0
         };
         core.attr = fresh_attr(self.qpn, self.qp_type, self.caps, self.sq_sig_all, port);
-        self.deadline.store(NO_DEADLINE, Ordering::Release);
+        self.deadline.store(NO_DEADLINE, Ordering::SeqCst);
     }
 
     /// To ERR: everything outstanding is flushed, in order.
@@ -800,7 +800,7 @@ impl QpInner {
             seen,
         } = core;
         let Some(t) = t.as_mut() else {
-            self.deadline.store(NO_DEADLINE, Ordering::Release);
+            self.deadline.store(NO_DEADLINE, Ordering::SeqCst);
             return;
         };
         let port = self.dev.port(attr.port);
@@ -846,7 +846,10 @@ impl QpInner {
         let deadline = t.poll_timeout().map_or(NO_DEADLINE, |x| {
             x.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
         });
-        self.deadline.store(deadline, Ordering::Release);
+        self.deadline.store(deadline, Ordering::SeqCst);
+        if deadline != NO_DEADLINE {
+            self.dev.timers.armed(deadline);
+        }
         if t.state() == QpState::Err && !matches!(attr.state, QpState::Err | QpState::Reset) {
             attr.state = QpState::Err;
             for h in held.drain(..) {
@@ -956,7 +959,7 @@ impl QpInner {
             }
         }
         self.rq.close();
-        self.deadline.store(NO_DEADLINE, Ordering::Release);
+        self.deadline.store(NO_DEADLINE, Ordering::SeqCst);
     }
 }
 
