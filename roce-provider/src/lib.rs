@@ -7,8 +7,8 @@
 //!   devices ([`DeviceConfig`]), each with ports ([`PortConfig`]: a local
 //!   IP address and UDP port, the UDP port peers listen on, the MTU).
 //! * [`RoceDevice`] ([`provider::Device`]): the verbs. Opening one binds
-//!   its sockets and starts one receive thread per port; dropping it stops
-//!   and joins them.
+//!   its sockets and starts one receive thread per port and a timer
+//!   thread; dropping the last handle (it is `Clone`) stops and joins them.
 //! * A port's GID (index 0, its only one) is its IP address as a RoCEv2
 //!   GID: IPv4-mapped (`::ffff:a.b.c.d`) or the IPv6 address. Every
 //!   address vector carries a GRH; there is no LID routing (LID 0).
