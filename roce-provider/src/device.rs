@@ -102,9 +102,54 @@ pub(crate) struct DevShared {
     base: Instant,
     pub(crate) directory: Arc<Directory>,
     pub(crate) timers: Timers,
+    /// PDs, CQs, SRQs and AVs that exist now (against their limits).
+    usage: [Arc<AtomicU32>; 4],
+}
+
+/// Which limit a [`Charge`] counts against.
+#[derive(Clone, Copy)]
+enum Kind {
+    Pd = 0,
+    Cq = 1,
+    Srq = 2,
+    Av = 3,
+}
+
+/// An object's place in its device's limit, given back on drop.
+struct Charge(Arc<AtomicU32>);
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Charge")
+    }
 }
 
 impl DevShared {
+    /// Take one place of `kind`'s limit (`InsufficientResources` when
+    /// none is left).
+    fn charge(&self, kind: Kind) -> Result<Charge> {
+        let (max, what) = match kind {
+            Kind::Pd => (self.attr.max_pd, "max_pd"),
+            Kind::Cq => (self.attr.max_cq, "max_cq"),
+            Kind::Srq => (self.attr.max_srq, "max_srq"),
+            Kind::Av => (self.attr.max_av, "max_av"),
+        };
+        let c = &self.usage[kind as usize];
+        c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .map_err(|_| {
+            Error::insufficient_resources(format!("{what} reached: the device allows {max}"))
+        })?;
+        Ok(Charge(c.clone()))
+    }
+
     /// Monotonic time since the device opened.
     pub(crate) fn now(&self) -> Duration {
         self.base.elapsed()
@@ -346,6 +391,7 @@ impl RoceDevice {
             base: Instant::now(),
             directory,
             timers: Timers::default(),
+            usage: Default::default(),
         });
         for p in &shared.ports {
             shared.directory.set(p.gid, p.local);
@@ -533,11 +579,13 @@ impl Drop for Running {
 pub struct RocePd {
     id: u64,
     device: u64,
+    _charge: Charge,
 }
 
 /// A completion queue.
 pub struct RoceCq {
     inner: Arc<CqInner>,
+    _charge: Charge,
 }
 
 impl std::fmt::Debug for RoceCq {
@@ -577,6 +625,7 @@ impl Drop for RoceMr {
 /// A shared receive queue.
 pub struct RoceSrq {
     inner: Arc<SrqInner>,
+    _charge: Charge,
 }
 
 impl std::fmt::Debug for RoceSrq {
@@ -592,6 +641,7 @@ impl std::fmt::Debug for RoceSrq {
 pub struct RoceAv {
     pub(crate) attr: AvAttr,
     pub(crate) pd: u64,
+    _charge: Charge,
 }
 
 /// A queue pair. Dropping it destroys it (outstanding work is discarded
@@ -710,6 +760,7 @@ impl Device for RoceDevice {
 
     fn alloc_pd(&self) -> Result<RocePd> {
         Ok(RocePd {
+            _charge: self.shared.charge(Kind::Pd)?,
             id: new_identity(),
             device: self.shared.id,
         })
@@ -728,6 +779,7 @@ impl Device for RoceDevice {
             )));
         }
         Ok(RoceCq {
+            _charge: self.shared.charge(Kind::Cq)?,
             inner: Arc::new(CqInner::new(
                 self.shared.id,
                 init.capacity as usize,
@@ -802,6 +854,7 @@ impl Device for RoceDevice {
             )));
         }
         Ok(RoceSrq {
+            _charge: self.shared.charge(Kind::Srq)?,
             inner: Arc::new(SrqInner {
                 pd: pd.id,
                 max_wr: init.max_wr as usize,
@@ -849,6 +902,7 @@ impl Device for RoceDevice {
         self.check_pd(pd)?;
         self.shared.check_av(attr, "AV")?;
         Ok(RoceAv {
+            _charge: self.shared.charge(Kind::Av)?,
             attr: *attr,
             pd: pd.id,
         })

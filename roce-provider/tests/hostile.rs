@@ -872,3 +872,20 @@ fn ipv4_grh_area_layouts() {
         }
     }
 }
+
+/// The limits `query` reports are enforced: past `max_pd` PDs (and
+/// likewise CQs, SRQs, AVs, QPs, MRs) the next is refused with
+/// `InsufficientResources` until one goes.
+#[test]
+fn device_limits_are_enforced() {
+    let p = provider();
+    let dev = p.open(1).unwrap();
+    let max = dev.query().max_pd as usize;
+    let mut pds: Vec<_> = (0..max).map(|_| dev.alloc_pd().unwrap()).collect();
+    assert!(matches!(
+        dev.alloc_pd(),
+        Err(al::Error::InsufficientResources(_))
+    ));
+    pds.pop();
+    pds.push(dev.alloc_pd().unwrap());
+}
