@@ -610,6 +610,12 @@ impl QpInner {
                 "send {i}: the AV belongs to another PD (or another device)"
             )));
         }
+        if self.qp_type == QpType::Gsi && u.pkey_index != 0 {
+            return Err(Error::invalid_parameter(format!(
+                "send {i}: pkey_index {} is outside the port's P_Key table (one entry)",
+                u.pkey_index
+            )));
+        }
         if u.remote_qpn > QPN_MASK {
             return Err(Error::invalid_parameter(format!(
                 "send {i}: remote QPN must fit 24 bits"
