@@ -399,6 +399,17 @@ fn the_gsi_qp_carries_mads_and_checks_the_qkey() {
         a.dev.post_send(&ga, &[wr], &|_| Some(&av)).unwrap();
         assert_eq!(a.wait(1)[0].status, WcStatus::Success);
     }
+    // A P_Key index outside the table (one entry, 0xffff) is refused.
+    let wr = SendWr::new(3, SendOp::Send, &sg).to(UdDest {
+        av: &av,
+        remote_qpn: 1,
+        remote_qkey: GSI_QKEY,
+        pkey_index: 1,
+    });
+    assert!(matches!(
+        a.dev.post_send(&ga, &[wr], &|_| Some(&av)),
+        Err(al::Error::InvalidParameter(_))
+    ));
     let wc = b.wait(1)[0];
     assert_eq!(
         (
