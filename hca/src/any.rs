@@ -69,7 +69,7 @@ macro_rules! providers {
             }
         }
 
-        // One provider per build leaves the mismatch arms unreachable.
+        // A build with one provider leaves the mismatch arms unreachable.
         #[allow(unreachable_patterns)]
         impl Device for AnyDevice {
             type Pd = AnyPd;
@@ -313,6 +313,15 @@ providers! {
         av: crate::soft::SoftAv,
         qp: crate::soft::SoftQp,
     },
+    /// The RoCEv2-over-UDP provider (crate `roce-provider`).
+    Roce => roce_provider::RoceDevice {
+        pd: roce_provider::RocePd,
+        cq: roce_provider::RoceCq,
+        mr: roce_provider::RoceMr,
+        srq: roce_provider::RoceSrq,
+        av: roce_provider::RoceAv,
+        qp: roce_provider::RoceQp,
+    },
 }
 
 impl AnyDevice {
@@ -322,6 +331,7 @@ impl AnyDevice {
     pub fn instance_key(&self) -> usize {
         match self {
             AnyDevice::Soft(d) => d.instance_key(),
+            AnyDevice::Roce(d) => d.instance_key(),
         }
     }
 }

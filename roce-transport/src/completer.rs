@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hca::provider::{QpState, SendOp, WcStatus};
+use provider::{QpState, SendOp, WcStatus};
 use roce::{NakCode, Opcode, Packet, Syndrome};
 
 use crate::memory::Memory;

@@ -1,9 +1,9 @@
 //! The QP attributes a transport is created from, and its errors.
 
-use hca::provider::{Access, Mtu, QpType, DEFAULT_PKEY};
+use provider::{Access, Mtu, QpType, DEFAULT_PKEY};
 
 /// The attributes of a QP in RTS that its transport needs (the subset of
-/// `hca::provider::QpAttr` that reaches the wire).
+/// `provider::QpAttr` that reaches the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     /// RC, UC, UD or GSI (GSI behaves as UD).

@@ -23,7 +23,7 @@ use std::collections::{HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use hca::provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
+use provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
 use roce::{Endpoints, IpHeader, Ipv4Header, Packet, ROCE_UDP_PORT};
 
 use crate::{AtomicOp, Config, MemError, Memory, Source, Transport, MAX_UNACKED_PSNS};

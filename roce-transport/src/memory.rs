@@ -6,7 +6,7 @@
 //! method checks keys, bounds and rights and fails with a [`MemError`]
 //! rather than touching memory it should not.
 
-use hca::provider::{Access, Sge, WcStatus};
+use provider::{Access, Sge, WcStatus};
 
 /// Why a memory access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

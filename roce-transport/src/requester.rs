@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hca::provider::{QpState, QpType, SendOp, WcStatus};
+use provider::{QpState, QpType, SendOp, WcStatus};
 use roce::{AtomicEth, Bth, Deth, Headers, ImmDt, Opcode, Reth};
 
 use crate::psn;

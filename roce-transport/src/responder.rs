@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use hca::provider::{Access, QpState, QpType, Wc, WcOpcode, WcStatus, GRH_SIZE};
+use provider::{Access, QpState, QpType, Wc, WcOpcode, WcStatus, GRH_SIZE};
 use roce::{
     Aeth, AtomicAckEth, Bth, Frame, Headers, IpHeader, NakCode, Opcode, Packet, Syndrome,
     Transport as Service,
@@ -702,7 +702,7 @@ impl<R: Clone> Transport<R> {
             return;
         };
         let want = if self.cfg.qp_type == QpType::Gsi {
-            hca::provider::GSI_QKEY
+            provider::GSI_QKEY
         } else {
             self.cfg.qkey
         };

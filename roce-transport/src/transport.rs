@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use hca::provider::{Access, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
+use provider::{Access, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
 use roce::{Headers, IpHeader, Packet};
 
 use crate::config::{Config, Error};
@@ -367,6 +367,58 @@ impl<R: Clone> Transport<R> {
         } else {
             self.resp.rq.push_back(wqe);
         }
+        Ok(())
+    }
+
+    /// Receives posted and not yet taken by a message.
+    pub fn recv_queue_len(&self) -> usize {
+        self.resp.rq.len()
+    }
+
+    /// Takes back the most recently posted receive if no message has taken
+    /// it yet; returns its `wr_id`. For a provider that lends a QP one
+    /// receive of a shared receive queue for the packet at hand and gives
+    /// it back to the SRQ when the packet did not use it.
+    pub fn unpost_recv(&mut self) -> Option<u64> {
+        self.resp.rq.pop_back().map(|w| w.wr_id)
+    }
+
+    /// Applies new attributes to a live transport (a modify RTR -> RTS or
+    /// RTS -> RTS, SQD -> SQD): the retry, timer, Q_Key, access and
+    /// READ/atomic attributes take effect at once; the send PSN only while
+    /// nothing was ever sent or posted (RTR -> RTS). The QP type, number,
+    /// destination and path MTU must not change (`InvalidConfig`).
+    pub fn update_config(&mut self, cfg: Config) -> Result<(), Error> {
+        cfg.validate()?;
+        let c = &self.cfg;
+        if cfg.qp_type != c.qp_type || cfg.qpn != c.qpn || cfg.path_mtu != c.path_mtu {
+            return Err(Error::InvalidConfig(
+                "QP type, number and path MTU are fixed once the transport runs",
+            ));
+        }
+        if !self.is_datagram() && cfg.dest_qpn != c.dest_qpn {
+            return Err(Error::InvalidConfig("the destination QP is fixed"));
+        }
+        let idle = self.sq.wqes.is_empty()
+            && self.sq.una == self.sq.next_psn
+            && self.sq.sent_end == self.sq.next_psn;
+        if idle && cfg.sq_psn != self.sq.next_psn && self.sq.next_psn == self.cfg.sq_psn {
+            self.sq.next_psn = cfg.sq_psn;
+            self.sq.una = cfg.sq_psn;
+            self.sq.sent_end = cfg.sq_psn;
+        }
+        if cfg.retry_cnt != c.retry_cnt {
+            self.sq.retry_left = cfg.retry_cnt;
+        }
+        if cfg.rnr_retry != c.rnr_retry {
+            self.sq.rnr_left = cfg.rnr_retry;
+        }
+        self.resp.resources = usize::from(cfg.max_dest_rd_atomic.max(1));
+        // The responder's expected PSN was set when it was built (RTR).
+        self.cfg = Config {
+            rq_psn: self.cfg.rq_psn,
+            ..cfg
+        };
         Ok(())
     }
 

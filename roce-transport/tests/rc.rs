@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::workload::{random_kinds, Kind, Workload};
 use common::{Faults, Net, Rng};
-use hca::provider::Mtu;
+use provider::Mtu;
 
 const ALL: [Kind; 7] = [
     Kind::Send,
@@ -115,12 +115,12 @@ fn dead_path_ends_in_retry_exceeded_then_flush() {
     let t0 = net.now;
     assert!(w.run(&mut net, Duration::from_secs(10)));
     let wcs = &net.sides[0].wcs;
-    use hca::provider::WcStatus::*;
+    use provider::WcStatus::*;
     assert_eq!(
         wcs.iter().map(|w| w.status).collect::<Vec<_>>(),
         [RetryExceeded, WrFlushError, WrFlushError]
     );
-    assert_eq!(net.sides[0].t.state(), hca::provider::QpState::Err);
+    assert_eq!(net.sides[0].t.state(), provider::QpState::Err);
     // 1 + 3 attempts, each waiting one timeout.
     let took = net.now - t0;
     let to = roce_transport::timers::ack_timeout(10).unwrap();
@@ -137,7 +137,7 @@ fn ack_path_dead_also_retry_exceeded() {
     let w = Workload::new(&mut net, &[(Kind::Fadd, 8), (Kind::Send, 10)]);
     w.post(&mut net);
     assert!(w.run(&mut net, Duration::from_secs(100)));
-    use hca::provider::WcStatus::*;
+    use provider::WcStatus::*;
     assert_eq!(
         net.sides[0]
             .wcs
@@ -165,7 +165,7 @@ fn rnr_retry_exceeded_when_no_receive_ever_comes() {
     w.post_one(&mut net, 1, &w.msgs[1]);
     let t0 = net.now;
     assert!(w.run(&mut net, Duration::from_secs(10)));
-    use hca::provider::WcStatus::*;
+    use provider::WcStatus::*;
     assert_eq!(
         net.sides[0]
             .wcs
@@ -179,7 +179,7 @@ fn rnr_retry_exceeded_when_no_receive_ever_comes() {
     // Two waits of the responder's min_rnr_timer (code 1 = 10 us).
     assert!(net.now - t0 >= Duration::from_micros(20));
     // The responder is fine: RNR is not an error there.
-    assert_eq!(net.sides[1].t.state(), hca::provider::QpState::Rts);
+    assert_eq!(net.sides[1].t.state(), provider::QpState::Rts);
 }
 
 #[test]
@@ -200,14 +200,14 @@ fn rnr_then_receive_arrives_completes() {
     assert!(net.sides[0].t.counters().rnr_retries >= 3);
     assert!(net.sides[0].wcs.is_empty());
     for (i, m) in w.msgs.iter().enumerate() {
-        let sge = [hca::provider::Sge {
+        let sge = [provider::Sge {
             addr: common::workload::RECV + m.dst_off,
             length: m.len,
             lkey: w.keys.recv,
         }];
         net.sides[1]
             .t
-            .post_recv(&hca::provider::RecvWr {
+            .post_recv(&provider::RecvWr {
                 wr_id: 1000 + i as u64,
                 sg_list: &sge,
             })
@@ -219,7 +219,7 @@ fn rnr_then_receive_arrives_completes() {
 
 #[test]
 fn bad_rkey_is_remote_access_error() {
-    use hca::provider::{SendOp, SendWr, Sge, WcStatus::*};
+    use provider::{SendOp, SendWr, Sge, WcStatus::*};
     let mut net = Net::rc_pair(Mtu::Mtu1024, 11);
     let w = Workload::new(
         &mut net,
@@ -250,7 +250,7 @@ fn bad_rkey_is_remote_access_error() {
     for id in [1000, 1002] {
         net.sides[1]
             .t
-            .post_recv(&hca::provider::RecvWr {
+            .post_recv(&provider::RecvWr {
                 wr_id: id,
                 sg_list: &sge,
             })
@@ -266,7 +266,7 @@ fn bad_rkey_is_remote_access_error() {
         [Success, RemoteAccessError, WrFlushError]
     );
     // The responder NAKed and went to ERR, flushing its last receive.
-    assert_eq!(net.sides[1].t.state(), hca::provider::QpState::Err);
+    assert_eq!(net.sides[1].t.state(), provider::QpState::Err);
     assert_eq!(
         net.sides[1]
             .wcs
@@ -279,7 +279,7 @@ fn bad_rkey_is_remote_access_error() {
 
 #[test]
 fn out_of_range_read_and_misaligned_atomic_are_naked() {
-    use hca::provider::{SendOp, SendWr, Sge, WcStatus::*};
+    use provider::{SendOp, SendWr, Sge, WcStatus::*};
     for (op, want) in [
         (
             SendOp::Read {

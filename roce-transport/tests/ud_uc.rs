@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{pattern, Faults, Net};
-use hca::provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus, GRH_SIZE};
+use provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus, GRH_SIZE};
 use roce_transport::Config;
 
 fn ud_cfg(qpn: u32, qkey: u32) -> Config {

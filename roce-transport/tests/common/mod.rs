@@ -8,7 +8,7 @@ pub mod workload;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use hca::provider::Wc;
+use provider::Wc;
 use roce::{Endpoints, IpHeader, Ipv4Header, Packet};
 use roce_transport::{Config, Source, Transport};
 
@@ -121,7 +121,7 @@ impl Net {
     }
 
     /// The pair of an RC connection: QPNs 0x11 and 0x22.
-    pub fn rc_pair(mtu: hca::provider::Mtu, seed: u64) -> Net {
+    pub fn rc_pair(mtu: provider::Mtu, seed: u64) -> Net {
         let mut a = Config::rc(0x11, 0x22);
         let mut b = Config::rc(0x22, 0x11);
         a.path_mtu = mtu;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hca::provider::{Access, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use provider::{Access, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
 use super::{pattern, Net, Rng};
 

@@ -1,0 +1,151 @@
+//! What a [`crate::RoceProvider`] is configured with: devices, their
+//! ports, and how a GID becomes a UDP socket address.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use parking_lot::RwLock;
+use provider::{Gid, Mtu};
+
+/// The RoCEv2 UDP port (IBTA A17.2), the default to listen on and send to.
+pub const ROCE_PORT: u16 = roce::ROCE_UDP_PORT;
+
+/// One RoCEv2 port: the local IP address and UDP port its socket binds,
+/// and the UDP port peers listen on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortConfig {
+    /// Local address. The IP must be a unicast address of this host (not
+    /// unspecified): it is the port's GID and goes into every ICRC. UDP
+    /// port 0 binds an ephemeral port, which `RoceDevice::local_addr`
+    /// reports and the provider's directory publishes (see
+    /// [`crate::RoceProvider`]).
+    pub addr: SocketAddr,
+    /// The UDP port datagrams are sent to when the directory does not know
+    /// the destination GID (default 4791).
+    pub peer_udp_port: u16,
+    /// Active (and maximum) MTU of the port (default 1024).
+    pub mtu: Mtu,
+    /// How many extra send sockets the port binds on UDP source ports in
+    /// 0xC000..=0xFFFF picked from a hash, so that a QP's packets leave
+    /// from a source port that depends on its QPN (`qpn % n` picks the
+    /// socket) and ECMP routers spread QPs over paths (IBTA A17.2.3 lets
+    /// the sender choose). Default 8; 0 sends everything from the
+    /// listening socket.
+    pub source_ports: u8,
+    /// How a UD receive's 40-byte GRH area describes an IPv4 datagram.
+    /// `false` (default): as Linux rxe fills it (20 zero bytes, then the
+    /// IPv4 header), which a consumer tells from an IPv6 header by the
+    /// version nibble at byte 20. `true`: an IPv6-style header whose
+    /// source and destination GIDs are the IPv4-mapped addresses, the
+    /// layout a consumer that reads GIDs at bytes 8 and 24 (InfiniBand's)
+    /// understands, e.g. `cep`'s CM agent today.
+    pub ipv4_grh_as_ipv6: bool,
+}
+
+impl PortConfig {
+    /// A port on `addr`, sending to UDP 4791, MTU 1024.
+    pub fn new(addr: SocketAddr) -> PortConfig {
+        PortConfig {
+            addr,
+            peer_udp_port: ROCE_PORT,
+            mtu: Mtu::Mtu1024,
+            source_ports: 8,
+            ipv4_grh_as_ipv6: false,
+        }
+    }
+
+    /// Describe IPv4 datagrams in the GRH area with IPv4-mapped GIDs in
+    /// an IPv6-style header (see [`PortConfig::ipv4_grh_as_ipv6`]).
+    pub fn ipv4_grh_as_ipv6(mut self, on: bool) -> PortConfig {
+        self.ipv4_grh_as_ipv6 = on;
+        self
+    }
+
+    /// Bind `n` send sockets for ECMP source ports (0: none).
+    pub fn source_ports(mut self, n: u8) -> PortConfig {
+        self.source_ports = n;
+        self
+    }
+
+    /// Send to `port` instead of 4791.
+    pub fn peer_udp_port(mut self, port: u16) -> PortConfig {
+        self.peer_udp_port = port;
+        self
+    }
+
+    /// Use `mtu` as the port's MTU.
+    pub fn mtu(mut self, mtu: Mtu) -> PortConfig {
+        self.mtu = mtu;
+        self
+    }
+}
+
+/// One device: its identity and ports (numbered from 1 in order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Device name.
+    pub name: String,
+    /// Node GUID (what `Provider::open` takes).
+    pub node_guid: u64,
+    /// The ports.
+    pub ports: Vec<PortConfig>,
+}
+
+impl DeviceConfig {
+    /// A device with these ports.
+    pub fn new(name: impl Into<String>, node_guid: u64, ports: Vec<PortConfig>) -> DeviceConfig {
+        DeviceConfig {
+            name: name.into(),
+            node_guid,
+            ports,
+        }
+    }
+}
+
+/// The GID of an IP address (RoCEv2: the IPv4-mapped IPv6 address, or
+/// the IPv6 address).
+pub fn gid_of(ip: IpAddr) -> Gid {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The IP address a GID names.
+pub fn ip_of(gid: &Gid) -> IpAddr {
+    let v6 = Ipv6Addr::from(*gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// GID -> UDP socket address, for destinations that do not listen on
+/// the default port (ports bound to UDP port 0, several ports on one
+/// host). Shared by every device a provider opens.
+#[derive(Debug, Default)]
+pub(crate) struct Directory {
+    map: RwLock<HashMap<Gid, SocketAddr>>,
+}
+
+impl Directory {
+    pub(crate) fn set(&self, gid: Gid, addr: SocketAddr) {
+        self.map.write().insert(gid, addr);
+    }
+
+    pub(crate) fn remove(&self, gid: &Gid, addr: SocketAddr) {
+        let mut m = self.map.write();
+        if m.get(gid) == Some(&addr) {
+            m.remove(gid);
+        }
+    }
+
+    /// Where to send a datagram for `gid`: the directory's entry, else
+    /// the GID's IP at `default_port`.
+    pub(crate) fn resolve(&self, gid: &Gid, default_port: u16) -> SocketAddr {
+        if let Some(a) = self.map.read().get(gid) {
+            return *a;
+        }
+        SocketAddr::new(ip_of(gid), default_port)
+    }
+}

@@ -1,0 +1,984 @@
+//! The provider, the device and its objects (PD, CQ, MR, SRQ, AV, QP),
+//! and the `provider::Device` implementation.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use al::{Error, Result};
+use parking_lot::{Mutex, RwLock};
+use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
+use provider::{
+    Access, AtomicCap, AvAttr, CqArm, CqInit, Device, DeviceAttr, DeviceInfo, Gid, LinkLayer,
+    PortAttr, PortState, Provider, QpAttr, QpInit, QpModify, QpType, RawRegion, RecvWr,
+    RegisteredBuffer, SendWr, SrqInit, Wc,
+};
+use roce::{Endpoints, Packet};
+
+use crate::config::{gid_of, DeviceConfig, Directory, PortConfig};
+use crate::counters::{AtomicCounters, PortCounters};
+use crate::cq::CqInner;
+use crate::driver::{run_port, run_timers, Timers, RECV_TIMEOUT};
+use crate::mr::{MrInner, MrTable, Posted, RecvEntry};
+use crate::qp::{fresh_attr, QpCore, QpInner, SrqInner, GSI_KEY, NO_DEADLINE, QPN_MASK};
+
+/// Identities unique in the process (devices and PDs), so an object of
+/// another device or PD is recognised by one compare.
+fn new_identity() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// One port of an open device.
+pub(crate) struct PortShared {
+    pub(crate) num: u8,
+    pub(crate) cfg: PortConfig,
+    pub(crate) socket: UdpSocket,
+    /// Send sockets on source ports in 0xC000..=0xFFFF (ECMP), with
+    /// their addresses; empty: send from `socket`.
+    tx: Vec<(UdpSocket, SocketAddr)>,
+    /// The bound address (the configured one, with the real UDP port).
+    pub(crate) local: SocketAddr,
+    pub(crate) gid: Gid,
+    pub(crate) counters: AtomicCounters,
+}
+
+impl PortShared {
+    /// Encode `pkt` for the flow to `to` and send it, from the source
+    /// port QP `qpn` uses.
+    pub(crate) fn send(&self, qpn: u32, to: SocketAddr, pkt: &Packet<'_>) {
+        let c = &self.counters;
+        let (socket, from) = match self.tx.len() {
+            0 => (&self.socket, self.local),
+            n => {
+                let (s, a) = &self.tx[qpn as usize % n];
+                (s, *a)
+            }
+        };
+        let Ok(ep) = Endpoints::new(from, to) else {
+            c.add(&c.tx_errors, 1);
+            return;
+        };
+        let Ok(bytes) = pkt.encode(&ep) else {
+            c.add(&c.tx_errors, 1);
+            return;
+        };
+        match socket.send_to(&bytes, to) {
+            Ok(_) => {
+                c.add(&c.tx_packets, 1);
+                c.add(&c.tx_bytes, bytes.len() as u64);
+            }
+            Err(_) => c.add(&c.tx_errors, 1),
+        }
+    }
+
+    fn attr(&self) -> PortAttr {
+        PortAttr {
+            port_num: self.num,
+            state: PortState::Active,
+            lid: 0,
+            lmc: 0,
+            sm_lid: 0,
+            gid_table: vec![self.gid],
+            pkey_table: vec![provider::DEFAULT_PKEY],
+            active_mtu: self.cfg.mtu,
+            max_mtu: self.cfg.mtu,
+            link_layer: LinkLayer::Ethernet,
+        }
+    }
+}
+
+/// What every object of a device shares: attributes, ports, MRs, QPs.
+pub(crate) struct DevShared {
+    pub(crate) id: u64,
+    pub(crate) attr: DeviceAttr,
+    pub(crate) ports: Vec<PortShared>,
+    pub(crate) mrs: MrTable,
+    pub(crate) qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    next_qpn: AtomicU32,
+    base: Instant,
+    pub(crate) directory: Arc<Directory>,
+    pub(crate) timers: Timers,
+    /// PDs, CQs, SRQs and AVs that exist now (against their limits).
+    usage: [Arc<AtomicU32>; 4],
+}
+
+/// Which limit a [`Charge`] counts against.
+#[derive(Clone, Copy)]
+enum Kind {
+    Pd = 0,
+    Cq = 1,
+    Srq = 2,
+    Av = 3,
+}
+
+/// An object's place in its device's limit, given back on drop.
+struct Charge(Arc<AtomicU32>);
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Charge")
+    }
+}
+
+impl DevShared {
+    /// Take one place of `kind`'s limit (`InsufficientResources` when
+    /// none is left).
+    fn charge(&self, kind: Kind) -> Result<Charge> {
+        let (max, what) = match kind {
+            Kind::Pd => (self.attr.max_pd, "max_pd"),
+            Kind::Cq => (self.attr.max_cq, "max_cq"),
+            Kind::Srq => (self.attr.max_srq, "max_srq"),
+            Kind::Av => (self.attr.max_av, "max_av"),
+        };
+        let c = &self.usage[kind as usize];
+        c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .map_err(|_| {
+            Error::insufficient_resources(format!("{what} reached: the device allows {max}"))
+        })?;
+        Ok(Charge(c.clone()))
+    }
+
+    /// Monotonic time since the device opened.
+    pub(crate) fn now(&self) -> Duration {
+        self.base.elapsed()
+    }
+
+    /// Port `n` (1-based).
+    pub(crate) fn port(&self, n: u8) -> Option<&PortShared> {
+        (n as usize).checked_sub(1).and_then(|i| self.ports.get(i))
+    }
+
+    /// An address vector must name a port of the device and carry a GRH
+    /// (RoCE routes by GID only) within the field widths.
+    pub(crate) fn check_av(&self, av: &AvAttr, what: &str) -> Result<()> {
+        if self.port(av.port).is_none() {
+            return Err(Error::invalid_parameter(format!(
+                "{what}.port {} does not exist (the device has {})",
+                av.port,
+                self.ports.len()
+            )));
+        }
+        if av.sl > 15 {
+            return Err(Error::invalid_parameter(format!(
+                "{what}.sl {} does not fit 4 bits",
+                av.sl
+            )));
+        }
+        let Some(g) = av.grh else {
+            return Err(Error::invalid_parameter(format!(
+                "{what} has no GRH: a RoCE port routes by GID only"
+            )));
+        };
+        if g.sgid_index != 0 {
+            return Err(Error::invalid_parameter(format!(
+                "{what}.sgid_index {} is outside port {}'s GID table (one entry)",
+                g.sgid_index, av.port
+            )));
+        }
+        if g.flow_label > 0xf_ffff {
+            return Err(Error::invalid_parameter(format!(
+                "{what}.flow_label {:#x} does not fit 20 bits",
+                g.flow_label
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The RoCEv2-over-UDP provider: a configured list of devices.
+///
+/// Every device it opens publishes each port's GID and bound UDP address
+/// in a directory the provider's devices share; a destination GID found
+/// there is sent to that address, any other to the GID's IP address at
+/// the port's `peer_udp_port` (4791 by default). So devices of one
+/// provider reach each other even on one host with ephemeral UDP ports,
+/// and real peers are reached on 4791. [`RoceProvider::add_peer`] adds
+/// entries by hand.
+pub struct RoceProvider {
+    devices: Vec<DeviceConfig>,
+    directory: Arc<Directory>,
+    open: Arc<Mutex<HashSet<u64>>>,
+}
+
+impl std::fmt::Debug for RoceProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoceProvider")
+            .field("devices", &self.devices)
+            .finish()
+    }
+}
+
+impl RoceProvider {
+    /// A provider offering these devices.
+    pub fn new(devices: Vec<DeviceConfig>) -> RoceProvider {
+        RoceProvider {
+            devices,
+            directory: Arc::new(Directory::default()),
+            open: Arc::new(Mutex::new(HashSet::new())),
+        }
+    }
+
+    /// Send datagrams for `gid` to `addr` (instead of the GID's IP at the
+    /// port's `peer_udp_port`).
+    pub fn add_peer(&self, gid: Gid, addr: SocketAddr) {
+        self.directory.set(gid, addr);
+    }
+}
+
+impl Provider for RoceProvider {
+    type Device = RoceDevice;
+
+    fn name(&self) -> &str {
+        "roce"
+    }
+
+    fn devices(&self) -> Vec<DeviceInfo> {
+        self.devices
+            .iter()
+            .map(|d| DeviceInfo {
+                name: d.name.clone(),
+                node_guid: d.node_guid,
+            })
+            .collect()
+    }
+
+    fn open(&self, node_guid: u64) -> Result<RoceDevice> {
+        let cfg = self
+            .devices
+            .iter()
+            .find(|d| d.node_guid == node_guid)
+            .ok_or_else(|| Error::NotFound(format!("RoCE device {node_guid:#x}").into()))?;
+        if !self.open.lock().insert(node_guid) {
+            return Err(Error::busy(format!(
+                "RoCE device {node_guid:#x} is already open"
+            )));
+        }
+        RoceDevice::open(cfg, self.directory.clone(), self.open.clone()).inspect_err(|_| {
+            self.open.lock().remove(&node_guid);
+        })
+    }
+}
+
+/// An open RoCEv2 device: its ports' sockets and receive threads, and its
+/// verbs objects. Cloning gives another handle to the same device (as the
+/// object layer's device enum needs); dropping the last handle stops and
+/// joins the threads; objects still
+/// alive then keep their memory but see no more traffic.
+#[derive(Clone)]
+pub struct RoceDevice {
+    shared: Arc<DevShared>,
+    /// Shared by the handles; its drop (the last handle's) stops the
+    /// driver.
+    _life: Arc<Running>,
+}
+
+/// The driver of an open device: what stops it.
+struct Running {
+    shared: Arc<DevShared>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    open: Arc<Mutex<HashSet<u64>>>,
+}
+
+impl RoceDevice {
+    /// Identifies this device among the open devices of the process: two
+    /// handles to one device answer the same. Stable while any handle to
+    /// the device lives.
+    pub fn instance_key(&self) -> usize {
+        Arc::as_ptr(&self.shared) as *const () as usize
+    }
+}
+
+impl std::fmt::Debug for RoceDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoceDevice")
+            .field("name", &self.shared.attr.name)
+            .field(
+                "node_guid",
+                &format_args!("{:#x}", self.shared.attr.node_guid),
+            )
+            .field(
+                "ports",
+                &self
+                    .shared
+                    .ports
+                    .iter()
+                    .map(|p| p.local)
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl RoceDevice {
+    fn open(
+        cfg: &DeviceConfig,
+        directory: Arc<Directory>,
+        open: Arc<Mutex<HashSet<u64>>>,
+    ) -> Result<RoceDevice> {
+        if cfg.ports.is_empty() || cfg.ports.len() > 254 {
+            return Err(Error::invalid_parameter(format!(
+                "device {:#x}: {} ports (1..=254)",
+                cfg.node_guid,
+                cfg.ports.len()
+            )));
+        }
+        let mut ports = Vec::with_capacity(cfg.ports.len());
+        for (i, pc) in cfg.ports.iter().enumerate() {
+            if pc.addr.ip().is_unspecified() || pc.addr.ip().is_multicast() {
+                return Err(Error::invalid_parameter(format!(
+                    "port {}: {} is not a unicast address (it is the port's GID)",
+                    i + 1,
+                    pc.addr.ip()
+                )));
+            }
+            let socket = UdpSocket::bind(pc.addr).map_err(|e| {
+                Error::insufficient_resources(format!("port {}: bind {}: {e}", i + 1, pc.addr))
+            })?;
+            socket
+                .set_read_timeout(Some(RECV_TIMEOUT))
+                .map_err(|e| Error::insufficient_resources(format!("port {}: {e}", i + 1)))?;
+            let local = socket
+                .local_addr()
+                .map_err(|e| Error::insufficient_resources(format!("port {}: {e}", i + 1)))?;
+            let tx = source_sockets(local, pc.source_ports, cfg.node_guid);
+            ports.push(PortShared {
+                num: i as u8 + 1,
+                cfg: *pc,
+                socket,
+                tx,
+                local,
+                gid: gid_of(local.ip()),
+                counters: AtomicCounters::default(),
+            });
+        }
+        let attr = DeviceAttr {
+            name: cfg.name.clone(),
+            node_guid: cfg.node_guid,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            num_ports: ports.len() as u8,
+            max_qp: 16 * 1024,
+            max_qp_wr: 16 * 1024,
+            max_sge: 32,
+            max_cq: 16 * 1024,
+            max_cqe: 64 * 1024,
+            max_mr: 64 * 1024,
+            max_mr_size: u64::from(u32::MAX),
+            max_pd: 16 * 1024,
+            max_srq: 4 * 1024,
+            max_srq_wr: 16 * 1024,
+            max_av: 64 * 1024,
+            max_qp_rd_atomic: 16,
+            max_qp_init_rd_atomic: 16,
+            atomic_cap: AtomicCap::Hca,
+            max_msg_size: roce_transport::MAX_MSG,
+        };
+        let mrs = MrTable::new(attr.max_mr as usize);
+        // QP numbers start at a random point (not 2 on every device).
+        let first_qpn = crate::keys::KeyGen::new().next_u32() & QPN_MASK;
+        let shared = Arc::new(DevShared {
+            id: new_identity(),
+            attr,
+            ports,
+            mrs,
+            qps: RwLock::new(HashMap::new()),
+            next_qpn: AtomicU32::new(first_qpn),
+            base: Instant::now(),
+            directory,
+            timers: Timers::default(),
+            usage: Default::default(),
+        });
+        for p in &shared.ports {
+            shared.directory.set(p.gid, p.local);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name).spawn(f)
+        };
+        let mut failed = None;
+        let (dev, flag) = (shared.clone(), stop.clone());
+        match spawn(
+            format!("roce-{}-timer", cfg.name),
+            Box::new(move || run_timers(dev, flag)),
+        ) {
+            Ok(h) => {
+                shared.timers.set_thread(h.thread().clone());
+                threads.push(h);
+            }
+            Err(e) => failed = Some(e),
+        }
+        for idx in 0..shared.ports.len() {
+            if failed.is_some() {
+                break;
+            }
+            let (dev, flag) = (shared.clone(), stop.clone());
+            match spawn(
+                format!("roce-{}-p{}", cfg.name, idx + 1),
+                Box::new(move || run_port(dev, idx, flag)),
+            ) {
+                Ok(h) => threads.push(h),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            stop_driver(&shared, &stop, threads);
+            return Err(Error::insufficient_resources(format!("driver thread: {e}")));
+        }
+        Ok(RoceDevice {
+            shared: shared.clone(),
+            _life: Arc::new(Running {
+                shared,
+                stop,
+                threads: Mutex::new(threads),
+                open,
+            }),
+        })
+    }
+
+    /// Node GUID.
+    pub fn node_guid(&self) -> u64 {
+        self.shared.attr.node_guid
+    }
+
+    /// The address port `port`'s socket is bound to (with the real UDP
+    /// port when the configuration asked for port 0).
+    pub fn local_addr(&self, port: u8) -> Option<SocketAddr> {
+        self.shared.port(port).map(|p| p.local)
+    }
+
+    /// Port `port`'s packet counters: traffic, and drops and NAKs by
+    /// reason.
+    pub fn port_counters(&self, port: u8) -> Option<PortCounters> {
+        self.shared.port(port).map(|p| p.counters.snapshot())
+    }
+
+    /// QPs that exist now.
+    pub fn qp_count(&self) -> usize {
+        self.shared.qps.read().len()
+    }
+
+    fn check_pd(&self, pd: &RocePd) -> Result<()> {
+        if pd.device != self.shared.id {
+            return Err(Error::invalid_parameter("the PD belongs to another device"));
+        }
+        Ok(())
+    }
+
+    fn check_caps(&self, init: &QpInit<'_, RoceCq, RoceSrq>) -> Result<()> {
+        let a = &self.shared.attr;
+        let c = init.caps;
+        if c.max_send_wr > a.max_qp_wr
+            || c.max_recv_wr > a.max_qp_wr
+            || c.max_send_sge > a.max_sge
+            || c.max_recv_sge > a.max_sge
+        {
+            return Err(Error::invalid_parameter(format!(
+                "QP caps {c:?} exceed the device (max_qp_wr {}, max_sge {})",
+                a.max_qp_wr, a.max_sge
+            )));
+        }
+        for (cq, which) in [(init.send_cq, "send"), (init.recv_cq, "receive")] {
+            if cq.inner.device != self.shared.id {
+                return Err(Error::invalid_parameter(format!(
+                    "the {which} CQ belongs to another device"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn make_qp(
+        &self,
+        pd: &RocePd,
+        key: u32,
+        qpn: u32,
+        qp_type: QpType,
+        port: u8,
+        init: &QpInit<'_, RoceCq, RoceSrq>,
+    ) -> Result<RoceQp> {
+        if let Some(srq) = init.srq {
+            if srq.inner.pd != pd.id {
+                return Err(Error::invalid_parameter(
+                    "the SRQ belongs to another PD (or another device)",
+                ));
+            }
+        }
+        let inner = Arc::new(QpInner {
+            dev: self.shared.clone(),
+            key,
+            qpn,
+            qp_type,
+            pd: pd.id,
+            caps: init.caps,
+            sq_sig_all: init.sq_sig_all,
+            send_cq: init.send_cq.inner.clone(),
+            recv_cq: init.recv_cq.inner.clone(),
+            srq: init.srq.map(|s| s.inner.clone()),
+            core: Mutex::new(QpCore::new(fresh_attr(
+                qpn,
+                qp_type,
+                init.caps,
+                init.sq_sig_all,
+                port,
+            ))),
+            rq: Posted::new(),
+            deadline: AtomicU64::new(NO_DEADLINE),
+        });
+        let mut qps = self.shared.qps.write();
+        if qps.len() >= self.shared.attr.max_qp as usize {
+            return Err(Error::insufficient_resources(format!(
+                "max_qp reached: the device allows {} QPs",
+                self.shared.attr.max_qp
+            )));
+        }
+        if qps.contains_key(&key) {
+            return Err(Error::busy(format!("port {port} already has a GSI QP")));
+        }
+        qps.insert(key, inner.clone());
+        Ok(RoceQp { inner })
+    }
+}
+
+/// Stop the driver threads of `shared` and join them (all but the
+/// calling thread: a hook running on a driver thread may close the
+/// device; that thread then ends by itself when the hook returns).
+fn stop_driver(shared: &DevShared, stop: &AtomicBool, threads: Vec<JoinHandle<()>>) {
+    stop.store(true, Ordering::Release);
+    shared.timers.wake();
+    for p in &shared.ports {
+        // Wake the receive thread: an empty datagram to its own socket.
+        let _ = p.socket.send_to(&[], p.local);
+    }
+    let me = std::thread::current().id();
+    for h in threads {
+        if h.thread().id() != me {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let threads: Vec<JoinHandle<()>> = self.threads.lock().drain(..).collect();
+        stop_driver(&self.shared, &self.stop, threads);
+        for p in &self.shared.ports {
+            self.shared.directory.remove(&p.gid, p.local);
+        }
+        self.open.lock().remove(&self.shared.attr.node_guid);
+    }
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct RocePd {
+    id: u64,
+    device: u64,
+    _charge: Charge,
+}
+
+/// A completion queue.
+pub struct RoceCq {
+    inner: Arc<CqInner>,
+    _charge: Charge,
+}
+
+impl std::fmt::Debug for RoceCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoceCq")
+            .field("len", &self.inner.len())
+            .field("lost", &self.inner.lost())
+            .finish()
+    }
+}
+
+/// A memory region. Dropping it deregisters it: when the drop returns,
+/// the provider no longer touches the memory.
+pub struct RoceMr {
+    inner: Arc<MrInner>,
+    dev: Arc<DevShared>,
+}
+
+impl std::fmt::Debug for RoceMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoceMr")
+            .field("iova", &format_args!("{:#x}", self.inner.iova))
+            .field("len", &self.inner.len)
+            .field("access", &self.inner.access)
+            .finish()
+    }
+}
+
+impl Drop for RoceMr {
+    fn drop(&mut self) {
+        self.dev.mrs.remove(self.inner.key);
+        self.inner.mem.in_flight.remove_span(self.inner.key);
+        self.inner.mem.invalidate();
+    }
+}
+
+/// A shared receive queue.
+pub struct RoceSrq {
+    inner: Arc<SrqInner>,
+    _charge: Charge,
+}
+
+impl std::fmt::Debug for RoceSrq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoceSrq")
+            .field("len", &self.inner.q.lock().wrs.len())
+            .finish()
+    }
+}
+
+/// An address vector (always with a GRH).
+#[derive(Debug)]
+pub struct RoceAv {
+    pub(crate) attr: AvAttr,
+    pub(crate) pd: u64,
+    _charge: Charge,
+}
+
+/// A queue pair. Dropping it destroys it (outstanding work is discarded
+/// without completions).
+pub struct RoceQp {
+    inner: Arc<QpInner>,
+}
+
+impl std::fmt::Debug for RoceQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoceQp")
+            .field("qpn", &self.inner.qpn)
+            .field("type", &self.inner.qp_type)
+            .finish()
+    }
+}
+
+impl Drop for RoceQp {
+    fn drop(&mut self) {
+        self.inner.dev.qps.write().remove(&self.inner.key);
+        self.inner.destroy();
+    }
+}
+
+/// Up to `n` send sockets on `local`'s IP, on UDP ports in
+/// 0xC000..=0xFFFF spread by a hash of the device and the socket's index
+/// (a port another socket holds is skipped; fewer sockets is fine).
+fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, SocketAddr)> {
+    use std::hash::{Hash, Hasher};
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..u64::from(n) {
+        for attempt in 0..8u64 {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (salt, local, i, attempt).hash(&mut h);
+            let port = 0xC000 | (h.finish() as u16 & 0x3fff);
+            let addr = SocketAddr::new(local.ip(), port);
+            if let Ok(s) = UdpSocket::bind(addr) {
+                out.push((s, addr));
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn check_access(access: Access) -> Result<()> {
+    if access.undefined_bits() != 0 {
+        return Err(Error::invalid_parameter(format!(
+            "access {:#x} has bits that name no right ({:#x})",
+            access.bits(),
+            access.undefined_bits()
+        )));
+    }
+    if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(Error::invalid_parameter(
+            "remote write or atomic access requires local write (IBTA 10.6.3.1)",
+        ));
+    }
+    Ok(())
+}
+
+impl RoceDevice {
+    fn insert_mr(
+        &self,
+        pd: &RocePd,
+        mem: al::sync::Arc<Memory>,
+        mem_off: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<RoceMr> {
+        let pd_id = pd.id;
+        let inner = self.shared.mrs.insert(|key| MrInner {
+            key,
+            pd: pd_id,
+            access,
+            iova,
+            len,
+            mem,
+            mem_off,
+            deregistered: al::sync::atomic::AtomicBool::new(false),
+        })?;
+        inner.mem.in_flight.add_span(Span {
+            key: inner.key,
+            iova: inner.iova,
+            off: inner.mem_off,
+            len: inner.len,
+        });
+        Ok(RoceMr {
+            inner,
+            dev: self.shared.clone(),
+        })
+    }
+}
+
+impl Device for RoceDevice {
+    type Pd = RocePd;
+    type Cq = RoceCq;
+    type Mr = RoceMr;
+    type Srq = RoceSrq;
+    type Av = RoceAv;
+    type Qp = RoceQp;
+
+    fn query(&self) -> DeviceAttr {
+        self.shared.attr.clone()
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.shared
+            .port(port)
+            .map(|p| p.attr())
+            .ok_or_else(|| Error::NotFound(format!("port {port}").into()))
+    }
+
+    fn alloc_pd(&self) -> Result<RocePd> {
+        Ok(RocePd {
+            _charge: self.shared.charge(Kind::Pd)?,
+            id: new_identity(),
+            device: self.shared.id,
+        })
+    }
+
+    fn dealloc_pd(&self, pd: RocePd) -> Result<()> {
+        self.check_pd(&pd)
+    }
+
+    fn create_cq(&self, init: CqInit) -> Result<RoceCq> {
+        let max = self.shared.attr.max_cqe;
+        if init.capacity == 0 || init.capacity > max {
+            return Err(Error::invalid_parameter(format!(
+                "CQ capacity {} must be 1..={max}",
+                init.capacity
+            )));
+        }
+        Ok(RoceCq {
+            _charge: self.shared.charge(Kind::Cq)?,
+            inner: Arc::new(CqInner::new(
+                self.shared.id,
+                init.capacity as usize,
+                init.on_completion,
+                init.on_async_error,
+            )),
+        })
+    }
+
+    fn destroy_cq(&self, cq: RoceCq) -> Result<()> {
+        drop(cq);
+        Ok(())
+    }
+
+    fn arm_cq(&self, cq: &RoceCq, arm: CqArm) -> Result<()> {
+        cq.inner.arm(arm);
+        Ok(())
+    }
+
+    fn poll_cq(&self, cq: &RoceCq, out: &mut [Wc]) -> Result<usize> {
+        Ok(cq.inner.poll(out))
+    }
+
+    fn register_mr(
+        &self,
+        pd: &RocePd,
+        buf: &RegisteredBuffer,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<RoceMr> {
+        self.check_pd(pd)?;
+        check_access(access)?;
+        if offset.checked_add(len).is_none_or(|e| e > buf.len()) {
+            return Err(Error::invalid_parameter(format!(
+                "MR range {offset}+{len} outside the {}-byte buffer",
+                buf.len()
+            )));
+        }
+        if iova.checked_add(len as u64).is_none() {
+            return Err(Error::invalid_parameter("iova + len overflows"));
+        }
+        self.insert_mr(pd, memory_of(buf).clone(), offset, len, iova, access)
+    }
+
+    fn register_region(&self, pd: &RocePd, region: RawRegion, access: Access) -> Result<RoceMr> {
+        self.check_pd(pd)?;
+        check_access(access)?;
+        let len = region.len();
+        let mem = region_memory(&region).clone();
+        let iova = mem.raw_addr().unwrap_or(0);
+        self.insert_mr(pd, mem, 0, len, iova, access)
+    }
+
+    fn mr_keys(&self, mr: &RoceMr) -> (u32, u32) {
+        (mr.inner.key, mr.inner.key)
+    }
+
+    fn deregister_mr(&self, mr: RoceMr) -> Result<()> {
+        drop(mr);
+        Ok(())
+    }
+
+    fn create_srq(&self, pd: &RocePd, init: SrqInit) -> Result<RoceSrq> {
+        self.check_pd(pd)?;
+        let a = &self.shared.attr;
+        if init.max_wr == 0 || init.max_wr > a.max_srq_wr || init.max_sge > a.max_sge {
+            return Err(Error::invalid_parameter(format!(
+                "SRQ sizes {init:?} out of range (max_wr 1..={}, max_sge <= {})",
+                a.max_srq_wr, a.max_sge
+            )));
+        }
+        Ok(RoceSrq {
+            _charge: self.shared.charge(Kind::Srq)?,
+            inner: Arc::new(SrqInner {
+                pd: pd.id,
+                max_wr: init.max_wr as usize,
+                max_sge: init.max_sge as usize,
+                q: Posted::new(),
+            }),
+        })
+    }
+
+    fn destroy_srq(&self, srq: RoceSrq) -> Result<()> {
+        drop(srq);
+        Ok(())
+    }
+
+    fn post_srq_recv(&self, srq: &RoceSrq, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let s = &srq.inner;
+        let mut q = s.q.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if wr.sg_list.len() > s.max_sge {
+                return Err(Error::invalid_parameter(format!(
+                    "SRQ receive {i}: {} SGEs, the SRQ allows {}",
+                    wr.sg_list.len(),
+                    s.max_sge
+                )));
+            }
+            if q.wrs.len() >= s.max_wr {
+                return Err(Error::insufficient_resources(format!(
+                    "SRQ receive {i}: the SRQ is full ({} requests)",
+                    s.max_wr
+                )));
+            }
+            let list = &mut *q;
+            for sge in wr.sg_list {
+                self.shared.mrs.note_poster(sge, &mut list.seen, &s.q);
+            }
+            list.wrs.push_back(RecvEntry {
+                wr_id: wr.wr_id,
+                sg: wr.sg_list.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    fn create_av(&self, pd: &RocePd, attr: &AvAttr) -> Result<RoceAv> {
+        self.check_pd(pd)?;
+        self.shared.check_av(attr, "AV")?;
+        Ok(RoceAv {
+            _charge: self.shared.charge(Kind::Av)?,
+            attr: *attr,
+            pd: pd.id,
+        })
+    }
+
+    fn destroy_av(&self, _av: RoceAv) -> Result<()> {
+        Ok(())
+    }
+
+    fn create_qp(&self, pd: &RocePd, init: &QpInit<'_, RoceCq, RoceSrq>) -> Result<RoceQp> {
+        self.check_pd(pd)?;
+        if init.qp_type == QpType::Gsi {
+            return Err(Error::invalid_parameter(
+                "GSI QPs are created with create_gsi_qp",
+            ));
+        }
+        self.check_caps(init)?;
+        let qpn = loop {
+            let n = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & QPN_MASK;
+            if n > 1 && !self.shared.qps.read().contains_key(&n) {
+                break n;
+            }
+        };
+        self.make_qp(pd, qpn, qpn, init.qp_type, 0, init)
+    }
+
+    fn create_gsi_qp(
+        &self,
+        pd: &RocePd,
+        port: u8,
+        init: &QpInit<'_, RoceCq, RoceSrq>,
+    ) -> Result<RoceQp> {
+        self.check_pd(pd)?;
+        if self.shared.port(port).is_none() {
+            return Err(Error::NotFound(format!("port {port}").into()));
+        }
+        self.check_caps(init)?;
+        self.make_qp(pd, GSI_KEY | u32::from(port), 1, QpType::Gsi, port, init)
+    }
+
+    fn qp_num(&self, qp: &RoceQp) -> u32 {
+        qp.inner.qpn
+    }
+
+    fn modify_qp(&self, qp: &RoceQp, m: &QpModify) -> Result<()> {
+        qp.inner.modify(m)
+    }
+
+    fn query_qp(&self, qp: &RoceQp) -> Result<QpAttr> {
+        Ok(qp.inner.query())
+    }
+
+    fn destroy_qp(&self, qp: RoceQp) -> Result<()> {
+        drop(qp);
+        Ok(())
+    }
+
+    fn post_send<'v, H>(
+        &self,
+        qp: &RoceQp,
+        wrs: &[SendWr<'_, H>],
+        av_of: &dyn Fn(usize) -> Option<&'v RoceAv>,
+    ) -> Result<()> {
+        qp.inner.post_send(wrs, av_of)
+    }
+
+    fn post_recv(&self, qp: &RoceQp, wrs: &[RecvWr<'_>]) -> Result<()> {
+        qp.inner.post_recv(wrs)
+    }
+}

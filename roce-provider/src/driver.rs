@@ -1,0 +1,172 @@
+//! The driver: one receive thread per port and one timer thread per
+//! device.
+//!
+//! * A receive thread blocks in `recv_from`, checks and decodes each
+//!   datagram and hands it to the QP its BTH names. Its read timeout is
+//!   long ([`RECV_TIMEOUT`]); closing the device wakes it with an empty
+//!   datagram to its own socket.
+//! * The timer thread sleeps (`park_timeout`, microsecond precision) until
+//!   the earliest transport deadline of the device's QPs, runs the
+//!   transports whose deadline passed, and sleeps again. A QP that sets a
+//!   deadline earlier than the one the thread sleeps towards wakes it
+//!   ([`Timers::armed`]).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::Duration;
+
+use roce::{DecodeError, Endpoints, Packet};
+
+use crate::device::{DevShared, PortShared};
+use crate::qp::{QpInner, GSI_KEY, NO_DEADLINE};
+
+/// How long a receive thread blocks before it looks at its stop flag
+/// (closing the device also wakes it at once).
+pub(crate) const RECV_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Longest sleep of the timer thread with no deadline at all.
+const IDLE_SLEEP: Duration = Duration::from_millis(100);
+
+/// Shortest sleep of the timer thread (a deadline already passed again
+/// right after its timer ran must not make the thread spin).
+const MIN_SLEEP: Duration = Duration::from_micros(10);
+
+/// Receive buffer: larger than any valid packet, so an oversized
+/// datagram is seen as such (the kernel truncates to the buffer).
+const RX_BUF: usize = 8192;
+
+/// The largest packet a port of MTU `mtu` takes: payload, the longest
+/// header chain (BTH + AtomicETH = 40 bytes), pad and ICRC, rounded up.
+fn max_packet(mtu: usize) -> usize {
+    mtu + 64
+}
+
+/// The timer thread's state, shared with the QPs that arm timers.
+#[derive(Default)]
+pub(crate) struct Timers {
+    /// The deadline (ns from the device's base) the thread sleeps
+    /// towards; `NO_DEADLINE` while it scans (so any arming wakes it).
+    planned: AtomicU64,
+    thread: OnceLock<Thread>,
+}
+
+impl Timers {
+    pub(crate) fn set_thread(&self, t: Thread) {
+        let _ = self.thread.set(t);
+    }
+
+    /// A QP's transport now has a deadline `at`: wake the timer thread if
+    /// it sleeps towards a later one.
+    pub(crate) fn armed(&self, at: u64) {
+        if at < self.planned.load(Ordering::SeqCst) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    pub(crate) fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
+}
+
+/// The timer thread of a device until `stop` is set.
+pub(crate) fn run_timers(dev: Arc<DevShared>, stop: Arc<AtomicBool>) {
+    let timers = &dev.timers;
+    while !stop.load(Ordering::Acquire) {
+        timers.planned.store(NO_DEADLINE, Ordering::SeqCst);
+        let now = nanos(dev.now());
+        let armed: Vec<Arc<QpInner>> = dev
+            .qps
+            .read()
+            .values()
+            .filter(|q| q.deadline.load(Ordering::SeqCst) != NO_DEADLINE)
+            .cloned()
+            .collect();
+        let mut next = NO_DEADLINE;
+        for q in armed {
+            if q.deadline.load(Ordering::SeqCst) <= now {
+                q.on_timer();
+            }
+            next = next.min(q.deadline.load(Ordering::SeqCst));
+        }
+        timers.planned.store(next, Ordering::SeqCst);
+        let sleep = if next == NO_DEADLINE {
+            IDLE_SLEEP
+        } else {
+            Duration::from_nanos(next.saturating_sub(nanos(dev.now()))).clamp(MIN_SLEEP, IDLE_SLEEP)
+        };
+        std::thread::park_timeout(sleep);
+    }
+}
+
+/// The receive loop of port `idx` until `stop` is set.
+pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
+    let port = &dev.ports[idx];
+    let mut buf = vec![0u8; RX_BUF];
+    loop {
+        let got = port.socket.recv_from(&mut buf);
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        if let Ok((n, src)) = got {
+            handle_datagram(&dev, port, &buf[..n], src);
+        }
+    }
+}
+
+/// One datagram from `src`: checked, decoded, delivered or dropped and
+/// counted. Nothing here panics on any input.
+pub(crate) fn handle_datagram(dev: &DevShared, port: &PortShared, bytes: &[u8], src: SocketAddr) {
+    let c = &port.counters;
+    c.add(&c.rx_datagrams, 1);
+    c.add(&c.rx_bytes, bytes.len() as u64);
+    if bytes.len() > max_packet(port.cfg.mtu.bytes()) {
+        c.add(&c.rx_oversized, 1);
+        return;
+    }
+    let Ok(ep) = Endpoints::new(src, port.local) else {
+        c.add(&c.rx_decode_error, 1);
+        return;
+    };
+    let pkt = match Packet::decode(bytes, &ep) {
+        Ok(p) => p,
+        Err(DecodeError::IcrcMismatch { .. }) => {
+            c.add(&c.rx_bad_icrc, 1);
+            return;
+        }
+        Err(DecodeError::Truncated { .. }) => {
+            c.add(&c.rx_truncated, 1);
+            return;
+        }
+        Err(_) => {
+            c.add(&c.rx_decode_error, 1);
+            return;
+        }
+    };
+    let dqp = pkt.headers.bth.dest_qp;
+    let key = if dqp == 1 {
+        GSI_KEY | u32::from(port.num)
+    } else {
+        dqp
+    };
+    let qp = if dqp == 0 {
+        None
+    } else {
+        dev.qps.read().get(&key).cloned()
+    };
+    let Some(qp) = qp else {
+        c.add(&c.rx_unknown_qpn, 1);
+        return;
+    };
+    c.add(&c.rx_packets, 1);
+    qp.on_packet(port, &ep, &pkt);
+}

@@ -1,0 +1,34 @@
+//! A RoCEv2-over-UDP verbs provider: devices whose ports are UDP sockets
+//! bound to IP addresses, carrying RC, UC and UD traffic (and the GSI
+//! QP1) in RoCEv2 packets, with the per-QP transport of `roce-transport`
+//! and the wire codec of `roce`.
+//!
+//! * [`RoceProvider`] ([`provider::Provider`]): a configured list of
+//!   devices ([`DeviceConfig`]), each with ports ([`PortConfig`]: a local
+//!   IP address and UDP port, the UDP port peers listen on, the MTU).
+//! * [`RoceDevice`] ([`provider::Device`]): the verbs. Opening one binds
+//!   its sockets and starts one receive thread per port and a timer
+//!   thread; dropping the last handle (it is `Clone`) stops and joins them.
+//! * A port's GID (index 0, its only one) is its IP address as a RoCEv2
+//!   GID: IPv4-mapped (`::ffff:a.b.c.d`) or the IPv6 address. Every
+//!   address vector carries a GRH; there is no LID routing (LID 0).
+//! * [`RoceDevice::port_counters`]: per-port counts of traffic and of
+//!   dropped or NAKed packets by reason ([`PortCounters`]).
+//!
+//! See `docs/roce-provider.md` for addressing, threads, timers and what is
+//! not done yet.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod counters;
+mod cq;
+mod device;
+mod driver;
+mod keys;
+mod mr;
+mod qp;
+
+pub use config::{gid_of, ip_of, DeviceConfig, PortConfig, ROCE_PORT};
+pub use counters::PortCounters;
+pub use device::{RoceAv, RoceCq, RoceDevice, RoceMr, RocePd, RoceProvider, RoceQp, RoceSrq};
