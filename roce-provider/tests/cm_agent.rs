@@ -134,15 +134,11 @@ fn connect_and_disconnect(a: Agent, b: Agent) {
     b.shutdown();
 }
 
-/// IPv4 ports, default GRH area (rxe's layout). The agent takes a requester's address from the source
-/// GID at bytes 8..24 of the receive buffer's GRH area (the IB / IPv6
-/// layout); for IPv4 RoCEv2 the area holds 20 zero bytes and the IPv4
-/// header (as rxe fills it), so the agent answers a wrong address and the
-/// REP never arrives. Needs the agent to read the IPv4 source (bytes
-/// 32..36, when the header at byte 20 is version 4), as
-/// `ibv_init_ah_from_wc` does; `cep/` is outside this change.
+/// IPv4 ports, default GRH area (rxe's layout: 20 zero bytes, then the
+/// IPv4 header). The agent reads the requester's address from the IPv4
+/// source there (`cep::agent::io::source_gid`), as `ibv_init_ah_from_wc`
+/// does, and answers it.
 #[test]
-#[ignore = "cep's agent reads the source GID of an IPv4 RoCEv2 GRH area at the IPv6 offset (see the doc comment)"]
 fn cm_agent_connects_over_ipv4_roce() {
     let (a, b) = agents("127.0.0.1", "127.0.0.2", false);
     connect_and_disconnect(a, b);

@@ -18,6 +18,24 @@ use crate::wire::MAD_LEN;
 /// QP number of the GSI QP every CM MAD goes to.
 pub(crate) const GSI_QPN: u32 = 1;
 
+/// The sender's GID from the 40-byte GRH area of a receive buffer. On
+/// InfiniBand and on RoCEv2 over IPv6 the area holds the GRH or the IPv6
+/// header (source address at bytes 8..24). On RoCEv2 over IPv4 it holds
+/// 20 zero bytes and then the IPv4 header (version 4 in the high nibble of
+/// byte 20, source address at bytes 32..36), as Linux's rxe fills it and
+/// `ibv_init_ah_from_wc` reads it; the GID is then the IPv4-mapped address.
+pub(crate) fn source_gid(grh: &[u8; GRH_SIZE]) -> [u8; 16] {
+    let mut gid = [0u8; 16];
+    if grh[..20].iter().all(|&b| b == 0) && grh[20] >> 4 == 4 {
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&grh[32..36]);
+    } else {
+        gid.copy_from_slice(&grh[8..24]);
+    }
+    gid
+}
+
 /// Bytes of one receive buffer: the GRH area, then the MAD.
 pub(crate) const RECV_STRIDE: usize = GRH_SIZE + MAD_SIZE;
 
@@ -198,9 +216,10 @@ impl<D: Device> Io<D> {
                 .saturating_sub(GRH_SIZE)
                 .min(MAD_SIZE);
             let mut mad = [0u8; MAD_SIZE];
-            let mut gid = [0u8; 16];
+            let mut grh = [0u8; GRH_SIZE];
             let ok = self.recv_buf.read(base + GRH_SIZE, &mut mad[..len]).is_ok()
-                && (!wc.grh || self.recv_buf.read(base + 8, &mut gid).is_ok());
+                && (!wc.grh || self.recv_buf.read(base, &mut grh).is_ok());
+            let gid = if wc.grh { source_gid(&grh) } else { [0; 16] };
             if self.post_recv(dev, slot).is_err() {
                 self.counters.recv_errors += 1;
             }
@@ -356,4 +375,33 @@ impl<D: Device> Io<D> {
 /// Wraps a closure as the receive CQ's completion hook.
 pub(crate) fn hook(f: impl Fn() + Send + Sync + 'static) -> CompletionHook {
     std::sync::Arc::new(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_gid_reads_ib_ipv6_and_ipv4_layouts() {
+        // A GRH / IPv6 header: version 6, source address at 8..24.
+        let mut v6 = [0u8; GRH_SIZE];
+        v6[0] = 0x60;
+        let src: [u8; 16] = std::array::from_fn(|i| 0xfe - i as u8);
+        v6[8..24].copy_from_slice(&src);
+        assert_eq!(source_gid(&v6), src);
+        // RoCEv2 over IPv4: 20 zero bytes, then a 20-byte IPv4 header.
+        let mut v4 = [0u8; GRH_SIZE];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[192, 0, 2, 7]);
+        v4[36..40].copy_from_slice(&[192, 0, 2, 8]);
+        let mut want = [0u8; 16];
+        want[10..12].copy_from_slice(&[0xff, 0xff]);
+        want[12..].copy_from_slice(&[192, 0, 2, 7]);
+        assert_eq!(source_gid(&v4), want);
+        // An IPv4-mapped GID inside a real GRH stays as it is.
+        let mut mapped = [0u8; GRH_SIZE];
+        mapped[0] = 0x60;
+        mapped[8..24].copy_from_slice(&want);
+        assert_eq!(source_gid(&mapped), want);
+    }
 }
