@@ -233,6 +233,20 @@ pub mod verbs {
     pub use qp::{create_qp, modify_qp, post_recv, post_send, query_qp, CidState, Qp, QpCreate};
 }
 
+pub mod roce {
+    //! The RoCEv2-over-UDP provider: devices whose ports are UDP sockets
+    //! bound to IP addresses, reaching other processes and hosts (and
+    //! Linux rxe or RoCE NICs) with RoCEv2 packets. A CA is opened from it
+    //! as from the soft provider (`al.open_ca(&provider, guid)`); every
+    //! verb, the CM and the object rules are the same. A port's GID is its
+    //! IP address (IPv4-mapped or IPv6); address vectors carry a GRH, and
+    //! there are no LIDs (connect with `ConnectRequest::new(service, 0)
+    //! .remote_gid(gid)`). See `docs/roce-provider.md`.
+    pub use roce_provider::{
+        gid_of, ip_of, DeviceConfig, PortConfig, PortCounters, RoceDevice, RoceProvider, ROCE_PORT,
+    };
+}
+
 pub mod cm {
     //! The IBTA connection manager: listen, connect, accept and the rest
     //! (each also a method: [`crate::methods`]), SIDR, the events a CEP's

@@ -17,7 +17,7 @@ use cep::proto::{LapParams, SidrParams, SidrReplyParams};
 use cep::wire::{ApStatus, RejectReason};
 use hca::any::AnyProvider;
 use hca::provider::{Access, AvAttr, CqArm, DeviceAttr, QpAttr, QpModify, RecvWr, SendWr};
-use hca::provider::{SrqInit, Wc};
+use hca::provider::{PortAttr, SrqInit, Wc};
 use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Mr, Pd, Srq};
 use hca::{verbs::Cq, RawRegion, RegisteredBuffer};
 use qp::{Qp, QpCreate};
@@ -54,6 +54,9 @@ impl<T: Object> Destroy for Handle<T> {
 pub trait CaMethods {
     /// The device's attributes (limits, GUID, ports).
     fn attr(self, al: &Arc<AlInstance>) -> Result<DeviceAttr>;
+    /// The current attributes of port `port` (1-based): state, LID, GID
+    /// table (on a RoCEv2 port, its IP address as GID 0), MTU.
+    fn port(self, al: &Arc<AlInstance>, port: u8) -> Result<PortAttr>;
     /// Allocate a protection domain.
     fn alloc_pd(self, al: &Arc<AlInstance>) -> Result<Handle<Pd>>;
     /// A completion queue of `capacity` entries, polled by the caller.
@@ -91,6 +94,9 @@ pub trait CaMethods {
 impl CaMethods for Handle<Ca> {
     fn attr(self, al: &Arc<AlInstance>) -> Result<DeviceAttr> {
         Ok(al.resolve(self)?.attr().clone())
+    }
+    fn port(self, al: &Arc<AlInstance>, port: u8) -> Result<PortAttr> {
+        al.resolve(self)?.port(port)
     }
     fn alloc_pd(self, al: &Arc<AlInstance>) -> Result<Handle<Pd>> {
         verbs::alloc_pd(al, self)

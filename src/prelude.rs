@@ -1,7 +1,7 @@
 //! `use ibal::prelude::*;` brings what a verbs program needs: the AL, the
 //! handle types, every verb as a method ([`crate::methods`]), the work
 //! request and completion types, the CM's request and reply builders and
-//! events, and the embedded soft provider.
+//! events, the embedded soft provider and the RoCEv2 provider.
 
 #[cfg(feature = "async")]
 pub use crate::asynch::{
@@ -13,12 +13,14 @@ pub use crate::methods::{
     SrqMethods,
 };
 pub use crate::owned::{Own, Owned};
+pub use crate::roce::RoceProvider;
 pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};
 pub use cep::cm::{AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
 pub use cep::proto::LapParams;
 pub use cep::proto::{Event, PeerAddr, SidrParams, SidrReplyParams, TimedOut};
 pub use cep::wire::{ApStatus, RejectReason};
 pub use cep::wire::{PathInfo, PrivateData};
+pub use hca::provider::GrhAttr;
 pub use hca::provider::MigState;
 pub use hca::provider::GRH_SIZE;
 pub use hca::provider::{

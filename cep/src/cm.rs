@@ -29,7 +29,7 @@ use std::fmt;
 use al::fast_hash::{id_map, IdMap};
 use al::sync::{Arc, Mutex};
 use al::{create, post_callback, AlInstance, Error, Handle, Kind, Obj, Object, RawHandle, Result};
-use hca::provider::{Access, AvAttr, Mtu, QpModify, QpState};
+use hca::provider::{Access, AvAttr, GrhAttr, Mtu, QpModify, QpState};
 use hca::verbs::{Ca, Dev};
 use qp::{CidState, Qp};
 
@@ -771,20 +771,50 @@ fn mtu_code(mtu: Mtu) -> u8 {
     }
 }
 
-/// RTR attributes of a connected QP on `port` toward the peer port at
-/// `dlid`, with the REQ's path MTU and what the peer sent: its QPN, its
-/// starting PSN (our receive PSN), and the RDMA READ/atomic requests we
-/// accept from it. [`accept`] (passive) and [`rtu`] (active) apply these.
+/// Which end of a REQ's primary path a QP is at: the active side sent
+/// the REQ (its peer is the path's remote end), the passive side received
+/// it (its peer is the path's local end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathEnd {
+    /// The side that sent the REQ.
+    Active,
+    /// The side that received it.
+    Passive,
+}
+
+/// RTR attributes of a connected QP on `port` toward its peer on the REQ's
+/// primary path, with the REQ's path MTU and what the peer sent: its QPN,
+/// its starting PSN (our receive PSN), and the RDMA READ/atomic requests
+/// we accept from it. A path that is not subnet-local (routed by GID, as
+/// every RoCE path is) gives the address vector a GRH with the peer's GID
+/// and the path's flow label, traffic class and hop limit. [`accept`]
+/// (passive) and [`rtu`] (active) apply these.
 pub fn rtr_attrs(
     port: u8,
-    dlid: u16,
     req: &Req,
+    end: PathEnd,
     dest_qpn: u32,
     rq_psn: u32,
     max_dest_rd_atomic: u8,
 ) -> QpModify {
+    let path = &req.primary_path;
+    let (dlid, dgid) = match end {
+        PathEnd::Active => (path.remote_lid, path.remote_gid),
+        PathEnd::Passive => (path.local_lid, path.local_gid),
+    };
+    let mut av = AvAttr::lid(port, dlid);
+    av.sl = path.sl;
+    if !path.subnet_local {
+        av.grh = Some(GrhAttr {
+            dgid,
+            sgid_index: 0,
+            flow_label: path.flow_label,
+            hop_limit: path.hop_limit,
+            traffic_class: path.traffic_class,
+        });
+    }
     QpModify::to(QpState::Rtr)
-        .av(AvAttr::lid(port, dlid))
+        .av(av)
         .path_mtu(ibta_mtu(req.path_mtu))
         .dest_qpn(dest_qpn)
         .rq_psn(rq_psn)
@@ -1256,8 +1286,8 @@ fn accept_claimed(
         qp_to_init(qp, port, reply.access)?;
         qp.modify(&rtr_attrs(
             port,
-            req.primary_path.local_lid,
             req,
+            PathEnd::Passive,
             req.local_qpn,
             req.starting_psn,
             responder_resources,
@@ -1337,8 +1367,8 @@ pub fn rtu(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()>
     };
     qp.modify(&rtr_attrs(
         port,
-        req.primary_path.remote_lid,
         &req,
+        PathEnd::Active,
         rep.local_qpn,
         rep.starting_psn,
         rep.initiator_depth,

@@ -1064,8 +1064,8 @@ impl UdPair {
             &passive,
             &cm::rtr_attrs(
                 1,
-                req.primary_path.local_lid,
                 &req,
+                cm::PathEnd::Passive,
                 req.local_qpn,
                 req.starting_psn,
                 req.initiator_depth,
@@ -1091,8 +1091,8 @@ impl UdPair {
             &active,
             &cm::rtr_attrs(
                 1,
-                req.primary_path.remote_lid,
                 &req,
+                cm::PathEnd::Active,
                 rep.local_qpn,
                 rep.starting_psn,
                 rep.initiator_depth,

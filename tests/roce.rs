@@ -1,0 +1,302 @@
+//! The whole stack on the RoCEv2 provider, through the facade: the same
+//! object layer, verbs and CM as on the soft fabric, over UDP sockets on
+//! loopback (127.0.0.1 and 127.0.0.2, ephemeral UDP ports).
+//!
+//! * two QPs connected by exchanging their attributes by hand (QPN, PSN,
+//!   GID), then RDMA WRITE, SEND and READ with every byte checked;
+//! * two QPs connected through the CM on QP1 of the RoCEv2 ports
+//!   (REQ/REP/RTU by GID), a SEND, a disconnect;
+//! * a soft CA and a RoCE CA in one AL, and an AL close that leaves no
+//!   object of either behind.
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ibal::prelude::*;
+use ibal::roce::{DeviceConfig, PortConfig};
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Two RoCE devices (GUIDs 0xa1, 0xb1) of one provider on 127.0.0.1 and
+/// 127.0.0.2, each with one port on an ephemeral UDP port.
+fn provider() -> RoceProvider {
+    let port = |ip: &str| PortConfig::new(SocketAddr::new(ip.parse().unwrap(), 0));
+    RoceProvider::new(vec![
+        DeviceConfig::new("roce-a", 0xa1, vec![port("127.0.0.1")]),
+        DeviceConfig::new("roce-b", 0xb1, vec![port("127.0.0.2")]),
+    ])
+}
+
+struct End {
+    ca: Handle<Ca>,
+    cq: Handle<Cq>,
+    qp: Handle<Qp>,
+    buf: RegisteredBuffer,
+    lkey: u32,
+    rkey: u32,
+    gid: [u8; 16],
+}
+
+fn end(al: &Al, provider: &RoceProvider, guid: u64, len: usize) -> Result<End> {
+    let ca = al.open_ca(provider, guid)?;
+    let pd = ca.alloc_pd(al)?;
+    let cq = ca.create_cq(al, 64)?;
+    let qp = pd.create_qp(al, QpCreate::new(QpType::Rc, cq))?;
+    let buf = RegisteredBuffer::new(len);
+    let all = Access::LOCAL_WRITE
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_READ);
+    let (lkey, rkey) = pd.register(al, &buf, all)?.keys(al)?;
+    let gid = ca.port(al, 1)?.gid_table[0];
+    Ok(End {
+        ca,
+        cq,
+        qp,
+        buf,
+        lkey,
+        rkey,
+        gid,
+    })
+}
+
+fn completion(al: &Al, cq: Handle<Cq>) -> Wc {
+    let mut wc = [Wc::default()];
+    let end = Instant::now() + DEADLINE;
+    while cq.poll(al, &mut wc).unwrap() == 0 {
+        assert!(Instant::now() < end, "no completion within {DEADLINE:?}");
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
+    wc[0]
+}
+
+/// Move `me` to RTS towards `peer` with the attributes an out-of-band
+/// exchange gives (its QPN, its starting PSN, its GID).
+fn connect_by_hand(al: &Al, me: &End, my_psn: u32, peer: (u32, u32, [u8; 16])) -> Result<()> {
+    let (peer_qpn, peer_psn, peer_gid) = peer;
+    let access = Access::LOCAL_WRITE
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_READ);
+    me.qp.modify(
+        al,
+        &QpModify::to(QpState::Init)
+            .pkey_index(0)
+            .port(1)
+            .access(access),
+    )?;
+    let mut av = AvAttr::lid(1, 0);
+    av.grh = Some(GrhAttr {
+        dgid: peer_gid,
+        sgid_index: 0,
+        flow_label: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+    });
+    me.qp.modify(
+        al,
+        &QpModify::to(QpState::Rtr)
+            .av(av)
+            .path_mtu(Mtu::Mtu1024)
+            .dest_qpn(peer_qpn)
+            .rq_psn(peer_psn)
+            .max_dest_rd_atomic(4)
+            .min_rnr_timer(12),
+    )?;
+    me.qp.modify(
+        al,
+        &QpModify::to(QpState::Rts)
+            .sq_psn(my_psn)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(4),
+    )
+}
+
+#[test]
+fn qps_connected_by_hand_write_send_and_read() -> Result<()> {
+    let al = Al::open()?;
+    let provider = provider();
+    const LEN: usize = 64 << 10;
+    let (a, b) = (
+        end(&al, &provider, 0xa1, LEN)?,
+        end(&al, &provider, 0xb1, LEN)?,
+    );
+    assert_ne!(a.gid, b.gid, "each port's GID is its own address");
+    let qpn = |e: &End| e.qp.query(&al).map(|q| q.qpn);
+    let (psn_a, psn_b) = (0x12_3456, 0xab_cdef);
+    connect_by_hand(&al, &a, psn_a, (qpn(&b)?, psn_b, b.gid))?;
+    connect_by_hand(&al, &b, psn_b, (qpn(&a)?, psn_a, a.gid))?;
+
+    // A 40,000-byte WRITE (40 packets at MTU 1024) into B's buffer.
+    let data: Vec<u8> = (0..40_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    a.buf.write(0, &data)?;
+    let sge = [Sge {
+        addr: 0,
+        length: data.len() as u32,
+        lkey: a.lkey,
+    }];
+    let write = SendOp::Write {
+        remote_addr: 1000,
+        rkey: b.rkey,
+    };
+    a.qp.post_send(&al, &[SendWr::new(1, write, &sge)])?;
+    assert_eq!(completion(&al, a.cq).opcode, WcOpcode::RdmaWrite);
+    let mut got = vec![0u8; data.len()];
+    b.buf.read(1000, &mut got)?;
+    assert!(got == data, "the WRITE landed different bytes");
+
+    // A SEND into a posted receive.
+    let rsge = [Sge {
+        addr: 50_000,
+        length: 4096,
+        lkey: b.lkey,
+    }];
+    b.qp.post_recv(
+        &al,
+        &[RecvWr {
+            wr_id: 7,
+            sg_list: &rsge,
+        }],
+    )?;
+    a.buf.write(0, b"over RoCEv2")?;
+    let ssge = [Sge {
+        addr: 0,
+        length: 11,
+        lkey: a.lkey,
+    }];
+    a.qp.post_send(&al, &[SendWr::new(2, SendOp::Send, &ssge)])?;
+    completion(&al, a.cq);
+    let wc = completion(&al, b.cq);
+    assert_eq!((wc.wr_id, wc.byte_len), (7, 11));
+    let mut msg = [0u8; 11];
+    b.buf.read(50_000, &mut msg)?;
+    assert_eq!(&msg, b"over RoCEv2");
+
+    // A READ of what the WRITE put there, back into A at 45,000.
+    let read = SendOp::Read {
+        remote_addr: 1000,
+        rkey: b.rkey,
+    };
+    let dst = [Sge {
+        addr: 45_000,
+        length: 20_000,
+        lkey: a.lkey,
+    }];
+    a.qp.post_send(&al, &[SendWr::new(3, read, &dst)])?;
+    assert_eq!(completion(&al, a.cq).opcode, WcOpcode::RdmaRead);
+    let mut back = vec![0u8; 20_000];
+    a.buf.read(45_000, &mut back)?;
+    assert!(back == data[..20_000], "the READ returned different bytes");
+
+    let stats = al.close()?;
+    assert_eq!(stats.live(Kind::QP), 0);
+    assert_eq!(stats.live(Kind::CA), 0);
+    Ok(())
+}
+
+#[test]
+fn cm_connects_by_gid_over_roce_ports() -> Result<()> {
+    let al = Al::open()?;
+    let provider = provider();
+    let (a, b) = (
+        end(&al, &provider, 0xa1, 4096)?,
+        end(&al, &provider, 0xb1, 4096)?,
+    );
+    const SERVICE: u64 = 0x0106_0000_0000_4791;
+
+    let (tx, established) = mpsc::channel();
+    let (inst, qp_b, tx_b) = (Arc::clone(&al), b.qp, tx.clone());
+    let on_request: ListenHandler = Arc::new(move |_l, cep, _ev| {
+        cep.accept(&inst, qp_b, &AcceptReply::default())
+            .expect("accept");
+    });
+    let passive: CmHandler = Arc::new(move |_cep, ev| {
+        if let Event::Established { .. } = ev {
+            let _ = tx_b.send("passive");
+        }
+    });
+    b.ca.listen(&al, 1, SERVICE, on_request, passive)?;
+    let inst = Arc::clone(&al);
+    let (dtx, disconnected) = mpsc::channel();
+    let active: CmHandler = Arc::new(move |cep, ev| match ev {
+        Event::ReplyReceived { .. } => cep.rtu(&inst, &[]).expect("rtu"),
+        Event::Established { .. } => {
+            let _ = tx.send("active");
+        }
+        Event::Disconnected { .. } => {
+            let _ = dtx.send(());
+        }
+        _ => {}
+    });
+    let request = ConnectRequest::new(SERVICE, 0)
+        .remote_gid(b.gid)
+        .path_mtu(Mtu::Mtu1024);
+    let cep = a.qp.connect(&al, &request, active)?;
+    for _ in 0..2 {
+        established
+            .recv_timeout(DEADLINE)
+            .map_err(|_| Error::Timeout("no ESTABLISHED over RoCEv2".into()))?;
+    }
+
+    let rsge = [Sge {
+        addr: 0,
+        length: 4096,
+        lkey: b.lkey,
+    }];
+    b.qp.post_recv(
+        &al,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &rsge,
+        }],
+    )?;
+    a.buf.write(0, b"hello through the CM")?;
+    let sge = [Sge {
+        addr: 0,
+        length: 20,
+        lkey: a.lkey,
+    }];
+    a.qp.post_send(&al, &[SendWr::new(1, SendOp::Send, &sge)])?;
+    completion(&al, a.cq);
+    assert_eq!(completion(&al, b.cq).byte_len, 20);
+    let mut got = [0u8; 20];
+    b.buf.read(0, &mut got)?;
+    assert_eq!(&got, b"hello through the CM");
+
+    cep.disconnect(&al, &[])?;
+    disconnected
+        .recv_timeout(DEADLINE)
+        .map_err(|_| Error::Timeout("no DREP over RoCEv2".into()))?;
+    let stats = al.close()?;
+    assert_eq!(stats.live(Kind::CEP), 0, "{stats:?}");
+    assert_eq!(stats.live(Kind::QP), 0, "{stats:?}");
+    Ok(())
+}
+
+#[test]
+fn soft_and_roce_cas_live_in_one_al() -> Result<()> {
+    let al = Al::open()?;
+    let fabric = Fabric::new();
+    fabric.add_hca(HcaConfig::new(0x5, &[1]))?;
+    let soft = al.open_ca(&SoftProvider::new(fabric), 0x5)?;
+    let roce = al.open_ca(&provider(), 0xa1)?;
+    assert_ne!(soft.attr(&al)?.node_guid, roce.attr(&al)?.node_guid);
+    for ca in [soft, roce] {
+        let pd = ca.alloc_pd(&al)?;
+        let cq = ca.create_cq(&al, 8)?;
+        pd.create_qp(&al, QpCreate::new(QpType::Rc, cq))?;
+    }
+    // A PD of one provider cannot take a CQ of the other: the QP's parts
+    // must share a device.
+    let pd_soft = soft.alloc_pd(&al)?;
+    let cq_roce = roce.create_cq(&al, 8)?;
+    assert!(pd_soft
+        .create_qp(&al, QpCreate::new(QpType::Rc, cq_roce))
+        .is_err());
+    let stats = al.close()?;
+    assert_eq!(stats.live(Kind::CA), 0);
+    assert_eq!(stats.live(Kind::QP), 0);
+    Ok(())
+}
