@@ -48,6 +48,31 @@ pub fn default_fabric() -> Fabric {
     fabric
 }
 
+/// The RoCEv2 provider with one device per address of `addrs` (`roce0`,
+/// `roce1`, ...; node GUIDs 0x0002_c903_00c0_0001 upwards), each with one
+/// port bound to that IP address and UDP port (0: any free port).
+pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> roce_provider::RoceProvider {
+    let devices = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, &addr)| {
+            roce_provider::DeviceConfig::new(
+                format!("roce{i}"),
+                0x0002_c903_00c0_0001 + ((i as u64) << 16),
+                vec![roce_provider::PortConfig::new(addr)],
+            )
+        })
+        .collect();
+    roce_provider::RoceProvider::new(devices)
+}
+
+/// Several providers' reports as one JSON object:
+/// `{"providers":[{"provider":..,"devices":[..]},..]}`.
+pub fn reports_to_json(reports: &[DevinfoReport]) -> String {
+    let parts: Vec<String> = reports.iter().map(DevinfoReport::to_json).collect();
+    format!("{{\"providers\":[{}]}}", parts.join(","))
+}
+
 /// The soft provider over a fresh [`default_fabric`].
 pub fn default_provider() -> SoftProvider {
     SoftProvider::new(default_fabric())
@@ -130,6 +155,16 @@ fn mtu_code(m: Mtu) -> u8 {
     }
 }
 
+/// A GID as `ibv_devinfo -v` prints it: colon-separated 16-bit groups on
+/// an InfiniBand port; on an Ethernet (RoCEv2) port the IPv6 form of the
+/// address it is, and its type (`::ffff:192.0.2.1, RoCE v2`).
+fn port_gid(p: &PortAttr, gid: &[u8; 16]) -> String {
+    match p.link_layer {
+        LinkLayer::InfiniBand => format_gid(gid),
+        LinkLayer::Ethernet => format!("{}, RoCE v2", std::net::Ipv6Addr::from(*gid)),
+    }
+}
+
 fn link_layer(l: LinkLayer) -> &'static str {
     match l {
         LinkLayer::InfiniBand => "InfiniBand",
@@ -186,7 +221,7 @@ impl DevinfoReport {
                     link_layer(p.link_layer)
                 ));
                 for (i, g) in p.gid_table.iter().enumerate() {
-                    s.push_str(&format!("\t\t\tGID[{i:3}]:\t\t{}\n", format_gid(g)));
+                    s.push_str(&format!("\t\t\tGID[{i:3}]:\t\t{}\n", port_gid(p, g)));
                 }
                 let pkeys: Vec<String> = p.pkey_table.iter().map(|k| format!("{k:#06x}")).collect();
                 s.push_str(&format!("\t\t\tP_Key table:\t\t{}\n", pkeys.join(" ")));
@@ -227,7 +262,7 @@ impl DevinfoReport {
                 let gids: Vec<String> = p
                     .gid_table
                     .iter()
-                    .map(|g| format!("\"{}\"", format_gid(g)))
+                    .map(|g| format!("\"{}\"", port_gid(p, g)))
                     .collect();
                 let pkeys: Vec<String> = p.pkey_table.iter().map(|k| k.to_string()).collect();
                 s.push_str(&format!(
@@ -305,5 +340,27 @@ mod tests {
         gid[15] = 1;
         assert_eq!(format_gid(&gid), "fe80:0000:0000:0000:0000:0000:0000:0001");
         assert_eq!(json_escape("a\"b\\c\n"), "a\\\"b\\\\c\\u000a");
+    }
+
+    #[test]
+    fn a_roce_port_lists_as_ethernet_with_its_address_as_gid() {
+        let provider = roce_provider(&["127.0.0.1:0".parse().unwrap()]);
+        let report = query_all(&provider).unwrap();
+        assert_eq!(report.provider, "roce");
+        assert_eq!(report.devices.len(), 1);
+        let port = &report.devices[0].ports[0];
+        assert_eq!(port.link_layer, LinkLayer::Ethernet);
+        let text = report.to_text();
+        assert!(text.contains("link_layer:\t\tEthernet"), "{text}");
+        assert!(
+            text.contains("GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2"),
+            "{text}"
+        );
+        let json = reports_to_json(&[query_all(&default_provider()).unwrap(), report]);
+        assert!(
+            json.starts_with("{\"providers\":[{\"provider\":\"soft\""),
+            "{json}"
+        );
+        assert!(json.contains("\"provider\":\"roce\""), "{json}");
     }
 }

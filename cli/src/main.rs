@@ -60,6 +60,11 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Also list a RoCEv2 device with one port bound to this IP
+        /// address (and UDP port; 0 or none: any free one). Repeatable;
+        /// default: one on 127.0.0.1.
+        #[arg(long, value_name = "IP[:UDP_PORT]")]
+        roce: Vec<String>,
     },
     /// Benchmarks; each reports ratios against a baseline measured in the same run.
     Perf {
@@ -220,7 +225,7 @@ fn main() -> ExitCode {
             capture,
         } => pingpong(loopback, iterations, size, json, capture),
         Command::Overview => overview(),
-        Command::Devinfo { json } => devinfo(json),
+        Command::Devinfo { json, roce } => devinfo(json, &roce),
         Command::Perf { bench } => perf(bench),
         Command::Stress {
             seconds,
@@ -369,11 +374,32 @@ fn print_report(json: bool, as_json: String, as_text: String) {
     }
 }
 
-fn devinfo(json: bool) -> Result<(), String> {
-    let provider = ibal_cli::devinfo::default_provider();
-    let report = ibal_cli::devinfo::query_all(&provider).map_err(|e| e.to_string())?;
-    print_report(json, report.to_json(), report.to_text());
+fn devinfo(json: bool, roce: &[String]) -> Result<(), String> {
+    use ibal_cli::devinfo::{default_provider, query_all, reports_to_json, roce_provider};
+    let addrs = if roce.is_empty() {
+        vec!["127.0.0.1:0".parse().expect("a literal address")]
+    } else {
+        roce.iter()
+            .map(|a| parse_ip_port(a, 0))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let soft = query_all(&default_provider()).map_err(|e| e.to_string())?;
+    let roce = query_all(&roce_provider(&addrs))
+        .map_err(|e| format!("cannot open a RoCEv2 port on {addrs:?}: {e}"))?;
+    let text = format!("{}{}", soft.to_text(), roce.to_text());
+    print_report(json, reports_to_json(&[soft, roce]), text);
     Ok(())
+}
+
+/// `IP`, `IP:PORT`, `[IPv6]:PORT` or a bare IPv6 address; `default_port`
+/// when none is given.
+fn parse_ip_port(s: &str, default_port: u16) -> Result<std::net::SocketAddr, String> {
+    if let Ok(addr) = s.parse::<std::net::SocketAddr>() {
+        return Ok(addr);
+    }
+    s.parse::<std::net::IpAddr>()
+        .map(|ip| std::net::SocketAddr::new(ip, default_port))
+        .map_err(|_| format!("{s:?} is not an IP address or IP:PORT"))
 }
 
 fn overview() -> Result<(), String> {

@@ -151,7 +151,24 @@ fn devinfo_lists_both_hcas() {
     ] {
         assert!(out.contains(field), "missing {field}: {out}");
     }
-    assert_eq!(out.matches("hca_id:").count(), 2);
+    // The two soft HCAs and the default RoCEv2 device on 127.0.0.1.
+    assert_eq!(out.matches("hca_id:").count(), 3);
+    assert!(out.contains("link_layer:\t\tEthernet"), "{out}");
+    assert!(out.contains("::ffff:127.0.0.1, RoCE v2"), "{out}");
+}
+
+#[test]
+fn devinfo_lists_the_roce_ports_asked_for() {
+    let out = ok(&["devinfo", "--roce", "127.0.0.3", "--roce", "127.0.0.4:0"]);
+    assert!(
+        out.contains("hca_id:\troce0") && out.contains("hca_id:\troce1"),
+        "{out}"
+    );
+    assert!(out.contains("::ffff:127.0.0.3, RoCE v2"), "{out}");
+    assert!(out.contains("::ffff:127.0.0.4, RoCE v2"), "{out}");
+    let bad = ibal(&["devinfo", "--roce", "not-an-address"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not an IP address"));
 }
 
 #[test]
@@ -161,6 +178,7 @@ fn devinfo_json_is_one_object_with_both_guids() {
     has_keys(
         &keys,
         &[
+            "providers",
             "provider",
             "devices",
             "hca_id",
