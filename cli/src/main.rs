@@ -111,6 +111,15 @@ enum Command {
     },
 }
 
+/// Which provider a verbs benchmark runs on.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Transport {
+    /// Two soft HCAs on the in-process fabric.
+    Soft,
+    /// Two RoCEv2 ports on loopback UDP sockets.
+    Udp,
+}
+
 #[derive(Subcommand)]
 enum PerfCommand {
     /// Handle resolve+release against sharded-slab, RwLock<HashMap> and RwLock<Slab>.
@@ -145,18 +154,39 @@ enum PerfCommand {
         /// Signal and poll every k-th WRITE (and the last); 1 = every WRITE.
         #[arg(long, default_value_t = ibal_cli::perf::verbs::WRITE_SIGNAL_EVERY)]
         signal_every: u32,
+        /// `soft` (two soft HCAs, vs memcpy) or `udp` (two RoCEv2 ports on
+        /// loopback at MTU 4096, vs raw UDP one-way throughput).
+        #[arg(long, value_enum, default_value_t = Transport::Soft)]
+        transport: Transport,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// 64-byte RC SEND message rate (16 per post/poll call) through the object layer against std::sync::mpsc.
     SendRate {
-        /// Messages per round.
-        #[arg(long, default_value_t = 200_000)]
-        msgs: u64,
+        /// Messages per round [default: 200000 soft, 100000 udp].
+        #[arg(long)]
+        msgs: Option<u64>,
+        /// `soft` (vs mpsc) or `udp` (two RoCEv2 ports on loopback, vs raw
+        /// UDP datagrams streamed between two sockets).
+        #[arg(long, value_enum, default_value_t = Transport::Soft)]
+        transport: Transport,
         /// Rounds; the fastest round of each contender is reported.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// 64-byte RC SEND ping-pong round trip between two RoCEv2 ports on
+    /// loopback, against a raw UDP ping-pong of the same datagrams.
+    SendLat {
+        /// Round trips per contender.
+        #[arg(long, default_value_t = 20_000)]
+        iters: u32,
+        /// Only `udp` (the soft provider completes within the post call).
+        #[arg(long, value_enum, default_value_t = Transport::Udp)]
+        transport: Transport,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -321,6 +351,23 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             iters,
             rounds,
             signal_every,
+            transport: Transport::Udp,
+            json,
+        } => {
+            let bytes = iters.map_or(256 << 20, |i| {
+                i * sizes.iter().max().copied().unwrap_or(1) as u64
+            });
+            let report = ibal_cli::perf::udp::run_write_bw(&sizes, bytes, rounds)?;
+            let _ = signal_every;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::WriteBw {
+            sizes,
+            iters,
+            rounds,
+            signal_every,
+            transport: Transport::Soft,
             json,
         } => {
             let report =
@@ -333,12 +380,42 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
-        PerfCommand::SendRate { msgs, rounds, json } => {
+        PerfCommand::SendRate {
+            msgs,
+            rounds,
+            transport: Transport::Udp,
+            json,
+        } => {
+            let report = ibal_cli::perf::udp::run_send_rate(msgs.unwrap_or(100_000), rounds)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::SendRate {
+            msgs,
+            rounds,
+            transport: Transport::Soft,
+            json,
+        } => {
             let report =
                 ibal_cli::perf::verbs::run_send_rate(&ibal_cli::perf::verbs::SendRateConfig {
-                    msgs,
+                    msgs: msgs.unwrap_or(200_000),
                     rounds,
                 })?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::SendLat {
+            iters,
+            transport,
+            json,
+        } => {
+            if transport != Transport::Udp {
+                return Err(
+                    "send-lat runs on --transport udp only (a soft SEND completes within its post)"
+                        .into(),
+                );
+            }
+            let report = ibal_cli::perf::udp::run_send_lat(iters)?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }

@@ -286,12 +286,65 @@ fn perf_send_rate_json() {
 }
 
 #[test]
+fn perf_over_udp_json() {
+    let cases: [(&[&str], &[&str]); 3] = [
+        (
+            &["perf", "send-lat", "--iters", "200", "--json"],
+            &["roce_median_us", "udp_median_us", "ratio", "target_met"],
+        ),
+        (
+            &[
+                "perf",
+                "send-rate",
+                "--transport",
+                "udp",
+                "--msgs",
+                "2000",
+                "--rounds",
+                "1",
+                "--json",
+            ],
+            &[
+                "roce_msgs_per_sec",
+                "udp_msgs_per_sec",
+                "ratio",
+                "target_met",
+            ],
+        ),
+        (
+            &[
+                "perf",
+                "write-bw",
+                "--transport",
+                "udp",
+                "--sizes",
+                "64K",
+                "--iters",
+                "8",
+                "--rounds",
+                "1",
+                "--json",
+            ],
+            &["roce_gbps", "udp_gbps", "min_ratio", "target_met"],
+        ),
+    ];
+    for (args, keys) in cases {
+        let out = ok(args);
+        has_keys(&one_json_object(&out), keys);
+        assert!(out.contains("\"transport\":\"udp\""), "{out}");
+    }
+}
+
+#[test]
 fn bad_arguments_fail_with_a_message_on_stderr() {
     for args in [
         &["--no-such-flag"][..],
         &["perf", "write-bw", "--sizes", "12Q"][..],
         &["perf", "write-bw", "--signal-every", "0", "--iters", "1"][..],
         &["perf", "send-rate", "--msgs", "0"][..],
+        &["perf", "send-rate", "--transport", "udp", "--msgs", "0"][..],
+        &["perf", "send-lat", "--iters", "0"][..],
+        &["perf", "send-lat", "--transport", "soft"][..],
     ] {
         let out = ibal(args);
         assert!(!out.status.success(), "ibal {args:?} succeeded");

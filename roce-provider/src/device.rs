@@ -350,6 +350,12 @@ impl RoceDevice {
             socket
                 .set_read_timeout(Some(RECV_TIMEOUT))
                 .map_err(|e| Error::insufficient_resources(format!("port {}: {e}", i + 1)))?;
+            // A full send window (128 PSNs of up to 4 KiB) arrives back to
+            // back; the default receive buffer (~208 KiB) holds about 50
+            // such packets and drops the rest, each drop costing a
+            // retransmission. Ask for room for several windows (the kernel
+            // caps it at net.core.rmem_max; a smaller buffer still works).
+            let _ = socket2::SockRef::from(&socket).set_recv_buffer_size(SOCKET_BUFFER);
             let local = socket
                 .local_addr()
                 .map_err(|e| Error::insufficient_resources(format!("port {}: {e}", i + 1)))?;
@@ -688,6 +694,7 @@ fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, Socket
             let port = 0xC000 | (h.finish() as u16 & 0x3fff);
             let addr = SocketAddr::new(local.ip(), port);
             if let Ok(s) = UdpSocket::bind(addr) {
+                let _ = socket2::SockRef::from(&s).set_send_buffer_size(SOCKET_BUFFER);
                 out.push((s, addr));
                 break;
             }
@@ -695,6 +702,9 @@ fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, Socket
     }
     out
 }
+
+/// Receive and send buffer size asked of the kernel for each socket.
+const SOCKET_BUFFER: usize = 4 << 20;
 
 fn check_access(access: Access) -> Result<()> {
     if access.undefined_bits() != 0 {

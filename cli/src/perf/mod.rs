@@ -3,6 +3,7 @@
 
 pub mod conn;
 pub mod lookup;
+pub mod udp;
 pub mod verbs;
 
 use al::{Al, Handle};

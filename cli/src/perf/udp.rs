@@ -1,0 +1,680 @@
+//! `ibal perf send-lat|send-rate|write-bw --transport udp`: the RoCEv2
+//! provider between two ports on loopback (127.0.0.1 and 127.0.0.2, each
+//! its own UDP socket), against raw UDP sockets measured in the same run
+//! with the same datagram sizes and the same waiting.
+//!
+//! How each side waits, so the baseline does the same work the same way:
+//! the provider's receive threads block in `recv_from` and the benchmark's
+//! threads busy-poll their CQs, so the raw UDP baseline also blocks in
+//! `recv_from` (a busy-polled socket would compare a thread wake-up
+//! against none). Datagram sizes are those the provider puts on the wire:
+//! a 64-byte SEND is BTH 12 + 64 + ICRC 4 = 80 bytes of UDP payload; a
+//! WRITE packet at MTU 4096 is 4096 + 12 (+ RETH 16 on the first) + 4.
+//!
+//! * send-lat: 64-byte RC SEND ping-pong, median and mean round trip,
+//!   against a raw UDP ping-pong of 80-byte datagrams (target <= 1.5x).
+//! * send-rate: 64-byte RC SENDs streamed from A to B (a window of
+//!   outstanding sends, receives replenished), messages per second
+//!   completed at B, against 80-byte datagrams streamed between two
+//!   sockets, received per second (target >= 0.5x).
+//! * write-bw: RC WRITEs of 64 KiB and 1 MiB at MTU 4096, against
+//!   4112-byte datagrams streamed one way, bytes received per second
+//!   (target >= 0.7x).
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use ibal::prelude::*;
+use ibal::roce::{DeviceConfig, PortConfig};
+use ibal::verbs::QpCaps;
+
+use super::{json_f64, BenchResult};
+
+/// Payload of the latency and rate messages.
+pub const MSG: usize = 64;
+/// UDP payload of one 64-byte RoCEv2 SEND-only packet (BTH + data + ICRC).
+pub const SEND_DATAGRAM: usize = 12 + MSG + 4;
+/// UDP payload of one full WRITE-middle packet at MTU 4096.
+pub const WRITE_DATAGRAM: usize = 12 + 4096 + 4;
+/// Longest any wait of a benchmark may take.
+const STALL: Duration = Duration::from_secs(10);
+
+fn err(what: &'static str) -> impl FnOnce(Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// Two RoCE ports on loopback with an RC QP each, connected by hand.
+struct Pair {
+    al: Al,
+    ends: [End; 2],
+}
+
+struct End {
+    cq: Handle<Cq>,
+    qp: Handle<Qp>,
+    lkey: u32,
+    rkey: u32,
+}
+
+impl Pair {
+    fn new(mtu: Mtu, buf_len: usize, depth: u32) -> BenchResult<Pair> {
+        let port =
+            |ip: &str| PortConfig::new(SocketAddr::new(ip.parse().expect("literal"), 0)).mtu(mtu);
+        let provider = RoceProvider::new(vec![
+            DeviceConfig::new("bench-a", 0xbe0a, vec![port("127.0.0.1")]),
+            DeviceConfig::new("bench-b", 0xbe0b, vec![port("127.0.0.2")]),
+        ]);
+        let al = Al::open().map_err(err("open AL"))?;
+        let mut ends = Vec::new();
+        let mut gids = Vec::new();
+        for guid in [0xbe0a, 0xbe0b] {
+            let ca = al.open_ca(&provider, guid).map_err(err("open CA"))?;
+            let pd = ca.alloc_pd(&al).map_err(err("alloc PD"))?;
+            let cq = ca
+                .create_cq(&al, 4 * depth + 64)
+                .map_err(err("create CQ"))?;
+            let caps = QpCaps {
+                max_send_wr: depth,
+                max_recv_wr: depth,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+            };
+            let create = QpCreate::new(QpType::Rc, cq).caps(caps);
+            let qp = pd.create_qp(&al, create).map_err(err("create QP"))?;
+            let buf = RegisteredBuffer::new(buf_len);
+            let access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+            let (lkey, rkey) = pd
+                .register(&al, &buf, access)
+                .and_then(|mr| mr.keys(&al))
+                .map_err(err("register"))?;
+            gids.push(ca.port(&al, 1).map_err(err("query port"))?.gid_table[0]);
+            // The MR keeps the buffer's memory alive.
+            ends.push(End { cq, qp, lkey, rkey });
+        }
+        let qpns: Vec<u32> = ends
+            .iter()
+            .map(|e| e.qp.query(&al).map(|a| a.qpn))
+            .collect::<Result<_>>()
+            .map_err(err("query QP"))?;
+        for i in 0..2 {
+            connect(&al, ends[i].qp, mtu, qpns[1 - i], gids[1 - i]).map_err(err("connect"))?;
+        }
+        let ends: [End; 2] = ends.try_into().map_err(|_| "two ends".to_string())?;
+        Ok(Pair { al, ends })
+    }
+}
+
+/// RESET -> RTS towards `peer_qpn` at `peer_gid`, both PSNs 0.
+fn connect(al: &Al, qp: Handle<Qp>, mtu: Mtu, peer_qpn: u32, peer_gid: [u8; 16]) -> Result<()> {
+    let access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    qp.modify(
+        al,
+        &QpModify::to(QpState::Init)
+            .pkey_index(0)
+            .port(1)
+            .access(access),
+    )?;
+    let mut av = AvAttr::lid(1, 0);
+    av.grh = Some(GrhAttr {
+        dgid: peer_gid,
+        sgid_index: 0,
+        flow_label: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+    });
+    qp.modify(
+        al,
+        &QpModify::to(QpState::Rtr)
+            .av(av)
+            .path_mtu(mtu)
+            .dest_qpn(peer_qpn)
+            .rq_psn(0)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(1),
+    )?;
+    qp.modify(
+        al,
+        &QpModify::to(QpState::Rts)
+            .sq_psn(0)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(1),
+    )
+}
+
+/// Busy-polls `cq` for up to `out.len()` completions (at least one);
+/// fails on an error completion or after [`STALL`].
+fn poll_some(al: &Arc<AlInstance>, cq: Handle<Cq>, out: &mut [Wc]) -> BenchResult<usize> {
+    let end = Instant::now() + STALL;
+    loop {
+        let n = cq.poll(al, out).map_err(err("poll"))?;
+        if n > 0 {
+            if let Some(bad) = out[..n].iter().find(|w| w.status != WcStatus::Success) {
+                return Err(format!(
+                    "work request {} completed with {:?}",
+                    bad.wr_id, bad.status
+                ));
+            }
+            return Ok(n);
+        }
+        if Instant::now() > end {
+            return Err(format!("no completion within {STALL:?}"));
+        }
+        // The provider's receive threads need a core: on a machine with
+        // fewer cores than busy-polling threads a spinning poller would
+        // hold them off until the scheduler's next tick (~4 ms here).
+        std::thread::yield_now();
+    }
+}
+
+fn recv_wr(sge: &[Sge; 1], wr_id: u64) -> RecvWr<'_> {
+    RecvWr {
+        wr_id,
+        sg_list: sge,
+    }
+}
+
+/// A UDP socket pair on 127.0.0.1 / 127.0.0.2, each with a read timeout.
+fn udp_pair() -> BenchResult<(UdpSocket, UdpSocket)> {
+    let bind = |ip: &str| -> BenchResult<UdpSocket> {
+        let s = UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"))?;
+        // The buffers the provider asks for on its sockets, so both sides
+        // of the comparison queue the same.
+        let sock = socket2::SockRef::from(&s);
+        let _ = sock.set_recv_buffer_size(4 << 20);
+        let _ = sock.set_send_buffer_size(4 << 20);
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .map_err(|e| e.to_string())?;
+        Ok(s)
+    };
+    Ok((bind("127.0.0.1")?, bind("127.0.0.2")?))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+// ------------------------------------------------------------ send-lat --
+
+/// Round trips, both ways measured per iteration (microseconds).
+#[derive(Debug, Clone)]
+pub struct LatReport {
+    /// Round trips per contender.
+    pub iters: u32,
+    /// RC SEND ping-pong: median round trip, us.
+    pub roce_median_us: f64,
+    /// Raw UDP ping-pong (blocking receive): median round trip, us.
+    pub udp_median_us: f64,
+    /// RC SEND ping-pong: mean, us.
+    pub roce_mean_us: f64,
+    /// Raw UDP: mean, us.
+    pub udp_mean_us: f64,
+}
+
+impl LatReport {
+    /// Median RoCE round trip over median UDP round trip.
+    pub fn ratio(&self) -> f64 {
+        self.roce_median_us / self.udp_median_us
+    }
+    /// A table.
+    pub fn to_text(&self) -> String {
+        format!(
+            "perf send-lat --transport udp: {MSG}-byte RC SEND ping-pong between two RoCEv2 ports on\n\
+             loopback vs a raw UDP ping-pong of {SEND_DATAGRAM}-byte datagrams (blocking receive on both);\n\
+             {} round trips each\n\n\
+             {:>10} {:>12} {:>12}\n{:>10} {:>12.2} {:>12.2}\n{:>10} {:>12.2} {:>12.2}\n\n\
+             ratio (median): {:.2}x (target <= 1.5x)\n",
+            self.iters,
+            "",
+            "median us",
+            "mean us",
+            "RoCEv2",
+            self.roce_median_us,
+            self.roce_mean_us,
+            "raw UDP",
+            self.udp_median_us,
+            self.udp_mean_us,
+            self.ratio()
+        )
+    }
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"benchmark\":\"send-lat\",\"transport\":\"udp\",\"iters\":{},\"roce_median_us\":{},\
+             \"roce_mean_us\":{},\"udp_median_us\":{},\"udp_mean_us\":{},\"ratio\":{},\
+             \"target_ratio\":1.5,\"target_met\":{}}}",
+            self.iters,
+            json_f64(self.roce_median_us, 3),
+            json_f64(self.roce_mean_us, 3),
+            json_f64(self.udp_median_us, 3),
+            json_f64(self.udp_mean_us, 3),
+            json_f64(self.ratio(), 4),
+            self.ratio() <= 1.5
+        )
+    }
+}
+
+/// Runs send-lat: `iters` round trips of each contender.
+pub fn run_send_lat(iters: u32) -> BenchResult<LatReport> {
+    if iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    let (roce_median_us, roce_mean_us) = roce_pingpong(iters)?;
+    let (udp_median_us, udp_mean_us) = udp_pingpong(iters)?;
+    Ok(LatReport {
+        iters,
+        roce_median_us,
+        udp_median_us,
+        roce_mean_us,
+        udp_mean_us,
+    })
+}
+
+fn roce_pingpong(iters: u32) -> BenchResult<(f64, f64)> {
+    const DEPTH: u32 = 64;
+    let pair = Pair::new(Mtu::Mtu1024, 2 * MSG, DEPTH)?;
+    let Pair { al, ends: [a, b] } = &pair;
+    let sge = |e: &End, off: u64| {
+        [Sge {
+            addr: off,
+            length: MSG as u32,
+            lkey: e.lkey,
+        }]
+    };
+    let (a_send, a_recv, b_send, b_recv) = (sge(a, 0), sge(a, 64), sge(b, 0), sge(b, 64));
+    for e in [(a, &a_recv), (b, &b_recv)] {
+        let wrs: Vec<RecvWr> = (0..DEPTH).map(|i| recv_wr(e.1, u64::from(i))).collect();
+        e.0.qp.post_recv(al, &wrs).map_err(err("post_recv"))?;
+    }
+    let echo = {
+        let (al, qp, cq) = (Arc::clone(al), b.qp, b.cq);
+        std::thread::spawn(move || -> BenchResult<()> {
+            let mut wc = [Wc::default(); 4];
+            let mut received = 0;
+            while received < iters {
+                let n = poll_some(&al, cq, &mut wc)?;
+                for w in &wc[..n] {
+                    if w.opcode == WcOpcode::Recv {
+                        received += 1;
+                        qp.post_recv(&al, &[recv_wr(&b_recv, w.wr_id)])
+                            .map_err(err("post_recv"))?;
+                        qp.post_send(&al, &[SendWr::new(1, SendOp::Send, &b_send)])
+                            .map_err(err("post_send"))?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    };
+    let mut rtts = Vec::with_capacity(iters as usize);
+    let mut wc = [Wc::default(); 4];
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        let start = Instant::now();
+        a.qp.post_send(al, &[SendWr::new(1, SendOp::Send, &a_send)])
+            .map_err(err("post_send"))?;
+        let mut got = false;
+        while !got {
+            let n = poll_some(al, a.cq, &mut wc)?;
+            for w in &wc[..n] {
+                if w.opcode == WcOpcode::Recv {
+                    got = true;
+                    a.qp.post_recv(al, &[recv_wr(&a_recv, w.wr_id)])
+                        .map_err(err("post_recv"))?;
+                }
+            }
+        }
+        rtts.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    let mean = t0.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+    echo.join()
+        .map_err(|_| "the echo thread panicked".to_string())??;
+    Ok((median(&mut rtts), mean))
+}
+
+fn udp_pingpong(iters: u32) -> BenchResult<(f64, f64)> {
+    let (a, b) = udp_pair()?;
+    let (a_addr, b_addr) = (
+        a.local_addr().map_err(|e| e.to_string())?,
+        b.local_addr().map_err(|e| e.to_string())?,
+    );
+    let echo = std::thread::spawn(move || -> BenchResult<()> {
+        let mut buf = [0u8; 2048];
+        for _ in 0..iters {
+            let (n, from) = b
+                .recv_from(&mut buf)
+                .map_err(|e| format!("echo recv: {e}"))?;
+            b.send_to(&buf[..n], from).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    });
+    let msg = [0x5au8; SEND_DATAGRAM];
+    let mut buf = [0u8; 2048];
+    let mut rtts = Vec::with_capacity(iters as usize);
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        let start = Instant::now();
+        a.send_to(&msg, b_addr).map_err(|e| e.to_string())?;
+        let (n, _) = a
+            .recv_from(&mut buf)
+            .map_err(|e| format!("ping recv on {a_addr}: {e}"))?;
+        if n != SEND_DATAGRAM {
+            return Err(format!("echo of {n} bytes"));
+        }
+        rtts.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    let mean = t0.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+    echo.join()
+        .map_err(|_| "the echo thread panicked".to_string())??;
+    Ok((median(&mut rtts), mean))
+}
+
+// ----------------------------------------------------------- send-rate --
+
+/// Messages per second completed at the receiver.
+#[derive(Debug, Clone)]
+pub struct RateReport {
+    /// Messages per contender per round.
+    pub msgs: u64,
+    /// Rounds (the best round of each contender is reported).
+    pub rounds: usize,
+    /// RC SENDs completed at B per second.
+    pub roce_msgs_per_sec: f64,
+    /// Raw UDP datagrams received per second.
+    pub udp_msgs_per_sec: f64,
+    /// Raw UDP datagrams lost in the best round (no flow control).
+    pub udp_lost: u64,
+}
+
+impl RateReport {
+    /// RoCE rate over raw UDP rate.
+    pub fn ratio(&self) -> f64 {
+        self.roce_msgs_per_sec / self.udp_msgs_per_sec
+    }
+    /// A table.
+    pub fn to_text(&self) -> String {
+        format!(
+            "perf send-rate --transport udp: {MSG}-byte RC SENDs streamed between two RoCEv2 ports\n\
+             on loopback, completed at the receiver, vs {SEND_DATAGRAM}-byte raw UDP datagrams streamed\n\
+             between two sockets (blocking receive); {} messages, best of {} rounds\n\n\
+             RoCEv2:  {:>12.0} msgs/s\nraw UDP: {:>12.0} msgs/s ({} lost)\n\n\
+             ratio: {:.2}x (target >= 0.5x)\n",
+            self.msgs,
+            self.rounds,
+            self.roce_msgs_per_sec,
+            self.udp_msgs_per_sec,
+            self.udp_lost,
+            self.ratio()
+        )
+    }
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"benchmark\":\"send-rate\",\"transport\":\"udp\",\"msgs\":{},\"rounds\":{},\
+             \"roce_msgs_per_sec\":{},\"udp_msgs_per_sec\":{},\"udp_lost\":{},\"ratio\":{},\
+             \"target_ratio\":0.5,\"target_met\":{}}}",
+            self.msgs,
+            self.rounds,
+            json_f64(self.roce_msgs_per_sec, 0),
+            json_f64(self.udp_msgs_per_sec, 0),
+            self.udp_lost,
+            json_f64(self.ratio(), 4),
+            self.ratio() >= 0.5
+        )
+    }
+}
+
+/// Runs send-rate.
+pub fn run_send_rate(msgs: u64, rounds: usize) -> BenchResult<RateReport> {
+    if msgs == 0 {
+        return Err("--msgs must be at least 1".into());
+    }
+    let (mut roce, mut udp, mut lost) = (0f64, 0f64, 0);
+    for _ in 0..rounds.max(1) {
+        roce = roce.max(roce_stream(msgs, MSG, Mtu::Mtu1024, false)? / MSG as f64);
+        let (rate, l) = udp_stream(msgs, SEND_DATAGRAM)?;
+        if rate > udp {
+            (udp, lost) = (rate, l);
+        }
+    }
+    Ok(RateReport {
+        msgs,
+        rounds: rounds.max(1),
+        roce_msgs_per_sec: roce,
+        udp_msgs_per_sec: udp,
+        udp_lost: lost,
+    })
+}
+
+/// Streams `count` messages of `size` bytes from A to B (SENDs into
+/// posted receives, or WRITEs when `write`); returns payload bytes per
+/// second, timed from the first post to the last completion at B (SEND)
+/// or at A (WRITE, whose completion follows the ACK of its last packet).
+fn roce_stream(count: u64, size: usize, mtu: Mtu, write: bool) -> BenchResult<f64> {
+    const DEPTH: u32 = 512;
+    let pair = Pair::new(mtu, size.max(64), DEPTH)?;
+    let Pair { al, ends: [a, b] } = &pair;
+    let sge = [Sge {
+        addr: 0,
+        length: size as u32,
+        lkey: a.lkey,
+    }];
+    let rsge = [Sge {
+        addr: 0,
+        length: size as u32,
+        lkey: b.lkey,
+    }];
+    let op = if write {
+        SendOp::Write {
+            remote_addr: 0,
+            rkey: b.rkey,
+        }
+    } else {
+        SendOp::Send
+    };
+    // Receives on B, replenished by a thread that counts completions.
+    let done = Arc::new(AtomicBool::new(false));
+    let receiver = (!write).then(|| -> BenchResult<_> {
+        let wrs: Vec<RecvWr> = (0..DEPTH).map(|i| recv_wr(&rsge, u64::from(i))).collect();
+        b.qp.post_recv(al, &wrs).map_err(err("post_recv"))?;
+        let (al, qp, cq, done) = (Arc::clone(al), b.qp, b.cq, Arc::clone(&done));
+        Ok(std::thread::spawn(move || -> BenchResult<Instant> {
+            let mut wc = [Wc::default(); 64];
+            let mut got = 0u64;
+            while got < count {
+                let n = poll_some(&al, cq, &mut wc)?;
+                got += n as u64;
+                let wrs: Vec<RecvWr> = wc[..n].iter().map(|w| recv_wr(&rsge, w.wr_id)).collect();
+                qp.post_recv(&al, &wrs).map_err(err("post_recv"))?;
+            }
+            done.store(true, Ordering::Release);
+            Ok(Instant::now())
+        }))
+    });
+    let receiver = receiver.transpose()?;
+    // Signal one request in 16 so the send queue is reaped in batches.
+    const SIGNAL: u64 = 16;
+    let window = u64::from(DEPTH) / SIGNAL * SIGNAL;
+    let mut wc = [Wc::default(); 64];
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let t0 = Instant::now();
+    while completed < count {
+        while posted < count && posted - completed < window {
+            let mut wr = SendWr::new(posted, op, &sge);
+            if (posted + 1) % SIGNAL != 0 && posted + 1 != count {
+                wr = wr.unsignaled();
+            }
+            a.qp.post_send(al, &[wr]).map_err(err("post_send"))?;
+            posted += 1;
+        }
+        let n = poll_some(al, a.cq, &mut wc)?;
+        for w in &wc[..n] {
+            completed = w.wr_id + 1;
+        }
+    }
+    let end = match receiver {
+        Some(h) => h
+            .join()
+            .map_err(|_| "the receiver panicked".to_string())??,
+        None => Instant::now(),
+    };
+    let _ = done.load(Ordering::Acquire);
+    let secs = end.duration_since(t0).as_secs_f64();
+    Ok(count as f64 * size as f64 / secs)
+}
+
+/// Streams `count` datagrams of `size` bytes between two sockets; returns
+/// (datagrams received per second, datagrams lost).
+fn udp_stream(count: u64, size: usize) -> BenchResult<(f64, u64)> {
+    let (a, b) = udp_pair()?;
+    let b_addr = b.local_addr().map_err(|e| e.to_string())?;
+    let ready = Arc::new(Barrier::new(2));
+    let receiver = {
+        let ready = Arc::clone(&ready);
+        std::thread::spawn(move || -> (u64, Option<Instant>, Option<Instant>) {
+            let mut buf = vec![0u8; size + 64];
+            let (mut got, mut first, mut last) = (0u64, None, None);
+            ready.wait();
+            // Ends when everything arrived or after 200 ms of silence
+            // (datagrams lost: UDP has no flow control).
+            while got < count {
+                match b.recv_from(&mut buf) {
+                    Ok(_) => {
+                        let now = Instant::now();
+                        first.get_or_insert(now);
+                        last = Some(now);
+                        got += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            (got, first, last)
+        })
+    };
+    let msg = vec![0x5au8; size];
+    ready.wait();
+    let t0 = Instant::now();
+    for _ in 0..count {
+        a.send_to(&msg, b_addr).map_err(|e| e.to_string())?;
+    }
+    let (got, _first, last) = receiver
+        .join()
+        .map_err(|_| "the receiver panicked".to_string())?;
+    let secs = last.map_or(f64::NAN, |l| l.duration_since(t0).as_secs_f64());
+    Ok((got as f64 / secs, count - got))
+}
+
+// ------------------------------------------------------------ write-bw --
+
+/// One message size.
+#[derive(Debug, Clone)]
+pub struct BwPoint {
+    /// WRITE size in bytes.
+    pub size: usize,
+    /// WRITEs per round.
+    pub iters: u64,
+    /// RoCE WRITE payload, Gbit/s.
+    pub roce_gbps: f64,
+    /// Raw UDP payload received, Gbit/s.
+    pub udp_gbps: f64,
+}
+
+/// RC WRITE bandwidth against raw UDP one-way throughput.
+#[derive(Debug, Clone)]
+pub struct BwReport {
+    /// Rounds (best of each contender).
+    pub rounds: usize,
+    /// One per size.
+    pub points: Vec<BwPoint>,
+}
+
+impl BwReport {
+    /// The lowest ratio of the sizes.
+    pub fn min_ratio(&self) -> f64 {
+        self.points
+            .iter()
+            .map(|p| p.roce_gbps / p.udp_gbps)
+            .fold(f64::INFINITY, f64::min)
+    }
+    /// A table.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "perf write-bw --transport udp: RC RDMA WRITE at MTU 4096 between two RoCEv2 ports on\n\
+             loopback vs {WRITE_DATAGRAM}-byte raw UDP datagrams streamed one way (blocking receive);\n\
+             payload Gbit/s, best of {} rounds\n\n{:>10} {:>8} {:>12} {:>12} {:>8}\n",
+            self.rounds, "size", "iters", "RoCE Gb/s", "UDP Gb/s", "ratio"
+        );
+        for p in &self.points {
+            out.push_str(&format!(
+                "{:>10} {:>8} {:>12.2} {:>12.2} {:>7.2}x\n",
+                p.size,
+                p.iters,
+                p.roce_gbps,
+                p.udp_gbps,
+                p.roce_gbps / p.udp_gbps
+            ));
+        }
+        out.push_str(&format!(
+            "\nlowest ratio: {:.2}x (target >= 0.7x)\n",
+            self.min_ratio()
+        ));
+        out
+    }
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        let points: Vec<String> = self
+            .points
+            .iter()
+            .map(|p| {
+                format!(
+                    "{{\"size\":{},\"iters\":{},\"roce_gbps\":{},\"udp_gbps\":{},\"ratio\":{}}}",
+                    p.size,
+                    p.iters,
+                    json_f64(p.roce_gbps, 3),
+                    json_f64(p.udp_gbps, 3),
+                    json_f64(p.roce_gbps / p.udp_gbps, 4)
+                )
+            })
+            .collect();
+        format!(
+            "{{\"benchmark\":\"write-bw\",\"transport\":\"udp\",\"rounds\":{},\"results\":[{}],\
+             \"min_ratio\":{},\"target_ratio\":0.7,\"target_met\":{}}}",
+            self.rounds,
+            points.join(","),
+            json_f64(self.min_ratio(), 4),
+            self.min_ratio() >= 0.7
+        )
+    }
+}
+
+/// Runs write-bw for each size: `bytes_per_round` of WRITEs (at least 4).
+pub fn run_write_bw(sizes: &[usize], bytes_per_round: u64, rounds: usize) -> BenchResult<BwReport> {
+    if let Some(bad) = sizes.iter().find(|&&s| s == 0 || s > 64 << 20) {
+        return Err(format!("size {bad}: between 1 byte and 64 MiB"));
+    }
+    let mut points = Vec::new();
+    for &size in sizes {
+        let iters = (bytes_per_round / size as u64).max(4);
+        let packets = iters * (size as u64).div_ceil(4096);
+        let (mut roce, mut udp) = (0f64, 0f64);
+        for _ in 0..rounds.max(1) {
+            roce = roce.max(roce_stream(iters, size, Mtu::Mtu4096, true)? * 8.0 / 1e9);
+            let (rate, _) = udp_stream(packets, WRITE_DATAGRAM)?;
+            udp = udp.max(rate * 4096.0 * 8.0 / 1e9);
+        }
+        points.push(BwPoint {
+            size,
+            iters,
+            roce_gbps: roce,
+            udp_gbps: udp,
+        });
+    }
+    Ok(BwReport {
+        rounds: rounds.max(1),
+        points,
+    })
+}
