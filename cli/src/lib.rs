@@ -12,4 +12,5 @@ pub mod devinfo;
 pub mod fuzzing;
 pub mod perf;
 pub mod pingpong;
+pub mod relay;
 pub mod stress;

@@ -55,6 +55,35 @@ enum Command {
     },
     /// Print what this build contains and run a quick self-check.
     Overview,
+    /// A UDP relay between two RoCEv2 ports that drops, duplicates,
+    /// reorders and delays datagrams (the fault tests' network). A sends to
+    /// NEAR_A, B to NEAR_B; each datagram is re-signed for its new flow.
+    Relay {
+        /// Where A sends (tell A that B's GID is here).
+        #[arg(long, value_name = "IP:PORT")]
+        near_a: std::net::SocketAddr,
+        /// Where B sends.
+        #[arg(long, value_name = "IP:PORT")]
+        near_b: std::net::SocketAddr,
+        /// A's RoCEv2 port.
+        #[arg(long, value_name = "IP:PORT")]
+        a: std::net::SocketAddr,
+        /// B's RoCEv2 port.
+        #[arg(long, value_name = "IP:PORT")]
+        b: std::net::SocketAddr,
+        /// Probability of each fault (drop, duplicate, reorder, delay).
+        #[arg(long, default_value_t = 0.0)]
+        faults: f64,
+        /// Longest delay, microseconds.
+        #[arg(long, default_value_t = 2000)]
+        max_delay_us: u64,
+        /// Stop after this many seconds.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Generator seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// List the devices and ports of the embedded soft fabric, like ibv_devinfo -v.
     Devinfo {
         /// Print one JSON object instead of text.
@@ -255,6 +284,27 @@ fn main() -> ExitCode {
             capture,
         } => pingpong(loopback, iterations, size, json, capture),
         Command::Overview => overview(),
+        Command::Relay {
+            near_a,
+            near_b,
+            a,
+            b,
+            faults,
+            max_delay_us,
+            seconds,
+            seed,
+        } => relay(ibal_cli::relay::RelayConfig {
+            near_a,
+            near_b,
+            a,
+            b,
+            faults: ibal_cli::relay::FaultConfig {
+                max_delay: std::time::Duration::from_micros(max_delay_us),
+                ..ibal_cli::relay::FaultConfig::uniform(faults, seed)
+            },
+            max_time: std::time::Duration::from_secs(seconds),
+            max_datagrams: u64::MAX,
+        }),
         Command::Devinfo { json, roce } => devinfo(json, &roce),
         Command::Perf { bench } => perf(bench),
         Command::Stress {
@@ -477,6 +527,19 @@ fn parse_ip_port(s: &str, default_port: u16) -> Result<std::net::SocketAddr, Str
     s.parse::<std::net::IpAddr>()
         .map(|ip| std::net::SocketAddr::new(ip, default_port))
         .map_err(|_| format!("{s:?} is not an IP address or IP:PORT"))
+}
+
+fn relay(cfg: ibal_cli::relay::RelayConfig) -> Result<(), String> {
+    if !(0.0..=1.0).contains(&cfg.faults.drop) {
+        return Err("--faults is a probability between 0 and 1".into());
+    }
+    let max = cfg.max_time;
+    let r = ibal_cli::relay::spawn(cfg).map_err(|e| format!("relay: {e}"))?;
+    eprintln!("relay: {} -> B, {} -> A, for {max:?}", r.near_a, r.near_b);
+    std::thread::sleep(max);
+    let stats = r.stop().map_err(|e| format!("relay: {e}"))?;
+    out!("{stats:?}");
+    Ok(())
 }
 
 fn overview() -> Result<(), String> {

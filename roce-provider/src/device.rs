@@ -18,7 +18,7 @@ use provider::{
 };
 use roce::{Endpoints, Packet};
 
-use crate::config::{gid_of, DeviceConfig, Directory, PortConfig};
+use crate::config::{gid_of, DeviceConfig, Directory, PortConfig, ROCE_PORT};
 use crate::counters::{AtomicCounters, PortCounters};
 use crate::cq::CqInner;
 use crate::driver::{run_port, run_timers, Timers, RECV_TIMEOUT};
@@ -234,6 +234,13 @@ impl RoceProvider {
     /// port's `peer_udp_port`).
     pub fn add_peer(&self, gid: Gid, addr: SocketAddr) {
         self.directory.set(gid, addr);
+    }
+
+    /// Where datagrams for `gid` go now: the bound address of an open
+    /// device's port with that GID, a peer added by hand, or the GID's IP
+    /// at UDP 4791. (A device opened with UDP port 0 is found here.)
+    pub fn address_of(&self, gid: &Gid) -> SocketAddr {
+        self.directory.resolve(gid, ROCE_PORT)
     }
 }
 
