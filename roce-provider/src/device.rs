@@ -347,6 +347,9 @@ impl RoceDevice {
             let socket = UdpSocket::bind(pc.addr).map_err(|e| {
                 Error::insufficient_resources(format!("port {}: bind {}: {e}", i + 1, pc.addr))
             })?;
+            no_fragments(&socket).map_err(|e| {
+                Error::insufficient_resources(format!("port {}: IP_MTU_DISCOVER: {e}", i + 1))
+            })?;
             socket
                 .set_read_timeout(Some(RECV_TIMEOUT))
                 .map_err(|e| Error::insufficient_resources(format!("port {}: {e}", i + 1)))?;
@@ -688,12 +691,34 @@ fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, Socket
             let port = 0xC000 | (h.finish() as u16 & 0x3fff);
             let addr = SocketAddr::new(local.ip(), port);
             if let Ok(s) = UdpSocket::bind(addr) {
+                if no_fragments(&s).is_err() {
+                    continue;
+                }
                 out.push((s, addr));
                 break;
             }
         }
     }
     out
+}
+
+/// IPv4 sockets: `IP_MTU_DISCOVER = IP_PMTUDISC_DO`. The kernel then sets
+/// DF and never fragments, and (`ip_select_ident_segs`) writes IPv4
+/// identification 0 on an unconnected socket: the value the ICRC was
+/// computed with (`roce::Endpoints::new`). With the default
+/// (`IP_PMTUDISC_WANT`) Linux writes a hashed, per-packet identification
+/// and every real RoCEv2 receiver (rxe, NICs) drops our packets for a bad
+/// ICRC. A datagram above the route's MTU now fails to send (counted in
+/// `tx_errors`) instead of leaving in fragments no RoCE receiver accepts.
+fn no_fragments(socket: &UdpSocket) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    if socket.local_addr()?.is_ipv4() {
+        use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
+        set_ip_mtu_discover(socket, Ipv4PathMtuDiscovery::DO)?;
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = socket;
+    Ok(())
 }
 
 fn check_access(access: Access) -> Result<()> {
