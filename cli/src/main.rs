@@ -560,6 +560,8 @@ fn overview() -> Result<(), String> {
     out!("  ibal perf conn-rate [--mode M] [--json]       CM connect latency and rate vs a 256-byte MAD round trip");
     out!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P]");
     out!("                                                random API races with CM fault injection; fails on any leak");
+    out!("  ibal qp-exchange --listen PORT|--connect HOST --local IP [--mode rc|ud] [--write]");
+    out!("                                                two-process ping-pong over RoCEv2; peers may be ibv_rc/ud_pingpong");
     out!("  ibal --help                                   everything else");
     out!();
     out!("Tests: `cargo test`; loom models: `bash loom-tests/run.sh`. See README.md and docs/.");
