@@ -22,7 +22,7 @@ OUT=${OUT:-$ROOT/target/rxe-interop}
 NS=rxetest
 HOST_IP=192.168.77.1
 GUEST_IP=192.168.77.2
-ITERS=1000
+ITERS=${ITERS:-1000}       # the guest's default rc server runs 1000; other values exercise the failure path
 UD_SIZE=1024            # rxe's active MTU on a 1500-byte link is 1024; ibv_ud_pingpong refuses more
 export WORK ACCEL=${ACCEL:-tcg}
 
