@@ -108,10 +108,13 @@ enum Command {
     /// addresses go over TCP in ibv_rc_pingpong/ibv_ud_pingpong's format, so
     /// the peer may be one of those tools (docs/two-process.md).
     QpExchange {
-        /// Wait for the peer on this TCP address ([IP:]PORT; IP defaults to 0.0.0.0).
+        /// Wait for the peer on this TCP address ([IP:]PORT; IP defaults to
+        /// 0.0.0.0; a bare --listen means port 18515).
         #[arg(
             long,
             value_name = "[IP:]PORT",
+            num_args = 0..=1,
+            default_missing_value = "18515",
             conflicts_with = "connect",
             required_unless_present = "connect"
         )]

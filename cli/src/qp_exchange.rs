@@ -239,7 +239,7 @@ fn accept(listener: &TcpListener, timeout: Duration) -> Result<TcpStream, String
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
                     return Err(format!(
-                        "timed out after {:.0} s waiting for a client on {}",
+                        "timed out after {:.1} s waiting for a client on {}",
                         timeout.as_secs_f64(),
                         listener
                             .local_addr()
@@ -742,7 +742,7 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         if n == 0 {
             if last_progress.elapsed() > cfg.timeout {
                 return Err(format!(
-                    "timed out: no completion for {:.0} s (sent {scnt}, received {rcnt} of {}); the {} stopped answering",
+                    "timed out: no completion for {:.1} s (sent {scnt}, received {rcnt} of {}); the {} stopped answering",
                     cfg.timeout.as_secs_f64(),
                     cfg.iters,
                     if send_pending && !recv_pending { "peer's RoCE stack (our SEND is not acknowledged)" } else { "peer" }
