@@ -152,6 +152,10 @@ enum Command {
         /// An RDMA WRITE before each SEND, checked by the peer (both sides ibal, both with --write).
         #[arg(long)]
         write: bool,
+        /// Behave like ibv_rc_pingpong/ibv_ud_pingpong (no extension, echo what
+        /// arrives, no checks): lets tests play a plain tool's part.
+        #[arg(long, hide = true)]
+        plain: bool,
         /// Bound in seconds on every wait (connect, accept, reads, completions).
         #[arg(long, default_value_t = 30.0)]
         timeout: f64,
@@ -324,6 +328,7 @@ fn main() -> ExitCode {
             rx_depth,
             gid_index,
             write,
+            plain,
             timeout,
             json,
         } => qp_exchange(
@@ -353,6 +358,7 @@ fn main() -> ExitCode {
                 rx_depth,
                 gid_index,
                 write,
+                plain,
                 timeout: std::time::Duration::from_secs_f64(timeout.clamp(0.1, 3600.0)),
             },
             json,

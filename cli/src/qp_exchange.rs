@@ -60,6 +60,11 @@ pub struct QpxConfig {
     pub gid_index: i32,
     /// RDMA WRITE before every SEND (ibal peers only).
     pub write: bool,
+    /// Behave as the ibv tools do (for tests without them): no extension,
+    /// the socket closed after the exchange, a buffer filled with 0x7b
+    /// that each SEND sends and each receive overwrites (so it echoes); the
+    /// data is not checked.
+    pub plain: bool,
     /// Bound on every wait (TCP connect, accept, reads, completions).
     pub timeout: Duration,
 }
@@ -608,9 +613,13 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
                 ));
             }
             // Offer the extension; a plain ibv client has closed by now.
-            let ext = match s.write_all(my_ext.encode().as_bytes()) {
-                Ok(()) => read_ext(&mut s)?,
-                Err(_) => None,
+            let ext = if cfg.plain {
+                None
+            } else {
+                match s.write_all(my_ext.encode().as_bytes()) {
+                    Ok(()) => read_ext(&mut s)?,
+                    Err(_) => None,
+                }
             };
             (s, peer, ext, true)
         }
@@ -623,7 +632,7 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
             let peer = read_msg(&mut s)?;
             s.write_all(oob::DONE)
                 .map_err(|err| io_err("sending \"done\"", err))?;
-            let ext = read_ext(&mut s)?;
+            let ext = if cfg.plain { None } else { read_ext(&mut s)? };
             if ext.is_some() {
                 s.write_all(my_ext.encode().as_bytes())
                     .map_err(|err| io_err("sending our extension line", err))?;
@@ -681,10 +690,19 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         length: cfg.size as u32,
         lkey: side.lkey,
     }];
+    if cfg.plain {
+        // As the tools: the side channel is done.
+        let _ = sock.shutdown(std::net::Shutdown::Both);
+    }
+    let echo = std::cell::RefCell::new(vec![oob::IBV_FILL; cfg.size]);
     let post_round = |round: u32| -> Result<(), String> {
-        side.buf
-            .write(0, &oob::pattern(seed, round, cfg.size))
-            .map_err(e)?;
+        if cfg.plain {
+            side.buf.write(0, &echo.borrow()).map_err(e)?;
+        } else {
+            side.buf
+                .write(0, &oob::pattern(seed, round, cfg.size))
+                .map_err(e)?;
+        }
         if let Some((addr, rkey)) = peer_write {
             side.buf
                 .write(
@@ -773,7 +791,12 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
                     }
                     let mut got = vec![0u8; cfg.size];
                     side.buf.read(payload_at, &mut got).map_err(e)?;
-                    let want = expected(rcnt);
+                    let want = if cfg.plain {
+                        got.clone()
+                    } else {
+                        expected(rcnt)
+                    };
+                    echo.borrow_mut().copy_from_slice(&got);
                     if let Some(at) = oob::first_difference(&got, &want) {
                         return Err(format!(
                             "message {rcnt} differs at byte {at}: got {:#04x}, expected {:#04x}",
@@ -850,7 +873,7 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         size: cfg.size,
         bytes: cfg.size as u64 * u64::from(cfg.iters) * 2,
         writes_checked,
-        messages_checked: rcnt,
+        messages_checked: if cfg.plain { 0 } else { rcnt },
         seconds,
         close_stats: String::new(),
     })

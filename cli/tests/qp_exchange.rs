@@ -210,3 +210,70 @@ fn write_needs_an_ibal_peer_with_write() {
     let out = finish(srv);
     assert!(!out.status.success());
 }
+
+/// ibal against a side playing a plain ibv tool (`--plain`: no extension,
+/// the socket closed after `done`, a 0x7b-filled buffer that echoes):
+/// ibal must see EOF where the extension would be, fall back to the
+/// tools' data rules (as a client its own messages echoed; as a server
+/// 0x7b first, then its own previous message) and check every message.
+fn against_plain(sport: u16, cport: u16, plain_is_server: bool, extra: &[&str]) {
+    let iters = "150";
+    let (sp, cp) = (sport.to_string(), cport.to_string());
+    let mut sargs = vec![
+        "--udp-port",
+        &sp,
+        "--peer-udp-port",
+        &cp,
+        "--iters",
+        iters,
+        "--json",
+    ];
+    let mut cargs = vec![
+        "--udp-port",
+        &cp,
+        "--peer-udp-port",
+        &sp,
+        "--iters",
+        iters,
+        "--json",
+    ];
+    sargs.extend_from_slice(extra);
+    cargs.extend_from_slice(extra);
+    if plain_is_server {
+        sargs.push("--plain");
+    } else {
+        cargs.push("--plain");
+    }
+    let (srv, tcp, srv_err) = server(&sargs);
+    let cli = finish(client(tcp, &cargs));
+    let srv = finish(srv);
+    let srv_log = srv_err.try_iter().collect::<Vec<_>>().join("\n");
+    let cli_log = String::from_utf8_lossy(&cli.stderr).to_string();
+    assert!(srv.status.success(), "server failed; stderr:\n{srv_log}");
+    assert!(cli.status.success(), "client failed; stderr:\n{cli_log}");
+    let ibal = if plain_is_server { &cli } else { &srv };
+    let json = String::from_utf8_lossy(&ibal.stdout).to_string();
+    assert_eq!(json_field(&json, "peer"), "ibv", "{json}");
+    assert_eq!(json_field(&json, "messages_checked"), iters, "{json}");
+    assert_eq!(json_field(&json, "clean"), "true", "{json}");
+}
+
+#[test]
+fn rc_client_against_a_plain_server() {
+    against_plain(25121, 25122, true, &["--mode", "rc"]);
+}
+
+#[test]
+fn rc_server_against_a_plain_client() {
+    against_plain(25123, 25124, false, &["--mode", "rc"]);
+}
+
+#[test]
+fn ud_client_against_a_plain_server() {
+    against_plain(25125, 25126, true, &["--mode", "ud", "--size", "512"]);
+}
+
+#[test]
+fn ud_server_against_a_plain_client() {
+    against_plain(25127, 25128, false, &["--mode", "ud", "--size", "512"]);
+}
