@@ -49,7 +49,19 @@ command -v tshark >/dev/null || { echo "rxe-interop: tshark missing (build.sh in
 say "building ibal"
 cargo build -q -p ibal-cli
 BIN=$ROOT/target/debug/ibal
-"$RXE_VM/stop.sh" >/dev/null 2>&1 || true     # a VM left over from an earlier run
+# The harness has one VM per $WORK and one namespace: do not take over a running one
+# (another session may be using it) unless told to.
+if [ -f "$WORK/qemu.pid" ] && kill -0 "$(cat "$WORK/qemu.pid")" 2>/dev/null; then
+    if [ "${RXE_FORCE_STOP:-0}" = 1 ]; then
+        "$RXE_VM/stop.sh"
+    else
+        trap - EXIT
+        echo "rxe-interop: a VM is already running (pid $(cat "$WORK/qemu.pid"), WORK=$WORK);" \
+             "stop it ($RXE_VM/stop.sh) or set RXE_FORCE_STOP=1" >&2
+        exit 1
+    fi
+fi
+"$RXE_VM/stop.sh" >/dev/null 2>&1 || true     # a namespace left over from an earlier run
 say "booting the VM (ACCEL=$ACCEL)"
 "$RXE_VM/run.sh"
 GIDX=$(sed -n 's/.*RXE-GID-INDEX=\([0-9]*\).*/\1/p' "$WORK/console.log" | head -1)
