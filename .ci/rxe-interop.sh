@@ -206,18 +206,26 @@ for _ in $(seq 50); do kill -0 "$TSHARK_PID" 2>/dev/null || break; sleep 0.2; do
 say "capture: $(du -h "$OUT/rxe.pcapng" | cut -f1) in $OUT/rxe.pcapng"
 tshark -r "$OUT/rxe.pcapng" -d udp.port==4791,infiniband -Y 'udp.port==4791' -T fields -E separator=, \
     -e ip.src -e ip.dst -e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn \
-    -e infiniband.deth.srcqp >"$OUT/bth.csv" 2>"$OUT/tshark-read.log" || true
+    -e ip.id -e ip.flags.df >"$OUT/bth.csv" 2>"$OUT/tshark-read.log" || true
 if ! python3 - "$OUT" "$HOST_IP" "$GUEST_IP" "$ITERS" <<'PY'
 import csv, json, sys, collections
 out, host, guest, iters = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-rows = [r for r in csv.reader(open(f"{out}/bth.csv")) if len(r) >= 5 and r[2]]
+rows = [r for r in csv.reader(open(f"{out}/bth.csv")) if len(r) >= 7 and r[2]]
 def num(x): return int(x, 0) if x.startswith("0x") else int(x)
 pk = [(s, d, num(op), num(qp), num(psn)) for s, d, op, qp, psn, *_ in rows]
+# ibal's IPv4 packets: DF set and identification 0, the values its ICRC covers
+# (IP_MTU_DISCOVER = IP_PMTUDISC_DO); rxe's carry other identifications.
+ours = [(num(r[5]), r[6]) for r in rows if r[0] == host]
+odd = [x for x in ours if x[0] != 0 or x[1] not in ("1", "True", "true")]
 ops = collections.Counter((s, op) for s, _, op, _, _ in pk)
 print(f"tshark decoded {len(pk)} RoCEv2 packets; (source, BTH opcode): count")
 for (s, op), n in sorted(ops.items()):
     print(f"  {s:15} opcode {op:3}: {n}")
 errors = []
+if odd:
+    errors.append(f"{len(odd)} of ibal's {len(ours)} packets lack DF or identification 0: {odd[:3]}")
+else:
+    print(f"  all {len(ours)} packets from ibal: DF set, IPv4 identification 0")
 for side in (host, guest):
     if not any(s == side for s, *_ in pk):
         errors.append(f"no RoCE packet from {side}")
