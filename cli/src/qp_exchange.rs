@@ -772,8 +772,17 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         last_progress = Instant::now();
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
+                let hint = match wc.status {
+                    WcStatus::RetryExceeded => {
+                        "; the peer's RoCE stack never acknowledged our SEND: nothing listens on \
+                         its UDP port, the GID or QPN is wrong, or it drops our packets (a real \
+                         RoCE receiver drops a bad ICRC silently)"
+                    }
+                    WcStatus::RnrRetryExceeded => "; the peer had no receive posted",
+                    _ => "",
+                };
                 return Err(format!(
-                    "completion failed: {:?} for wr_id {} (sent {scnt}, received {rcnt})",
+                    "completion failed: {:?} for wr_id {} (sent {scnt}, received {rcnt}){hint}",
                     wc.status, wc.wr_id
                 ));
             }

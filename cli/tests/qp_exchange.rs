@@ -277,3 +277,35 @@ fn ud_client_against_a_plain_server() {
 fn ud_server_against_a_plain_client() {
     against_plain(25127, 25128, false, &["--mode", "ud", "--size", "512"]);
 }
+
+#[test]
+fn a_peer_that_never_acknowledges_is_reported() {
+    // The side channel answers like a tool, but nothing listens on the
+    // UDP port the address leads to: the RC SEND runs out of retries.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let c = client(
+        port,
+        &[
+            "--udp-port",
+            "25131",
+            "--peer-udp-port",
+            "25132",
+            "--timeout",
+            "10",
+        ],
+    );
+    let (mut s, _) = l.accept().unwrap();
+    let mut msg = [0u8; 52];
+    s.read_exact(&mut msg).unwrap();
+    let mut reply = [0u8; 52];
+    reply[..51].copy_from_slice(b"0000:000123:000000:00000000000000000000ffff7f000001");
+    s.write_all(&reply).unwrap();
+    let mut done = [0u8; 5];
+    s.read_exact(&mut done).unwrap();
+    assert_eq!(&done, b"done\0");
+    drop(s);
+    let err = failing(c);
+    assert!(err.contains("RetryExceeded"), "{err}");
+    assert!(err.contains("never acknowledged"), "{err}");
+}
