@@ -10,7 +10,9 @@
 pub mod capture;
 pub mod devinfo;
 pub mod fuzzing;
+pub mod oob;
 pub mod perf;
 pub mod pingpong;
+pub mod qp_exchange;
 pub mod relay;
 pub mod stress;

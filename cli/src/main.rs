@@ -138,6 +138,72 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A ping-pong with another process or host over the RoCEv2 provider; QP
+    /// addresses go over TCP in ibv_rc_pingpong/ibv_ud_pingpong's format, so
+    /// the peer may be one of those tools (docs/two-process.md).
+    QpExchange {
+        /// Wait for the peer on this TCP address ([IP:]PORT; IP defaults to
+        /// 0.0.0.0; a bare --listen means port 18515).
+        #[arg(
+            long,
+            value_name = "[IP:]PORT",
+            num_args = 0..=1,
+            default_missing_value = "18515",
+            conflicts_with = "connect",
+            required_unless_present = "connect"
+        )]
+        listen: Option<String>,
+        /// Connect to the peer's TCP side channel (HOST[:PORT], port 18515 by default).
+        #[arg(long, value_name = "HOST[:PORT]")]
+        connect: Option<String>,
+        /// IP address of our RoCEv2 port (our GID); must be an address of this host.
+        #[arg(long, value_name = "IP")]
+        local: std::net::IpAddr,
+        /// UDP port our RoCEv2 port binds.
+        #[arg(long, default_value_t = 4791)]
+        udp_port: u16,
+        /// UDP port the peer's RoCEv2 port listens on.
+        #[arg(long, default_value_t = 4791)]
+        peer_udp_port: u16,
+        /// Transport: rc or ud.
+        #[arg(long, value_enum, default_value_t = QpxMode::Rc)]
+        mode: QpxMode,
+        /// Round trips.
+        #[arg(long, default_value_t = 1000)]
+        iters: u32,
+        /// Message size [default: 4096 for rc, 1024 for ud].
+        #[arg(long)]
+        size: Option<usize>,
+        /// Path MTU (256, 512, 1024, 2048 or 4096).
+        #[arg(long, default_value_t = 1024)]
+        mtu: u32,
+        /// Receives kept posted.
+        #[arg(long, default_value_t = 500)]
+        rx_depth: u32,
+        /// The GID index we report as ours (informational; our only GID is index 0).
+        #[arg(long, default_value_t = 0)]
+        gid_index: i32,
+        /// An RDMA WRITE before each SEND, checked by the peer (both sides ibal, both with --write).
+        #[arg(long)]
+        write: bool,
+        /// Behave like ibv_rc_pingpong/ibv_ud_pingpong (no extension, echo what
+        /// arrives, no checks): lets tests play a plain tool's part.
+        #[arg(long, hide = true)]
+        plain: bool,
+        /// Bound in seconds on every wait (connect, accept, reads, completions).
+        #[arg(long, default_value_t = 30.0)]
+        timeout: f64,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `qp-exchange --mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum QpxMode {
+    Rc,
+    Ud,
 }
 
 /// Which provider a verbs benchmark runs on.
@@ -334,6 +400,54 @@ fn main() -> ExitCode {
             },
             json,
         ),
+        Command::QpExchange {
+            listen,
+            connect,
+            local,
+            udp_port,
+            peer_udp_port,
+            mode,
+            iters,
+            size,
+            mtu,
+            rx_depth,
+            gid_index,
+            write,
+            plain,
+            timeout,
+            json,
+        } => qp_exchange(
+            listen,
+            connect,
+            ibal_cli::qp_exchange::QpxConfig {
+                role: ibal_cli::qp_exchange::Role::Listen(
+                    "0.0.0.0:18515".parse().expect("literal"),
+                ),
+                local,
+                udp_port,
+                peer_udp_port,
+                ud: mode == QpxMode::Ud,
+                iters,
+                size: size.unwrap_or(if mode == QpxMode::Ud { 1024 } else { 4096 }),
+                mtu: match mtu {
+                    256 => ibal::prelude::Mtu::Mtu256,
+                    512 => ibal::prelude::Mtu::Mtu512,
+                    1024 => ibal::prelude::Mtu::Mtu1024,
+                    2048 => ibal::prelude::Mtu::Mtu2048,
+                    4096 => ibal::prelude::Mtu::Mtu4096,
+                    other => {
+                        eprintln!("ibal: --mtu {other}: use 256, 512, 1024, 2048 or 4096");
+                        return ExitCode::FAILURE;
+                    }
+                },
+                rx_depth,
+                gid_index,
+                write,
+                plain,
+                timeout: std::time::Duration::from_secs_f64(timeout.clamp(0.1, 3600.0)),
+            },
+            json,
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -365,6 +479,49 @@ fn pingpong(
         print!("{}", report.to_text());
         out!("\n`ibal overview` describes this build; `ibal --help` lists every command.");
     }
+    Ok(())
+}
+
+/// The default TCP port of the ibv ping-pong tools' side channel.
+const OOB_PORT: u16 = 18515;
+
+fn qp_exchange(
+    listen: Option<String>,
+    connect: Option<String>,
+    mut cfg: ibal_cli::qp_exchange::QpxConfig,
+    json: bool,
+) -> Result<(), String> {
+    use ibal_cli::qp_exchange::Role;
+    cfg.role = match (listen, connect) {
+        (Some(l), None) => {
+            let addr = if let Ok(port) = l.parse::<u16>() {
+                std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), port)
+            } else {
+                l.parse()
+                    .map_err(|_| format!("--listen {l:?}: expected PORT or IP:PORT"))?
+            };
+            Role::Listen(addr)
+        }
+        (None, Some(c)) => {
+            if let Ok(a) = c.parse::<std::net::SocketAddr>() {
+                Role::Connect(a.ip().to_string(), a.port())
+            } else if let Ok(ip) = c.parse::<std::net::IpAddr>() {
+                Role::Connect(ip.to_string(), OOB_PORT)
+            } else {
+                match c.rsplit_once(':') {
+                    Some((h, p)) => Role::Connect(
+                        h.to_string(),
+                        p.parse()
+                            .map_err(|_| format!("--connect {c:?}: bad port {p:?}"))?,
+                    ),
+                    None => Role::Connect(c, OOB_PORT),
+                }
+            }
+        }
+        _ => return Err("give exactly one of --listen and --connect".into()),
+    };
+    let report = ibal_cli::qp_exchange::run(&cfg)?;
+    print_report(json, report.to_json(), report.to_text());
     Ok(())
 }
 
@@ -578,6 +735,8 @@ fn overview() -> Result<(), String> {
     out!("  ibal perf conn-rate [--mode M] [--json]       CM connect latency and rate vs a 256-byte MAD round trip");
     out!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P]");
     out!("                                                random API races with CM fault injection; fails on any leak");
+    out!("  ibal qp-exchange --listen PORT|--connect HOST --local IP [--mode rc|ud] [--write]");
+    out!("                                                two-process ping-pong over RoCEv2; peers may be ibv_rc/ud_pingpong");
     out!("  ibal --help                                   everything else");
     out!();
     out!("Tests: `cargo test`; loom models: `bash loom-tests/run.sh`. See README.md and docs/.");

@@ -42,6 +42,10 @@ counters!(
     tx_errors,
     /// Dropped: ICRC mismatch.
     rx_bad_icrc,
+    /// IPv4 packets whose ICRC was right only with a non-zero IP
+    /// identification (found by `roce::icrc::solve_ipv4_identification`):
+    /// what other senders (Linux rxe) write. Accepted.
+    rx_ipv4_id_solved,
     /// Dropped: datagram too short for its headers.
     rx_truncated,
     /// Dropped: datagram longer than any packet of the port's MTU.

@@ -354,6 +354,9 @@ impl RoceDevice {
             let socket = UdpSocket::bind(pc.addr).map_err(|e| {
                 Error::insufficient_resources(format!("port {}: bind {}: {e}", i + 1, pc.addr))
             })?;
+            no_fragments(&socket).map_err(|e| {
+                Error::insufficient_resources(format!("port {}: IP_MTU_DISCOVER: {e}", i + 1))
+            })?;
             socket
                 .set_read_timeout(Some(RECV_TIMEOUT))
                 .map_err(|e| Error::insufficient_resources(format!("port {}: {e}", i + 1)))?;
@@ -702,6 +705,9 @@ fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, Socket
             let addr = SocketAddr::new(local.ip(), port);
             if let Ok(s) = UdpSocket::bind(addr) {
                 let _ = socket2::SockRef::from(&s).set_send_buffer_size(SOCKET_BUFFER);
+                if no_fragments(&s).is_err() {
+                    continue;
+                }
                 out.push((s, addr));
                 break;
             }
@@ -712,6 +718,24 @@ fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, Socket
 
 /// Receive and send buffer size asked of the kernel for each socket.
 const SOCKET_BUFFER: usize = 4 << 20;
+/// IPv4 sockets: `IP_MTU_DISCOVER = IP_PMTUDISC_DO`. The kernel then sets
+/// DF and never fragments, and (`ip_select_ident_segs`) writes IPv4
+/// identification 0 on an unconnected socket: the value the ICRC was
+/// computed with (`roce::Endpoints::new`). With the default
+/// (`IP_PMTUDISC_WANT`) Linux writes a hashed, per-packet identification
+/// and every real RoCEv2 receiver (rxe, NICs) drops our packets for a bad
+/// ICRC. A datagram above the route's MTU now fails to send (counted in
+/// `tx_errors`) instead of leaving in fragments no RoCE receiver accepts.
+fn no_fragments(socket: &UdpSocket) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    if socket.local_addr()?.is_ipv4() {
+        use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
+        set_ip_mtu_discover(socket, Ipv4PathMtuDiscovery::DO)?;
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = socket;
+    Ok(())
+}
 
 fn check_access(access: Access) -> Result<()> {
     if access.undefined_bits() != 0 {

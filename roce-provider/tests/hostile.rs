@@ -250,6 +250,30 @@ fn hostile_datagrams_are_dropped_and_counted() {
         c.rx_unknown_qpn >= before.rx_unknown_qpn + 2
     });
 
+    // A sender that writes a non-zero IPv4 identification (Linux rxe):
+    // its ICRC is right for that identification, which the socket does not
+    // show; the port finds it and takes the packet (here: to an unknown
+    // QPN, so it is counted there and not as a bad ICRC).
+    let Endpoints::V4(mut v4) = ep else {
+        panic!("an IPv4 flow")
+    };
+    v4.identification = 0xbeef;
+    let with_id = Packet::new(
+        Headers::new(Bth::new(Opcode::RcSendOnly, unknown, 0)),
+        b"rxe-style",
+    )
+    .encode(&Endpoints::V4(v4))
+    .unwrap();
+    let (icrc_before, unknown_before) = {
+        let c = b.counters();
+        (c.rx_bad_icrc, c.rx_unknown_qpn)
+    };
+    send(&with_id);
+    until(&b, "IPv4 identification solved", |c| {
+        c.rx_ipv4_id_solved > before.rx_ipv4_id_solved && c.rx_unknown_qpn > unknown_before
+    });
+    assert_eq!(b.counters().rx_bad_icrc, icrc_before);
+
     // Wrong P_Key (another partition).
     let mut h = Headers::new(Bth::new(Opcode::RcSendOnly, qpn_b, 0));
     h.bth.pkey = 0x8001;

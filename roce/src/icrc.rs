@@ -178,9 +178,153 @@ pub fn icrc_over_headers(ip_udp: &[u8], bth_to_end: &[u8]) -> Result<u32, Decode
     Ok(finish(crc, bth_to_end))
 }
 
+/// For each top byte, the table index whose entry has it (the reflected
+/// CRC-32 table's entries have 256 distinct top bytes), to run the register
+/// backwards.
+const fn inverse_top() -> [u8; 256] {
+    let mut inv = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        inv[(TABLES[0][i] >> 24) as usize] = i as u8;
+        i += 1;
+    }
+    inv
+}
+
+static INV_TOP: [u8; 256] = inverse_top();
+
+/// The register before `b` given the register after it.
+fn crc32_unstep(after: u32, b: u8) -> u32 {
+    let j = INV_TOP[(after >> 24) as usize];
+    ((after ^ TABLES[0][j as usize]) << 8) | u32::from(j ^ b)
+}
+
+/// The IPv4 identification a received packet's sender used, if one makes
+/// its ICRC right: `endpoints` as for [`icrc`] (its identification is
+/// ignored), `bth_to_end` the UDP payload up to the ICRC and `carried` the
+/// ICRC it carries.
+///
+/// Why: the identification enters the ICRC (only TOS, TTL and the header
+/// checksum are masked), and Linux rxe, like most senders, writes a
+/// per-packet value, which a UDP socket does not show its reader. The CRC
+/// is run forward to the identification and backwards from the carried
+/// value to just after it; the two unknown bytes between are solved for
+/// (a byte step of a reflected CRC can be undone from the top byte of the
+/// register). 16 of the 32 bits remain a check: a corrupted packet passes
+/// with probability 2^-16 instead of 2^-32 (the UDP checksum, which the
+/// kernel verifies, still covers the whole datagram).
+pub fn solve_ipv4_identification(
+    endpoints: &crate::V4Endpoints,
+    bth_to_end: &[u8],
+    carried: u32,
+) -> Option<u16> {
+    let ep = Endpoints::V4(*endpoints);
+    let (h, n) = ep.masked_headers(bth_to_end.len() + crate::ICRC_LEN).ok()?;
+    // Forward over the 4 bytes before the identification.
+    let before = crc32_update(LRH_SEED, &h[..4]);
+    // Backwards from the final register over what `finish` and the rest
+    // of the headers fed it.
+    let mut after = !carried;
+    for (i, &b) in bth_to_end.iter().enumerate().rev() {
+        let b = if i == 4 && bth_to_end.len() > 4 {
+            0xff
+        } else {
+            b
+        };
+        after = crc32_unstep(after, b);
+    }
+    for &b in h[6..n].iter().rev() {
+        after = crc32_unstep(after, b);
+    }
+    // `after` = step(step(before, hi), lo). Undo the low byte's table
+    // lookup: its index is fixed by the top byte of `after`.
+    let j = INV_TOP[(after >> 24) as usize];
+    let mid_high = (after ^ TABLES[0][j as usize]) << 8; // bits 8..31 of the middle register
+    let i = INV_TOP[(mid_high >> 24) as usize];
+    let mid = (before >> 8) ^ TABLES[0][i as usize];
+    if mid & 0xffff_ff00 != mid_high {
+        return None;
+    }
+    let hi = i ^ (before as u8);
+    let lo = j ^ (mid as u8);
+    Some(u16::from_be_bytes([hi, lo]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_senders_identification_is_found() {
+        use std::net::SocketAddrV4;
+        let mut e = crate::V4Endpoints {
+            src: "192.168.77.2:50123".parse::<SocketAddrV4>().unwrap(),
+            dst: "192.168.77.1:4791".parse::<SocketAddrV4>().unwrap(),
+            identification: 0,
+            dont_fragment: true,
+        };
+        let body: Vec<u8> = (0..1036u32).map(|k| (k * 13 + 5) as u8).collect();
+        for (len, id) in [
+            (12, 0x1234u16),
+            (1036, 0xfedc),
+            (40, 0),
+            (100, 1),
+            (5, 0xffff),
+        ] {
+            e.identification = id;
+            let carried = icrc(&Endpoints::V4(e), &body[..len]).unwrap();
+            let mut zero = e;
+            zero.identification = 0;
+            assert_eq!(
+                solve_ipv4_identification(&zero, &body[..len], carried),
+                Some(id),
+                "len {len}"
+            );
+            // Any other identification in the endpoints gives the same answer.
+            zero.identification = 0x5555;
+            assert_eq!(
+                solve_ipv4_identification(&zero, &body[..len], carried),
+                Some(id)
+            );
+        }
+        // Corrupted packets: a wrong byte, a wrong address, a flipped ICRC
+        // bit are refused (each has a 2^-16 chance to pass; these do not).
+        e.identification = 0x4321;
+        let carried = icrc(&Endpoints::V4(e), &body[..64]).unwrap();
+        let mut bad = body[..64].to_vec();
+        bad[20] ^= 1;
+        assert_eq!(solve_ipv4_identification(&e, &bad, carried), None);
+        assert_eq!(
+            solve_ipv4_identification(&e, &body[..64], carried ^ 1),
+            None
+        );
+        let mut other = e;
+        other.src = "192.168.77.3:50123".parse().unwrap();
+        assert_eq!(
+            solve_ipv4_identification(&other, &body[..64], carried),
+            None
+        );
+        // How often a random ICRC passes: about 1 in 65536.
+        let passes = (0..20_000u32)
+            .filter(|k| {
+                solve_ipv4_identification(&e, &body[..64], carried ^ k.wrapping_mul(0x9e37_79b9))
+                    .is_some()
+            })
+            .count();
+        assert!(passes <= 3, "{passes} of 20000 random ICRCs passed");
+    }
+
+    #[test]
+    fn unstep_undoes_a_step() {
+        for (c, b) in [
+            (0u32, 0u8),
+            (0xdead_beef, 0x5a),
+            (!0, 0xff),
+            (0x1234_5678, 7),
+        ] {
+            assert_eq!(crc32_unstep(crc32_update(c, &[b]), b), c);
+        }
+    }
 
     #[test]
     fn standard_check_value() {

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# ibal qp-exchange against Linux soft-RoCE (rxe) in a QEMU VM: issue 14, deliver 9 (and a
+# first version of deliver 10: tshark reads both sides' RoCE packets on the link).
+#
+# Needs root and the rxe-vm harness (default ../shared/rxe-vm next to the repo; RXE_VM=dir
+# overrides). Builds the VM if its kernel/initramfs are missing (build.sh: apt packages, the
+# Debian kernel .deb), boots it (ACCEL=tcg by default: see docs/two-process.md), and runs:
+#   1. ibal --connect  -> the guest's ibv_rc_pingpong server (tcp 18515, the harness's own)
+#   2. guest ibv_rc_pingpong client -> ibal --listen
+#   3. ibal --connect  -> a guest ibv_ud_pingpong server (tcp 18516)
+#   4. guest ibv_ud_pingpong client -> ibal --listen
+# each 1000 iterations with every message checked by ibal and the ibv tool's own summary
+# required, while tshark captures tap0; then checks the capture. The VM is stopped on exit.
+# Traffic goes only to 192.168.77.0/24 inside the harness's namespace and VM.
+# Exit 0: all passed. 1: a check failed. 2: cannot run here (not root, no harness).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+RXE_VM=${RXE_VM:-$ROOT/../shared/rxe-vm}
+WORK=${WORK:-/var/tmp/rxe-vm-work}
+OUT=${OUT:-$ROOT/target/rxe-interop}
+NS=rxetest
+HOST_IP=192.168.77.1
+GUEST_IP=192.168.77.2
+ITERS=${ITERS:-1000}       # the guest's default rc server runs 1000; other values exercise the failure path
+UD_SIZE=1024            # rxe's active MTU on a 1500-byte link is 1024; ibv_ud_pingpong refuses more
+export WORK ACCEL=${ACCEL:-tcg}
+
+say() { printf '[rxe-interop %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+[ "$(id -u)" = 0 ] || { echo "rxe-interop: needs root (network namespace, tap, qemu)" >&2; exit 2; }
+[ -x "$RXE_VM/run.sh" ] || { echo "rxe-interop: no rxe-vm harness at $RXE_VM (set RXE_VM)" >&2; exit 2; }
+mkdir -p "$OUT"
+rm -f "$OUT"/*.log "$OUT"/*.json "$OUT"/*.err "$OUT"/rxe.pcapng
+
+PIDS=()
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    "$RXE_VM/stop.sh" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# ---- build (idempotent: only what is missing) and boot
+if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ] || [ "${RXE_REBUILD:-0}" = 1 ]; then
+    say "building the VM ($RXE_VM/build.sh)"
+    "$RXE_VM/build.sh"
+fi
+command -v tshark >/dev/null || { echo "rxe-interop: tshark missing (build.sh installs it)" >&2; exit 2; }
+say "building ibal"
+cargo build -q -p ibal-cli
+BIN=$ROOT/target/debug/ibal
+# The harness has one VM per $WORK and one namespace: do not take over a running one
+# (another session may be using it) unless told to.
+if [ -f "$WORK/qemu.pid" ] && kill -0 "$(cat "$WORK/qemu.pid")" 2>/dev/null; then
+    if [ "${RXE_FORCE_STOP:-0}" = 1 ]; then
+        "$RXE_VM/stop.sh"
+    else
+        trap - EXIT
+        echo "rxe-interop: a VM is already running (pid $(cat "$WORK/qemu.pid"), WORK=$WORK);" \
+             "stop it ($RXE_VM/stop.sh) or set RXE_FORCE_STOP=1" >&2
+        exit 1
+    fi
+fi
+"$RXE_VM/stop.sh" >/dev/null 2>&1 || true     # a namespace left over from an earlier run
+say "booting the VM (ACCEL=$ACCEL)"
+"$RXE_VM/run.sh"
+GIDX=$(sed -n 's/.*RXE-GID-INDEX=\([0-9]*\).*/\1/p' "$WORK/console.log" | head -1)
+[ -n "$GIDX" ] || { echo "rxe-interop: no RXE-GID-INDEX in the console" >&2; exit 1; }
+say "guest rxe0 RoCEv2 IPv4 GID index $GIDX"
+
+guest() { TIMEOUT=${GT:-60} "$RXE_VM/cmd.sh" "$@"; }
+gcount() { guest "cat /sys/class/infiniband/rxe0/ports/1/hw_counters/$1" 2>/dev/null | tr -d '\r\n'; }
+
+# ---- capture tap0 for the whole run (bounded)
+ip netns exec "$NS" timeout 600 tshark -q -i tap0 -a duration:590 -w "$OUT/rxe.pcapng" \
+    >"$OUT/tshark.log" 2>&1 &
+PIDS+=($!)
+TSHARK_PID=$!
+for _ in $(seq 50); do [ -s "$OUT/rxe.pcapng" ] && break; sleep 0.2; done
+
+FAILED=0
+fail() { # $1 = test name, $2 = which side stopped, $3 = guest log file
+    FAILED=1
+    echo "FAIL [$1]: $2" >&2
+    echo "---- ibal stderr ($OUT/$1.err):" >&2; cat "$OUT/$1.err" >&2 || true
+    echo "---- guest log $3:" >&2; guest "cat $3" >&2 || true
+    echo "---- guest rxe0 counters:" >&2
+    guest 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters && for f in *; do echo "$f $(cat $f)"; done' >&2 || true
+}
+
+# check_ibal NAME: ibal's JSON says ITERS messages from an ibv peer, checked, clean close.
+check_ibal() {
+    python3 - "$OUT/$1.json" "$ITERS" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"no JSON report from ibal: {e}"); sys.exit(1)
+n = int(sys.argv[2])
+bad = [k for k, v in (("messages_checked", n), ("iters", n), ("peer", "ibv"), ("clean", True)) if r.get(k) != v]
+if bad:
+    print(f"ibal report differs in {bad}: {r}"); sys.exit(1)
+print(f"ibal: {r['mode']} {r['role']}, {r['messages_checked']} messages checked, "
+      f"{r['usec_per_iter']:.0f} usec/iter, {r['mbyte_per_sec']:.2f} MB/s")
+PY
+}
+
+# wait_listen FILE: until ibal prints its listening line (10 s).
+wait_listen() {
+    for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+
+# wait_guest_listen PORT: until the guest has a TCP listener on PORT (20 s).
+wait_guest_listen() {
+    for _ in $(seq 20); do
+        guest "netstat -ltn | grep -q ':$1 '" >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    return 1
+}
+
+# ---- 1. RC: ibal client -> the guest's default ibv_rc_pingpong server
+T=rc-client
+say "$T: ibal --connect $GUEST_IP (ibv_rc_pingpong -g $GIDX server in the guest)"
+wait_guest_listen 18515 || fail $T "the guest's ibv_rc_pingpong server is not listening on 18515" /tmp/rc_pingpong_srv.log
+if ip netns exec "$NS" timeout 120 "$BIN" qp-exchange --connect "$GUEST_IP" --local "$HOST_IP" \
+        --mode rc --iters $ITERS --timeout 20 --json >"$OUT/$T.json" 2>"$OUT/$T.err" \
+        && check_ibal $T; then
+    sleep 1
+    if guest "grep -q '$ITERS iters in' /tmp/rc_pingpong_srv.log"; then
+        say "$T: PASS (guest: $(guest "grep 'iters in' /tmp/rc_pingpong_srv.log | tail -1"))"
+    else
+        fail $T "ibal finished but the guest server did not print its summary" /tmp/rc_pingpong_srv.log
+    fi
+else
+    fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/rc_pingpong_srv.log
+fi
+
+# ---- 2. RC: guest ibv_rc_pingpong client -> ibal --listen
+T=rc-server
+say "$T: ibv_rc_pingpong -g $GIDX -d rxe0 $HOST_IP in the guest -> ibal --listen 18515"
+ip netns exec "$NS" timeout 120 "$BIN" qp-exchange --listen "$HOST_IP:18515" --local "$HOST_IP" \
+    --mode rc --iters $ITERS --timeout 30 --json >"$OUT/$T.json" 2>"$OUT/$T.err" &
+IBAL=$!; PIDS+=($IBAL)
+if wait_listen "$OUT/$T.err"; then
+    GT=90 guest "ibv_rc_pingpong -g $GIDX -d rxe0 -n $ITERS $HOST_IP >/tmp/rc_cli.log 2>&1; echo exit=\$? >>/tmp/rc_cli.log" || true
+    if wait "$IBAL" && check_ibal $T; then
+        if guest "grep -q '$ITERS iters in' /tmp/rc_cli.log && grep -q exit=0 /tmp/rc_cli.log"; then
+            say "$T: PASS (guest: $(guest "grep 'iters in' /tmp/rc_cli.log"))"
+        else
+            fail $T "ibal finished but the guest client did not" /tmp/rc_cli.log
+        fi
+    else
+        fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/rc_cli.log
+    fi
+else
+    fail $T "ibal did not start listening" /tmp/rc_cli.log
+fi
+
+# ---- 3. UD: ibal client -> a guest ibv_ud_pingpong server on 18516
+T=ud-client
+say "$T: ibal --connect $GUEST_IP:18516 --mode ud (ibv_ud_pingpong server in the guest)"
+guest "timeout 120 ibv_ud_pingpong -g $GIDX -d rxe0 -p 18516 -s $UD_SIZE -n $ITERS >/tmp/ud_srv.log 2>&1 &" >/dev/null
+if wait_guest_listen 18516 \
+        && ip netns exec "$NS" timeout 120 "$BIN" qp-exchange --connect "$GUEST_IP:18516" \
+            --local "$HOST_IP" --mode ud --size $UD_SIZE --iters $ITERS --timeout 20 --json \
+            >"$OUT/$T.json" 2>"$OUT/$T.err" \
+        && check_ibal $T; then
+    sleep 1
+    if guest "grep -q '$ITERS iters in' /tmp/ud_srv.log"; then
+        say "$T: PASS (guest: $(guest "grep 'iters in' /tmp/ud_srv.log"))"
+    else
+        fail $T "ibal finished but the guest server did not print its summary" /tmp/ud_srv.log
+    fi
+else
+    fail $T "ibal stopped: $(tail -1 "$OUT/$T.err" 2>/dev/null)" /tmp/ud_srv.log
+fi
+
+# ---- 4. UD: guest ibv_ud_pingpong client -> ibal --listen
+T=ud-server
+say "$T: ibv_ud_pingpong -g $GIDX -d rxe0 $HOST_IP in the guest -> ibal --listen 18517 --mode ud"
+ip netns exec "$NS" timeout 120 "$BIN" qp-exchange --listen "$HOST_IP:18517" --local "$HOST_IP" \
+    --mode ud --size $UD_SIZE --iters $ITERS --timeout 30 --json >"$OUT/$T.json" 2>"$OUT/$T.err" &
+IBAL=$!; PIDS+=($IBAL)
+if wait_listen "$OUT/$T.err"; then
+    GT=90 guest "ibv_ud_pingpong -g $GIDX -d rxe0 -p 18517 -s $UD_SIZE -n $ITERS $HOST_IP >/tmp/ud_cli.log 2>&1; echo exit=\$? >>/tmp/ud_cli.log" || true
+    if wait "$IBAL" && check_ibal $T; then
+        if guest "grep -q '$ITERS iters in' /tmp/ud_cli.log && grep -q exit=0 /tmp/ud_cli.log"; then
+            say "$T: PASS (guest: $(guest "grep 'iters in' /tmp/ud_cli.log"))"
+        else
+            fail $T "ibal finished but the guest client did not" /tmp/ud_cli.log
+        fi
+    else
+        fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/ud_cli.log
+    fi
+else
+    fail $T "ibal did not start listening" /tmp/ud_cli.log
+fi
+
+# ---- the capture: tshark decodes BTH opcodes and PSNs from both sides, and they match
+# what ibal reported (QPNs, first PSNs) for the RC client run and the UD client run.
+sleep 1
+kill -INT "$TSHARK_PID" 2>/dev/null || true
+for _ in $(seq 50); do kill -0 "$TSHARK_PID" 2>/dev/null || break; sleep 0.2; done
+say "capture: $(du -h "$OUT/rxe.pcapng" | cut -f1) in $OUT/rxe.pcapng"
+tshark -r "$OUT/rxe.pcapng" -d udp.port==4791,infiniband -Y 'udp.port==4791' -T fields -E separator=, \
+    -e ip.src -e ip.dst -e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn \
+    -e ip.id -e ip.flags.df >"$OUT/bth.csv" 2>"$OUT/tshark-read.log" || true
+if ! python3 - "$OUT" "$HOST_IP" "$GUEST_IP" "$ITERS" <<'PY'
+import csv, json, sys, collections
+out, host, guest, iters = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rows = [r for r in csv.reader(open(f"{out}/bth.csv")) if len(r) >= 7 and r[2]]
+def num(x): return int(x, 0) if x.startswith("0x") else int(x)
+pk = [(s, d, num(op), num(qp), num(psn)) for s, d, op, qp, psn, *_ in rows]
+# ibal's IPv4 packets: DF set and identification 0, the values its ICRC covers
+# (IP_MTU_DISCOVER = IP_PMTUDISC_DO); rxe's carry other identifications.
+ours = [(num(r[5]), r[6]) for r in rows if r[0] == host]
+odd = [x for x in ours if x[0] != 0 or x[1] not in ("1", "True", "true")]
+ops = collections.Counter((s, op) for s, _, op, _, _ in pk)
+print(f"tshark decoded {len(pk)} RoCEv2 packets; (source, BTH opcode): count")
+for (s, op), n in sorted(ops.items()):
+    print(f"  {s:15} opcode {op:3}: {n}")
+errors = []
+if odd:
+    errors.append(f"{len(odd)} of ibal's {len(ours)} packets lack DF or identification 0: {odd[:3]}")
+else:
+    print(f"  all {len(ours)} packets from ibal: DF set, IPv4 identification 0")
+for side in (host, guest):
+    if not any(s == side for s, *_ in pk):
+        errors.append(f"no RoCE packet from {side}")
+# RC SEND first/middle/last/only (0..4), ACK (17) and UD SEND only (100) from both sides.
+for side in (host, guest):
+    for op, what in ((17, "RC ACK"), (100, "UD SEND only")):
+        if ops[(side, op)] == 0:
+            errors.append(f"no {what} (opcode {op}) from {side}")
+    if sum(ops[(side, op)] for op in range(0, 5)) == 0:
+        errors.append(f"no RC SEND packet from {side}")
+# Compare with what ibal reported: its first SEND to the peer's QPN carries its first PSN,
+# and the peer's first packet to ibal's QPN carries the peer's PSN.
+for name, first_ops in (("rc-client", range(0, 5)), ("ud-client", (100,))):
+    try:
+        r = json.load(open(f"{out}/{name}.json"))
+    except Exception:
+        errors.append(f"{name}: no ibal report to compare with"); continue
+    mine = [p for p in pk if p[0] == host and p[3] == r["remote"]["qpn"] and p[2] in first_ops]
+    theirs = [p for p in pk if p[0] == guest and p[3] == r["local"]["qpn"] and p[2] in first_ops]
+    if not mine or mine[0][4] != r["local"]["psn"]:
+        errors.append(f"{name}: ibal's first SEND to QPN {r['remote']['qpn']:#x} should carry PSN "
+                      f"{r['local']['psn']:#x}, capture: {mine[:1]}")
+    if not theirs or theirs[0][4] != r["remote"]["psn"]:
+        errors.append(f"{name}: the guest's first SEND to QPN {r['local']['qpn']:#x} should carry "
+                      f"PSN {r['remote']['psn']:#x}, capture: {theirs[:1]}")
+    if name == "ud-client" and len(theirs) != iters:
+        errors.append(f"{name}: {len(theirs)} UD SENDs from the guest in the capture, expected {iters}")
+    if mine and theirs:
+        print(f"  {name}: ibal's first SEND PSN {mine[0][4]:#08x} and the guest's {theirs[0][4]:#08x}"
+              f" match the addresses exchanged")
+for e in errors:
+    print("CAPTURE CHECK FAILED:", e)
+sys.exit(1 if errors else 0)
+PY
+then
+    FAILED=1
+fi
+
+if [ "$FAILED" = 0 ]; then
+    say "ALL PASSED (4 interop runs of $ITERS iterations, capture checked); outputs in $OUT"
+else
+    say "FAILED; outputs in $OUT"
+fi
+exit $FAILED

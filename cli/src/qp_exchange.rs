@@ -1,0 +1,889 @@
+//! `ibal qp-exchange`: a ping-pong between two processes (or hosts) over
+//! the RoCEv2 provider, with the QP addresses exchanged over TCP in the
+//! format of rdma-core's `ibv_rc_pingpong`/`ibv_ud_pingpong`
+//! ([`crate::oob`]), so either side may be one of those tools.
+//!
+//! One RoCE CA is opened through the object layer (a [`RoceProvider`]
+//! device on `--local`), with a PD, a CQ, an RC or UD QP and registered
+//! buffers. The loop is the tools' loop: the client posts the first SEND;
+//! a side posts its next SEND when its previous SEND completed and a
+//! receive arrived; `iters` round trips. Every received message is checked
+//! byte for byte: against the peer's pattern when the peer is ibal (it
+//! says so in the extension), or against what we sent when the peer is an
+//! ibv tool (they receive into the buffer they send from, so they echo;
+//! their first message is their buffer's fill byte 0x7b). With `--write`
+//! (ibal peers only) each SEND follows an RDMA WRITE into the peer's
+//! target buffer, checked when the SEND arrives. At the end everything is
+//! destroyed and the AL must report zero live objects.
+
+use std::hash::BuildHasher;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use ibal::prelude::*;
+use roce_provider::{gid_of, DeviceConfig, PortConfig, RoceProvider};
+
+use crate::oob::{self, Dest, Ext};
+
+/// Which end of the TCP side channel this process is.
+#[derive(Clone, Debug)]
+pub enum Role {
+    /// Wait for one client on this address.
+    Listen(SocketAddr),
+    /// Connect to this host and TCP port.
+    Connect(String, u16),
+}
+
+/// Settings of one run.
+#[derive(Clone, Debug)]
+pub struct QpxConfig {
+    /// Server or client.
+    pub role: Role,
+    /// The RoCEv2 port's IP address (its GID).
+    pub local: IpAddr,
+    /// UDP port the RoCEv2 port binds.
+    pub udp_port: u16,
+    /// UDP port the peer's RoCEv2 port listens on.
+    pub peer_udp_port: u16,
+    /// UD instead of RC.
+    pub ud: bool,
+    /// Round trips.
+    pub iters: u32,
+    /// Bytes per message.
+    pub size: usize,
+    /// Path MTU (and the port's MTU).
+    pub mtu: Mtu,
+    /// Receives kept posted.
+    pub rx_depth: u32,
+    /// The GID index we report (informational).
+    pub gid_index: i32,
+    /// RDMA WRITE before every SEND (ibal peers only).
+    pub write: bool,
+    /// Behave as the ibv tools do (for tests without them): no extension,
+    /// the socket closed after the exchange, a buffer filled with 0x7b
+    /// that each SEND sends and each receive overwrites (so it echoes); the
+    /// data is not checked.
+    pub plain: bool,
+    /// Bound on every wait (TCP connect, accept, reads, completions).
+    pub timeout: Duration,
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct QpxReport {
+    /// `rc` or `ud`.
+    pub mode: &'static str,
+    /// `server` or `client`.
+    pub role: &'static str,
+    /// `ibal` (extension seen) or `ibv` (plain ibv_*_pingpong peer).
+    pub peer: &'static str,
+    /// Our address.
+    pub local: Dest,
+    /// The peer's address.
+    pub remote: Dest,
+    /// Round trips done.
+    pub iters: u32,
+    /// Message size.
+    pub size: usize,
+    /// SEND payload bytes moved both ways (the tools' count).
+    pub bytes: u64,
+    /// RDMA WRITEs received and checked.
+    pub writes_checked: u32,
+    /// Messages received and checked byte for byte.
+    pub messages_checked: u32,
+    /// Seconds from the first SEND to the last completion.
+    pub seconds: f64,
+    /// The AL's object counts at close.
+    pub close_stats: String,
+}
+
+impl QpxReport {
+    /// Megabits per second as the ibv tools print it.
+    pub fn mbit_per_sec(&self) -> f64 {
+        self.bytes as f64 * 8.0 / (self.seconds * 1e6)
+    }
+
+    /// Megabytes (10^6) per second.
+    pub fn mbyte_per_sec(&self) -> f64 {
+        self.bytes as f64 / (self.seconds * 1e6)
+    }
+
+    /// Microseconds per round trip.
+    pub fn usec_per_iter(&self) -> f64 {
+        self.seconds * 1e6 / f64::from(self.iters.max(1))
+    }
+
+    /// Human-readable, in the tools' words.
+    pub fn to_text(&self) -> String {
+        let d = |x: &Dest| {
+            format!(
+                "LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+                x.lid,
+                x.qpn,
+                x.psn,
+                std::net::Ipv6Addr::from(x.gid)
+            )
+        };
+        let mut s = String::new();
+        s += &format!("  local address:  {}\n", d(&self.local));
+        s += &format!("  remote address: {}\n", d(&self.remote));
+        s += &format!(
+            "{} bytes in {:.2} seconds = {:.2} Mbit/sec ({:.2} MB/s)\n",
+            self.bytes,
+            self.seconds,
+            self.mbit_per_sec(),
+            self.mbyte_per_sec()
+        );
+        s += &format!(
+            "{} iters in {:.2} seconds = {:.2} usec/iter\n",
+            self.iters,
+            self.seconds,
+            self.usec_per_iter()
+        );
+        s += &format!(
+            "checked: {} {} messages from an {} peer byte for byte{}\n",
+            self.messages_checked,
+            self.mode.to_uppercase(),
+            self.peer,
+            if self.writes_checked > 0 {
+                format!(", and {} RDMA WRITEs", self.writes_checked)
+            } else {
+                String::new()
+            }
+        );
+        s += &format!("closed: {}\n", self.close_stats);
+        s
+    }
+
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            concat!(
+                "{{\"command\":\"qp-exchange\",\"mode\":\"{}\",\"role\":\"{}\",\"peer\":\"{}\",",
+                "\"local\":{{\"qpn\":{},\"psn\":{},\"gid\":\"{}\"}},",
+                "\"remote\":{{\"qpn\":{},\"psn\":{},\"gid\":\"{}\"}},",
+                "\"iters\":{},\"size\":{},\"bytes\":{},\"messages_checked\":{},",
+                "\"writes_checked\":{},\"seconds\":{:.6},\"mbit_per_sec\":{:.3},",
+                "\"mbyte_per_sec\":{:.3},\"usec_per_iter\":{:.3},\"clean\":true}}"
+            ),
+            self.mode,
+            self.role,
+            self.peer,
+            self.local.qpn,
+            self.local.psn,
+            std::net::Ipv6Addr::from(self.local.gid),
+            self.remote.qpn,
+            self.remote.psn,
+            std::net::Ipv6Addr::from(self.remote.gid),
+            self.iters,
+            self.size,
+            self.bytes,
+            self.messages_checked,
+            self.writes_checked,
+            self.seconds,
+            self.mbit_per_sec(),
+            self.mbyte_per_sec(),
+            self.usec_per_iter(),
+        )
+    }
+}
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+const WRITE_IOVA: u64 = 0x1000_0000;
+
+fn random_u32() -> u32 {
+    let h = std::collections::hash_map::RandomState::new()
+        .hash_one((std::process::id(), Instant::now()));
+    (h ^ (h >> 32)) as u32
+}
+
+fn io_err(what: &str, e: std::io::Error) -> String {
+    match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => format!("timed out {what}"),
+        ErrorKind::UnexpectedEof => format!("{what}: the peer closed the connection"),
+        _ => format!("{what}: {e}"),
+    }
+}
+
+/// Connect to the side channel, bounded by `timeout`.
+fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}:{port}: {e}"))?
+        .collect();
+    let mut last = format!("no address for {host}:{port}");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                last = io_err(
+                    &format!("connecting to {a} (the peer's TCP side channel)"),
+                    e,
+                )
+            }
+        }
+    }
+    Err(format!("the peer is unreachable: {last}"))
+}
+
+/// Accept one client, bounded by `timeout`.
+fn accept(listener: &TcpListener, timeout: Duration) -> Result<TcpStream, String> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listen socket: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)
+                    .map_err(|e| format!("accepted socket: {e}"))?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "timed out after {:.1} s waiting for a client on {}",
+                        timeout.as_secs_f64(),
+                        listener
+                            .local_addr()
+                            .map(|a| a.to_string())
+                            .unwrap_or_default()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    }
+}
+
+/// Read the extension line, or learn the peer is a plain ibv tool (EOF or
+/// a reset before any byte). At most 256 bytes.
+fn read_ext(s: &mut TcpStream) -> Result<Option<Ext>, String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match s.read(&mut byte) {
+            Ok(0) if line.is_empty() => return Ok(None),
+            Ok(0) => return Err("the peer closed the connection inside its extension line".into()),
+            Ok(_) => {
+                if byte[0] == b'\n' {
+                    break;
+                }
+                line.push(byte[0]);
+                if line.len() > 256 {
+                    return Err("the peer's extension line is longer than 256 bytes".into());
+                }
+            }
+            Err(e)
+                if line.is_empty()
+                    && matches!(
+                        e.kind(),
+                        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted
+                    ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(io_err("reading the peer's extension line", e)),
+        }
+    }
+    let text = String::from_utf8(line).map_err(|_| "the peer's extension line is not text")?;
+    Ext::decode(&text).map(Some).map_err(|e| e.to_string())
+}
+
+fn read_msg(s: &mut TcpStream) -> Result<Dest, String> {
+    let mut msg = [0u8; oob::MSG_LEN];
+    let mut got = 0;
+    while got < msg.len() {
+        match s.read(&mut msg[got..]) {
+            Ok(0) => {
+                return Err(format!(
+                    "the peer closed the side channel after {got} of the {} bytes of its address message",
+                    oob::MSG_LEN
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err("reading the peer's address message", e)),
+        }
+    }
+    oob::decode(&msg).map_err(|e| format!("bad message from the peer: {e}"))
+}
+
+/// The objects of one side.
+struct Side {
+    ca: Handle<Ca>,
+    pd: Handle<Pd>,
+    cq: Handle<Cq>,
+    qp: Handle<Qp>,
+    mr: Handle<Mr>,
+    wmr: Handle<Mr>,
+    av: Option<Handle<Av>>,
+    buf: RegisteredBuffer,
+    wbuf: RegisteredBuffer,
+    lkey: u32,
+    wrkey: u32,
+}
+
+// Buffer layout: [send area: size][receive area: (40 +) size][WRITE source: size]
+struct Layout {
+    size: usize,
+    recv_at: usize,
+    recv_len: usize,
+    wsrc_at: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(size: usize, ud: bool) -> Layout {
+        let recv_len = size + if ud { oob::GRH_BYTES } else { 0 };
+        Layout {
+            size,
+            recv_at: size,
+            recv_len,
+            wsrc_at: size + recv_len,
+            total: 2 * size + recv_len,
+        }
+    }
+}
+
+fn mtu_bytes(m: Mtu) -> usize {
+    match m {
+        Mtu::Mtu256 => 256,
+        Mtu::Mtu512 => 512,
+        Mtu::Mtu1024 => 1024,
+        Mtu::Mtu2048 => 2048,
+        Mtu::Mtu4096 => 4096,
+    }
+}
+
+/// Run one exchange. Progress lines go to stderr; the report is returned.
+pub fn run(cfg: &QpxConfig) -> Result<QpxReport, String> {
+    if cfg.size == 0 || cfg.iters == 0 || cfg.rx_depth < 2 {
+        return Err("--size and --iters must be at least 1 (and rx depth at least 2)".into());
+    }
+    if cfg.ud && cfg.size > mtu_bytes(cfg.mtu) {
+        return Err(format!(
+            "UD messages must fit the MTU: --size {} > --mtu {}",
+            cfg.size,
+            mtu_bytes(cfg.mtu)
+        ));
+    }
+    if cfg.ud && cfg.write {
+        return Err("--write needs --mode rc".into());
+    }
+    let e = |err: Error| err.to_string();
+    let guid = 0x0249_4241_4c00_0000u64 | u64::from(random_u32() & 0xffff);
+    let port = PortConfig::new(SocketAddr::new(cfg.local, cfg.udp_port))
+        .peer_udp_port(cfg.peer_udp_port)
+        .mtu(cfg.mtu);
+    let provider = RoceProvider::new(vec![DeviceConfig::new("roce0", guid, vec![port])]);
+    let al = Al::open().map_err(e)?;
+    let result = exchange(&al, &provider, guid, cfg);
+    // Close whatever happened: a failed run still must not leak.
+    let stats = al.close().map_err(e)?;
+    let mut report = result?;
+    if !stats.is_clean() {
+        return Err(format!("objects left live at close: {stats}"));
+    }
+    report.close_stats = stats.to_string();
+    Ok(report)
+}
+
+fn open_side(
+    al: &Al,
+    provider: &RoceProvider,
+    guid: u64,
+    cfg: &QpxConfig,
+    lay: &Layout,
+) -> Result<Side, Error> {
+    let ca = al.open_ca(provider, guid).map_err(|err| {
+        Error::Other(
+            format!(
+                "cannot open the RoCE port on {}:{}: {err}",
+                cfg.local, cfg.udp_port
+            )
+            .into(),
+        )
+    })?;
+    let pd = ca.alloc_pd(al)?;
+    let cq = ca.create_cq(al, cfg.rx_depth + 8)?;
+    let caps = hca::provider::QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: cfg.rx_depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+    };
+    let qp_type = if cfg.ud { QpType::Ud } else { QpType::Rc };
+    let qp = pd.create_qp(
+        al,
+        QpCreate {
+            caps,
+            ..QpCreate::new(qp_type, cq)
+        },
+    )?;
+    let buf = RegisteredBuffer::new(lay.total);
+    let mr = pd.register(al, &buf, Access::LOCAL_WRITE)?;
+    let (lkey, _) = mr.keys(al)?;
+    let wbuf = RegisteredBuffer::new(lay.size);
+    let wmr = pd.register_range(
+        al,
+        &wbuf,
+        0,
+        lay.size,
+        WRITE_IOVA,
+        Access::LOCAL_WRITE.union(Access::REMOTE_WRITE),
+    )?;
+    let (_, wrkey) = wmr.keys(al)?;
+    let mut init = QpModify::to(QpState::Init).pkey_index(0).port(1);
+    init = if cfg.ud {
+        init.qkey(oob::UD_QKEY)
+    } else if cfg.write {
+        init.access(Access::REMOTE_WRITE)
+    } else {
+        init.access(Access::NONE)
+    };
+    qp.modify(al, &init)?;
+    Ok(Side {
+        ca,
+        pd,
+        cq,
+        qp,
+        mr,
+        wmr,
+        av: None,
+        buf,
+        wbuf,
+        lkey,
+        wrkey,
+    })
+}
+
+/// RTR and RTS with the tools' attributes (RC), or plain RTR/RTS and an
+/// address vector to the peer (UD).
+fn connect_qp(
+    al: &Al,
+    side: &mut Side,
+    cfg: &QpxConfig,
+    me: &Dest,
+    peer: &Dest,
+) -> Result<(), String> {
+    let e = |err: Error| err.to_string();
+    if !oob::has_interface_id(&peer.gid) {
+        return Err(format!(
+            "the peer sent GID {} (no interface id): a RoCE peer must send its GID (run ibv_*_pingpong with -g INDEX)",
+            std::net::Ipv6Addr::from(peer.gid)
+        ));
+    }
+    let av = AvAttr {
+        port: 1,
+        dlid: peer.lid,
+        sl: 0,
+        src_path_bits: 0,
+        static_rate: 0,
+        grh: Some(hca::provider::GrhAttr {
+            dgid: peer.gid,
+            sgid_index: 0,
+            flow_label: 0,
+            hop_limit: 1,
+            traffic_class: 0,
+        }),
+    };
+    if cfg.ud {
+        side.qp.modify(al, &QpModify::to(QpState::Rtr)).map_err(e)?;
+        side.qp
+            .modify(al, &QpModify::to(QpState::Rts).sq_psn(me.psn))
+            .map_err(e)?;
+        side.av = Some(side.pd.create_av(al, av).map_err(e)?);
+    } else {
+        let rtr = QpModify::to(QpState::Rtr)
+            .av(av)
+            .path_mtu(cfg.mtu)
+            .dest_qpn(peer.qpn)
+            .rq_psn(peer.psn)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(12);
+        side.qp.modify(al, &rtr).map_err(e)?;
+        let rts = QpModify::to(QpState::Rts)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .sq_psn(me.psn)
+            .max_rd_atomic(1);
+        side.qp.modify(al, &rts).map_err(e)?;
+    }
+    Ok(())
+}
+
+fn exchange(
+    al: &Al,
+    provider: &RoceProvider,
+    guid: u64,
+    cfg: &QpxConfig,
+) -> Result<QpxReport, String> {
+    let e = |err: Error| err.to_string();
+    let lay = Layout::new(cfg.size, cfg.ud);
+    let mut side = open_side(al, provider, guid, cfg, &lay).map_err(e)?;
+    let out = pingpong(al, &mut side, cfg, &lay);
+    // Tear down in reverse order, whatever happened.
+    let destroy = (|| -> Result<(), Error> {
+        side.qp.destroy(al)?;
+        if let Some(av) = side.av {
+            av.destroy(al)?;
+        }
+        side.wmr.destroy(al)?;
+        side.mr.destroy(al)?;
+        side.cq.destroy(al)?;
+        side.pd.destroy(al)?;
+        side.ca.destroy(al)
+    })();
+    let report = out?;
+    destroy.map_err(e)?;
+    Ok(report)
+}
+
+fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<QpxReport, String> {
+    let e = |err: Error| err.to_string();
+    let recv_sge = [Sge {
+        addr: lay.recv_at as u64,
+        length: lay.recv_len as u32,
+        lkey: side.lkey,
+    }];
+    for _ in 0..cfg.rx_depth {
+        side.qp
+            .post_recv(
+                al,
+                &[RecvWr {
+                    wr_id: RECV_WRID,
+                    sg_list: &recv_sge,
+                }],
+            )
+            .map_err(e)?;
+    }
+    let seed = (random_u32() & 0xff) as u8;
+    let me = Dest {
+        lid: 0,
+        qpn: side.qp.query(al).map_err(e)?.qpn,
+        psn: random_u32() & 0xff_ffff,
+        gid: gid_of(cfg.local),
+    };
+    let my_ext = Ext {
+        ud: cfg.ud,
+        size: cfg.size as u32,
+        iters: cfg.iters,
+        seed,
+        write: cfg.write.then_some((WRITE_IOVA, side.wrkey)),
+    };
+    eprintln!(
+        "qp-exchange: {} QPN {:#08x} PSN {:#08x} on {}:{} (GID {}, reported as index {})",
+        if cfg.ud { "UD" } else { "RC" },
+        me.qpn,
+        me.psn,
+        cfg.local,
+        cfg.udp_port,
+        std::net::Ipv6Addr::from(me.gid),
+        cfg.gid_index
+    );
+
+    // The side channel.
+    let (mut sock, peer, peer_ext, server) = match &cfg.role {
+        Role::Listen(addr) => {
+            let listener =
+                TcpListener::bind(addr).map_err(|err| format!("cannot listen on {addr}: {err}"))?;
+            eprintln!(
+                "qp-exchange: listening on {}",
+                listener.local_addr().map_err(|err| err.to_string())?
+            );
+            let mut s = accept(&listener, cfg.timeout)?;
+            drop(listener);
+            s.set_read_timeout(Some(cfg.timeout))
+                .map_err(|err| err.to_string())?;
+            let peer = read_msg(&mut s)?;
+            connect_qp(al, side, cfg, &me, &peer)?;
+            s.write_all(&oob::encode(&me))
+                .map_err(|err| io_err("sending our address message", err))?;
+            let mut done = [0u8; 5];
+            s.read_exact(&mut done)
+                .map_err(|err| io_err("reading the client's final \"done\"", err))?;
+            if &done != oob::DONE {
+                return Err(format!(
+                    "bad message from the peer: expected \"done\\0\", got {done:?}"
+                ));
+            }
+            // Offer the extension; a plain ibv client has closed by now.
+            let ext = if cfg.plain {
+                None
+            } else {
+                match s.write_all(my_ext.encode().as_bytes()) {
+                    Ok(()) => read_ext(&mut s)?,
+                    Err(_) => None,
+                }
+            };
+            (s, peer, ext, true)
+        }
+        Role::Connect(host, port) => {
+            let mut s = connect(host, *port, cfg.timeout)?;
+            s.set_read_timeout(Some(cfg.timeout))
+                .map_err(|err| err.to_string())?;
+            s.write_all(&oob::encode(&me))
+                .map_err(|err| io_err("sending our address message", err))?;
+            let peer = read_msg(&mut s)?;
+            s.write_all(oob::DONE)
+                .map_err(|err| io_err("sending \"done\"", err))?;
+            let ext = if cfg.plain { None } else { read_ext(&mut s)? };
+            if ext.is_some() {
+                s.write_all(my_ext.encode().as_bytes())
+                    .map_err(|err| io_err("sending our extension line", err))?;
+            }
+            connect_qp(al, side, cfg, &me, &peer)?;
+            (s, peer, ext, false)
+        }
+    };
+    let peer_is_ibal = peer_ext.is_some();
+    eprintln!(
+        "qp-exchange: peer QPN {:#08x} PSN {:#08x} GID {} ({})",
+        peer.qpn,
+        peer.psn,
+        std::net::Ipv6Addr::from(peer.gid),
+        if peer_is_ibal {
+            "ibal"
+        } else {
+            "plain ibv tool"
+        }
+    );
+    let peer_write = match peer_ext {
+        Some(x) => {
+            if x.ud != cfg.ud || x.size as usize != cfg.size || x.iters != cfg.iters {
+                return Err(format!(
+                    "the peer runs mode={} size={} iters={}, we run mode={} size={} iters={}",
+                    if x.ud { "ud" } else { "rc" },
+                    x.size,
+                    x.iters,
+                    if cfg.ud { "ud" } else { "rc" },
+                    cfg.size,
+                    cfg.iters
+                ));
+            }
+            if x.write.is_some() != cfg.write {
+                return Err("--write must be given on both sides".into());
+            }
+            x.write
+        }
+        None if cfg.write => {
+            return Err(
+                "--write needs an ibal peer (the peer is a plain ibv tool: no extension)".into(),
+            )
+        }
+        None => None,
+    };
+
+    // The loop.
+    let send_sge = [Sge {
+        addr: 0,
+        length: cfg.size as u32,
+        lkey: side.lkey,
+    }];
+    let wsrc_sge = [Sge {
+        addr: lay.wsrc_at as u64,
+        length: cfg.size as u32,
+        lkey: side.lkey,
+    }];
+    if cfg.plain {
+        // As the tools: the side channel is done.
+        let _ = sock.shutdown(std::net::Shutdown::Both);
+    }
+    let echo = std::cell::RefCell::new(vec![oob::IBV_FILL; cfg.size]);
+    let post_round = |round: u32| -> Result<(), String> {
+        if cfg.plain {
+            side.buf.write(0, &echo.borrow()).map_err(e)?;
+        } else {
+            side.buf
+                .write(0, &oob::pattern(seed, round, cfg.size))
+                .map_err(e)?;
+        }
+        if let Some((addr, rkey)) = peer_write {
+            side.buf
+                .write(
+                    lay.wsrc_at,
+                    &oob::pattern(oob::write_seed(seed), round, cfg.size),
+                )
+                .map_err(e)?;
+            let w = SendWr::new(
+                3,
+                SendOp::Write {
+                    remote_addr: addr,
+                    rkey,
+                },
+                &wsrc_sge,
+            )
+            .unsignaled();
+            side.qp.post_send(al, &[w]).map_err(e)?;
+        }
+        let wr = SendWr::new(SEND_WRID, SendOp::Send, &send_sge);
+        match side.av {
+            Some(av) => {
+                let dest = UdDest {
+                    av: &av,
+                    remote_qpn: peer.qpn,
+                    remote_qkey: oob::UD_QKEY,
+                    pkey_index: 0,
+                };
+                side.qp.post_send(al, &[wr.to(dest)]).map_err(e)?;
+            }
+            None => side.qp.post_send(al, &[wr]).map_err(e)?,
+        }
+        Ok(())
+    };
+    let expected = |r: u32| -> Vec<u8> {
+        match (&peer_ext, server) {
+            (Some(x), _) => oob::pattern(x.seed, r, cfg.size),
+            (None, false) => oob::pattern(seed, r, cfg.size),
+            (None, true) if r == 0 => vec![oob::IBV_FILL; cfg.size],
+            (None, true) => oob::pattern(seed, r - 1, cfg.size),
+        }
+    };
+    let payload_at = lay.recv_at + if cfg.ud { oob::GRH_BYTES } else { 0 };
+
+    let start = Instant::now();
+    let (mut scnt, mut rcnt, mut writes_checked) = (0u32, 0u32, 0u32);
+    let (mut send_pending, mut recv_pending) = (false, true);
+    if !server {
+        post_round(0)?;
+        send_pending = true;
+    }
+    let mut wcs = [Wc::default(); 16];
+    let mut last_progress = Instant::now();
+    while rcnt < cfg.iters || scnt < cfg.iters {
+        let n = side.cq.poll(al, &mut wcs).map_err(e)?;
+        if n == 0 {
+            if last_progress.elapsed() > cfg.timeout {
+                return Err(format!(
+                    "timed out: no completion for {:.1} s (sent {scnt}, received {rcnt} of {}); the {} stopped answering",
+                    cfg.timeout.as_secs_f64(),
+                    cfg.iters,
+                    if send_pending && !recv_pending { "peer's RoCE stack (our SEND is not acknowledged)" } else { "peer" }
+                ));
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        last_progress = Instant::now();
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                let hint = match wc.status {
+                    WcStatus::RetryExceeded => {
+                        "; the peer's RoCE stack never acknowledged our SEND: nothing listens on \
+                         its UDP port, the GID or QPN is wrong, or it drops our packets (a real \
+                         RoCE receiver drops a bad ICRC silently)"
+                    }
+                    WcStatus::RnrRetryExceeded => "; the peer had no receive posted",
+                    _ => "",
+                };
+                return Err(format!(
+                    "completion failed: {:?} for wr_id {} (sent {scnt}, received {rcnt}){hint}",
+                    wc.status, wc.wr_id
+                ));
+            }
+            match wc.wr_id {
+                SEND_WRID => {
+                    scnt += 1;
+                    send_pending = false;
+                }
+                RECV_WRID => {
+                    if wc.byte_len as usize != lay.recv_len {
+                        return Err(format!(
+                            "message {rcnt}: {} bytes received, expected {}",
+                            wc.byte_len, lay.recv_len
+                        ));
+                    }
+                    let mut got = vec![0u8; cfg.size];
+                    side.buf.read(payload_at, &mut got).map_err(e)?;
+                    let want = if cfg.plain {
+                        got.clone()
+                    } else {
+                        expected(rcnt)
+                    };
+                    echo.borrow_mut().copy_from_slice(&got);
+                    if let Some(at) = oob::first_difference(&got, &want) {
+                        return Err(format!(
+                            "message {rcnt} differs at byte {at}: got {:#04x}, expected {:#04x}",
+                            got[at], want[at]
+                        ));
+                    }
+                    if let Some(x) = &peer_ext {
+                        if x.write.is_some() {
+                            let mut w = vec![0u8; cfg.size];
+                            side.wbuf.read(0, &mut w).map_err(e)?;
+                            let want = oob::pattern(oob::write_seed(x.seed), rcnt, cfg.size);
+                            if let Some(at) = oob::first_difference(&w, &want) {
+                                return Err(format!(
+                                    "RDMA WRITE {rcnt} differs at byte {at}: got {:#04x}, expected {:#04x}",
+                                    w[at], want[at]
+                                ));
+                            }
+                            writes_checked += 1;
+                        }
+                    }
+                    rcnt += 1;
+                    recv_pending = false;
+                    side.qp
+                        .post_recv(
+                            al,
+                            &[RecvWr {
+                                wr_id: RECV_WRID,
+                                sg_list: &recv_sge,
+                            }],
+                        )
+                        .map_err(e)?;
+                }
+                other => return Err(format!("completion for unknown wr_id {other}")),
+            }
+            if scnt < cfg.iters && !send_pending && !recv_pending {
+                post_round(scnt)?;
+                send_pending = true;
+                recv_pending = true;
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+
+    // ibal peers confirm the end to each other (so neither tears its QP
+    // down while the other still waits); plain tools just close.
+    if peer_is_ibal {
+        sock.write_all(format!("ibal-qpx/1 end received={rcnt}\n").as_bytes())
+            .map_err(|err| io_err("sending the end line", err))?;
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while line.len() < 128 {
+            match sock.read(&mut b) {
+                Ok(0) => break,
+                Ok(_) if b[0] == b'\n' => break,
+                Ok(_) => line.push(b[0]),
+                Err(err) => return Err(io_err("reading the peer's end line", err)),
+            }
+        }
+        let text = String::from_utf8_lossy(&line);
+        if text != format!("ibal-qpx/1 end received={}", cfg.iters) {
+            return Err(format!("the peer did not finish: {text:?}"));
+        }
+    } else {
+        // Let the last ACK leave before the QP goes.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(QpxReport {
+        mode: if cfg.ud { "ud" } else { "rc" },
+        role: if server { "server" } else { "client" },
+        peer: if peer_is_ibal { "ibal" } else { "ibv" },
+        local: me,
+        remote: peer,
+        iters: cfg.iters,
+        size: cfg.size,
+        bytes: cfg.size as u64 * u64::from(cfg.iters) * 2,
+        writes_checked,
+        messages_checked: if cfg.plain { 0 } else { rcnt },
+        seconds,
+        close_stats: String::new(),
+    })
+}
