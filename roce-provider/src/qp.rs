@@ -886,13 +886,17 @@ impl QpInner {
     // ----- the driver's entry points -----
 
     /// A packet for this QP arrived on `port` over the flow `ep`.
-    pub(crate) fn on_packet(&self, port: &PortShared, ep: &Endpoints, pkt: &Packet<'_>) {
-        let mut d = Deferred::default();
+    /// A packet for this QP: the transport takes it. Sending what it
+    /// answers and moving its completions is left to
+    /// [`QpInner::drive_now`], which the receive thread calls once per
+    /// batch of datagrams. Returns whether the transport took the packet
+    /// (so the QP needs driving).
+    pub(crate) fn on_packet(&self, port: &PortShared, ep: &Endpoints, pkt: &Packet<'_>) -> bool {
         {
             let mut core = self.core.lock();
             if !core.attr.state.can_receive() || core.t.is_none() {
                 port.counters.add(&port.counters.rx_bad_state_or_opcode, 1);
-                return;
+                return false;
             }
             let now = self.dev.now();
             let src = Source {
@@ -935,6 +939,16 @@ impl QpInner {
                 }
                 None => t.handle_packet(now, &src, pkt, &mut mem),
             }
+        }
+        true
+    }
+
+    /// Sends what the transport has to send and moves its completions to
+    /// the CQs (after a batch of packets).
+    pub(crate) fn drive_now(&self) {
+        let mut d = Deferred::default();
+        {
+            let mut core = self.core.lock();
             self.drive(&mut core, &mut d);
         }
         d.run();

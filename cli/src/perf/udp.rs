@@ -38,6 +38,8 @@ pub const MSG: usize = 64;
 pub const SEND_DATAGRAM: usize = 12 + MSG + 4;
 /// UDP payload of one full WRITE-middle packet at MTU 4096.
 pub const WRITE_DATAGRAM: usize = 12 + 4096 + 4;
+/// How the streaming benchmarks' threads wait for completions.
+const STREAM_WAIT: Wait = Wait::Sleep(Duration::from_micros(50));
 /// Longest any wait of a benchmark may take.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -147,7 +149,23 @@ fn connect(al: &Al, qp: Handle<Qp>, mtu: Mtu, peer_qpn: u32, peer_gid: [u8; 16])
 
 /// Busy-polls `cq` for up to `out.len()` completions (at least one);
 /// fails on an error completion or after [`STALL`].
-fn poll_some(al: &Arc<AlInstance>, cq: Handle<Cq>, out: &mut [Wc]) -> BenchResult<usize> {
+/// How a benchmark thread waits between empty polls of its CQ.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Yield the core and poll again (latency: a ping-pong).
+    Yield,
+    /// Sleep this long (streams with a deep window: leave the cores to the
+    /// provider's receive threads, as the raw UDP baseline's blocking
+    /// receiver does).
+    Sleep(Duration),
+}
+
+fn poll_some(
+    al: &Arc<AlInstance>,
+    cq: Handle<Cq>,
+    out: &mut [Wc],
+    wait: Wait,
+) -> BenchResult<usize> {
     let end = Instant::now() + STALL;
     loop {
         let n = cq.poll(al, out).map_err(err("poll"))?;
@@ -166,7 +184,10 @@ fn poll_some(al: &Arc<AlInstance>, cq: Handle<Cq>, out: &mut [Wc]) -> BenchResul
         // The provider's receive threads need a core: on a machine with
         // fewer cores than busy-polling threads a spinning poller would
         // hold them off until the scheduler's next tick (~4 ms here).
-        std::thread::yield_now();
+        match wait {
+            Wait::Yield => std::thread::yield_now(),
+            Wait::Sleep(d) => std::thread::sleep(d),
+        }
     }
 }
 
@@ -306,7 +327,7 @@ fn roce_pingpong(iters: u32) -> BenchResult<(f64, f64)> {
             let mut wc = [Wc::default(); 4];
             let mut received = 0;
             while received < iters {
-                let n = poll_some(&al, cq, &mut wc)?;
+                let n = poll_some(&al, cq, &mut wc, Wait::Yield)?;
                 for w in &wc[..n] {
                     if w.opcode == WcOpcode::Recv {
                         received += 1;
@@ -329,7 +350,7 @@ fn roce_pingpong(iters: u32) -> BenchResult<(f64, f64)> {
             .map_err(err("post_send"))?;
         let mut got = false;
         while !got {
-            let n = poll_some(al, a.cq, &mut wc)?;
+            let n = poll_some(al, a.cq, &mut wc, Wait::Yield)?;
             for w in &wc[..n] {
                 if w.opcode == WcOpcode::Recv {
                     got = true;
@@ -512,7 +533,7 @@ fn roce_stream(count: u64, size: usize, mtu: Mtu, write: bool) -> BenchResult<f6
             let mut wc = [Wc::default(); 64];
             let mut got = 0u64;
             while got < count {
-                let n = poll_some(&al, cq, &mut wc)?;
+                let n = poll_some(&al, cq, &mut wc, STREAM_WAIT)?;
                 got += n as u64;
                 let wrs: Vec<RecvWr> = wc[..n].iter().map(|w| recv_wr(&rsge, w.wr_id)).collect();
                 qp.post_recv(&al, &wrs).map_err(err("post_recv"))?;
@@ -537,7 +558,7 @@ fn roce_stream(count: u64, size: usize, mtu: Mtu, write: bool) -> BenchResult<f6
             a.qp.post_send(al, &[wr]).map_err(err("post_send"))?;
             posted += 1;
         }
-        let n = poll_some(al, a.cq, &mut wc)?;
+        let n = poll_some(al, a.cq, &mut wc, STREAM_WAIT)?;
         for w in &wc[..n] {
             completed = w.wr_id + 1;
         }
