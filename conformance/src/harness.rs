@@ -110,7 +110,7 @@ impl<F: Fixture> Mem<F> {
     }
 }
 
-/// The parameters [`connect`] uses; change a field for a check.
+/// The parameters [`Node::connect`] uses; change a field for a check.
 #[derive(Debug, Clone, Copy)]
 pub struct Conn {
     /// QP access flags.

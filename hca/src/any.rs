@@ -14,7 +14,7 @@
 //! children are created through their parent's device) is refused with
 //! `InvalidParameter`, never a panic.
 //!
-//! The enums are written once, by [`providers!`]: adding a provider is one
+//! The enums are written once, by the `providers!` macro: adding a provider is one
 //! line there.
 
 use al::{Error, Result};
