@@ -67,6 +67,11 @@ pub struct QpxConfig {
     pub plain: bool,
     /// Bound on every wait (TCP connect, accept, reads, completions).
     pub timeout: Duration,
+    /// RC: the local ACK timeout attribute (4.096 us * 2^N; the tools' 14
+    /// is about 67 ms). Must exceed the path's longest delay.
+    pub ack_timeout: u8,
+    /// RC: transport retries before a SEND fails with RETRY_EXC (0..=7).
+    pub retry_cnt: u8,
 }
 
 /// What a run did.
@@ -94,6 +99,9 @@ pub struct QpxReport {
     pub messages_checked: u32,
     /// Seconds from the first SEND to the last completion.
     pub seconds: f64,
+    /// With `--write`: the R_Key of our WRITE target (the peer's RETHs
+    /// carry it) and the peer's (ours carry it); 0 otherwise.
+    pub write_rkeys: (u32, u32),
     /// The AL's object counts at close.
     pub close_stats: String,
 }
@@ -164,7 +172,8 @@ impl QpxReport {
                 "\"local\":{{\"qpn\":{},\"psn\":{},\"gid\":\"{}\"}},",
                 "\"remote\":{{\"qpn\":{},\"psn\":{},\"gid\":\"{}\"}},",
                 "\"iters\":{},\"size\":{},\"bytes\":{},\"messages_checked\":{},",
-                "\"writes_checked\":{},\"seconds\":{:.6},\"mbit_per_sec\":{:.3},",
+                "\"writes_checked\":{},\"local_write_rkey\":{},\"remote_write_rkey\":{},",
+                "\"seconds\":{:.6},\"mbit_per_sec\":{:.3},",
                 "\"mbyte_per_sec\":{:.3},\"usec_per_iter\":{:.3},\"clean\":true}}"
             ),
             self.mode,
@@ -181,6 +190,8 @@ impl QpxReport {
             self.bytes,
             self.messages_checked,
             self.writes_checked,
+            self.write_rkeys.0,
+            self.write_rkeys.1,
             self.seconds,
             self.mbit_per_sec(),
             self.mbyte_per_sec(),
@@ -382,14 +393,23 @@ pub fn run(cfg: &QpxConfig) -> Result<QpxReport, String> {
     let provider = RoceProvider::new(vec![DeviceConfig::new("roce0", guid, vec![port])]);
     let al = Al::open().map_err(e)?;
     let result = exchange(&al, &provider, guid, cfg);
-    // Close whatever happened: a failed run still must not leak.
-    let stats = al.close().map_err(e)?;
-    let mut report = result?;
-    if !stats.is_clean() {
-        return Err(format!("objects left live at close: {stats}"));
+    // Close whatever happened: a failed run still must not leak, and its
+    // error says so (or what was left), so a failure is never mistaken
+    // for a leak and a leak never hides behind a failure.
+    let closed = al.close();
+    match (result, closed) {
+        (Ok(mut report), Ok(stats)) if stats.is_clean() => {
+            report.close_stats = stats.to_string();
+            Ok(report)
+        }
+        (Ok(_), Ok(stats)) => Err(format!("objects left live at close: {stats}")),
+        (Ok(_), Err(err)) => Err(format!("closing the AL: {err}")),
+        (Err(run), Ok(stats)) if stats.is_clean() => {
+            Err(format!("{run}\nclosed: no objects left live ({stats})"))
+        }
+        (Err(run), Ok(stats)) => Err(format!("{run}\nobjects left live at close: {stats}")),
+        (Err(run), Err(err)) => Err(format!("{run}\nclosing the AL: {err}")),
     }
-    report.close_stats = stats.to_string();
-    Ok(report)
 }
 
 fn open_side(
@@ -507,8 +527,8 @@ fn connect_qp(
             .min_rnr_timer(12);
         side.qp.modify(al, &rtr).map_err(e)?;
         let rts = QpModify::to(QpState::Rts)
-            .timeout(14)
-            .retry_cnt(7)
+            .timeout(cfg.ack_timeout)
+            .retry_cnt(cfg.retry_cnt)
             .rnr_retry(7)
             .sq_psn(me.psn)
             .max_rd_atomic(1);
@@ -773,17 +793,29 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 let hint = match wc.status {
-                    WcStatus::RetryExceeded => {
-                        "; the peer's RoCE stack never acknowledged our SEND: nothing listens on \
-                         its UDP port, the GID or QPN is wrong, or it drops our packets (a real \
-                         RoCE receiver drops a bad ICRC silently)"
+                    WcStatus::RetryExceeded if scnt == 0 && rcnt == 0 => {
+                        " (IBV_WC_RETRY_EXC_ERR): the peer's RoCE stack never acknowledged our \
+                         SEND: nothing listens on its UDP port, the GID or QPN is wrong, or it \
+                         drops our packets (a real RoCE receiver drops a bad ICRC silently)"
                     }
-                    WcStatus::RnrRetryExceeded => "; the peer had no receive posted",
+                    WcStatus::RetryExceeded => {
+                        " (IBV_WC_RETRY_EXC_ERR): the peer's RoCE stack stopped acknowledging \
+                         mid-transfer (retries exhausted): the peer process or the path to it \
+                         is gone"
+                    }
+                    WcStatus::RnrRetryExceeded => {
+                        " (IBV_WC_RNR_RETRY_EXC_ERR): the peer had no receive posted"
+                    }
                     _ => "",
                 };
+                let what = match wc.wr_id {
+                    SEND_WRID => "SEND",
+                    RECV_WRID => "receive",
+                    _ => "RDMA WRITE",
+                };
                 return Err(format!(
-                    "completion failed: {:?} for wr_id {} (sent {scnt}, received {rcnt}){hint}",
-                    wc.status, wc.wr_id
+                    "completion failed: {:?} for a {what} (wr_id {}; sent {scnt}, received {rcnt} of {}){hint}",
+                    wc.status, wc.wr_id, cfg.iters
                 ));
             }
             match wc.wr_id {
@@ -884,6 +916,10 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         writes_checked,
         messages_checked: if cfg.plain { 0 } else { rcnt },
         seconds,
+        write_rkeys: match peer_write {
+            Some((_, rkey)) => (side.wrkey, rkey),
+            None => (0, 0),
+        },
         close_stats: String::new(),
     })
 }
