@@ -144,12 +144,22 @@ impl Proc {
             lines.push(l);
         }
         Done {
-            name: self.name,
+            name: std::mem::take(&mut self.name),
             status,
             stdout,
             stderr: lines.join("\n"),
             took: t0.elapsed(),
             killed,
+        }
+    }
+}
+
+impl Drop for Proc {
+    /// A test that panics half-way leaves no process behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
