@@ -11,7 +11,8 @@
 //! that no `qpx*` interface ever shows among the host's). A guard deletes both
 //! namespaces (which deletes the veth) when the test ends, panics
 //! included, and a run first deletes namespaces left by a run whose
-//! process no longer exists (killed before its guard ran).
+//! process is gone, a zombie or another program now (killed before its
+//! guard ran).
 
 mod common;
 
@@ -64,6 +65,21 @@ fn cannot_run() -> Option<String> {
     None
 }
 
+/// Whether `pid` is a live (not zombie) run of this test binary.
+fn test_process_alive(pid: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": the state follows the last ')'.
+    let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+    if state.starts_with('Z') || state.starts_with('X') {
+        return false;
+    }
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).contains("netns_two_process"))
+        .unwrap_or(false)
+}
+
 /// Deletes namespaces of earlier runs whose process is gone.
 fn remove_stale() {
     for ns in namespaces() {
@@ -73,8 +89,8 @@ fn remove_stale() {
         let Some(pid) = rest.split('-').next() else {
             continue;
         };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            eprintln!("removing {ns}, left by process {pid} which no longer exists");
+        if !test_process_alive(pid) {
+            eprintln!("removing {ns}, left by process {pid} which is gone");
             let _ = ip(&["netns", "del", &ns]);
         }
     }
