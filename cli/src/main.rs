@@ -559,9 +559,18 @@ fn qp_exchange(
         }
         _ => return Err("give exactly one of --listen and --connect".into()),
     };
-    let report = ibal_cli::qp_exchange::run(&cfg)?;
-    print_report(json, report.to_json(), report.to_text());
-    Ok(())
+    match ibal_cli::qp_exchange::run(&cfg) {
+        Ok(report) => {
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        Err(failure) => {
+            if json {
+                out!("{}", failure.to_json());
+            }
+            Err(failure.to_string())
+        }
+    }
 }
 
 fn perf(bench: PerfCommand) -> Result<(), String> {

@@ -370,45 +370,127 @@ fn mtu_bytes(m: Mtu) -> usize {
     }
 }
 
+/// How the AL closed after a failed run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// The run failed before the AL was opened.
+    NotOpened,
+    /// Nothing was left live (the AL's object counts).
+    Clean(String),
+    /// Objects were left live (the AL's object counts).
+    Leaked(String),
+    /// The close itself failed (its error).
+    Failed(String),
+}
+
+/// A failed run: what went wrong, and how the AL closed afterwards (a
+/// failure is never mistaken for a leak, and a leak never hides behind a
+/// failure).
+#[derive(Clone, Debug)]
+pub struct QpxFailure {
+    /// What went wrong (empty when only the close went wrong).
+    pub error: String,
+    /// The close.
+    pub closed: Closed,
+}
+
+impl QpxFailure {
+    fn before_open(error: impl Into<String>) -> QpxFailure {
+        QpxFailure {
+            error: error.into(),
+            closed: Closed::NotOpened,
+        }
+    }
+
+    /// Whether nothing was left live.
+    pub fn clean(&self) -> bool {
+        matches!(self.closed, Closed::NotOpened | Closed::Clean(_))
+    }
+
+    /// One JSON object: `error`, `close` (`not-opened`, `clean`, `leaked`
+    /// or `failed`), `close_detail` and `clean`.
+    pub fn to_json(&self) -> String {
+        let (close, detail) = match &self.closed {
+            Closed::NotOpened => ("not-opened", ""),
+            Closed::Clean(s) => ("clean", s.as_str()),
+            Closed::Leaked(s) => ("leaked", s.as_str()),
+            Closed::Failed(s) => ("failed", s.as_str()),
+        };
+        format!(
+            "{{\"command\":\"qp-exchange\",\"error\":\"{}\",\"close\":\"{close}\",\"close_detail\":\"{}\",\"clean\":{}}}",
+            json_escape(&self.error),
+            json_escape(detail),
+            self.clean()
+        )
+    }
+}
+
+impl std::fmt::Display for QpxFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.error)?;
+        let sep = if self.error.is_empty() { "" } else { "\n" };
+        match &self.closed {
+            Closed::NotOpened => Ok(()),
+            Closed::Clean(s) => write!(f, "{sep}closed: no objects left live ({s})"),
+            Closed::Leaked(s) => write!(f, "{sep}objects left live at close: {s}"),
+            Closed::Failed(s) => write!(f, "{sep}closing the AL: {s}"),
+        }
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Run one exchange. Progress lines go to stderr; the report is returned.
-pub fn run(cfg: &QpxConfig) -> Result<QpxReport, String> {
+pub fn run(cfg: &QpxConfig) -> Result<QpxReport, QpxFailure> {
     if cfg.size == 0 || cfg.iters == 0 || cfg.rx_depth < 2 {
-        return Err("--size and --iters must be at least 1 (and rx depth at least 2)".into());
+        return Err(QpxFailure::before_open(
+            "--size and --iters must be at least 1 (and rx depth at least 2)",
+        ));
     }
     if cfg.ud && cfg.size > mtu_bytes(cfg.mtu) {
-        return Err(format!(
+        return Err(QpxFailure::before_open(format!(
             "UD messages must fit the MTU: --size {} > --mtu {}",
             cfg.size,
             mtu_bytes(cfg.mtu)
-        ));
+        )));
     }
     if cfg.ud && cfg.write {
-        return Err("--write needs --mode rc".into());
+        return Err(QpxFailure::before_open("--write needs --mode rc"));
     }
-    let e = |err: Error| err.to_string();
     let guid = 0x0249_4241_4c00_0000u64 | u64::from(random_u32() & 0xffff);
     let port = PortConfig::new(SocketAddr::new(cfg.local, cfg.udp_port))
         .peer_udp_port(cfg.peer_udp_port)
         .mtu(cfg.mtu);
     let provider = RoceProvider::new(vec![DeviceConfig::new("roce0", guid, vec![port])]);
-    let al = Al::open().map_err(e)?;
+    let al = Al::open().map_err(|err| QpxFailure::before_open(err.to_string()))?;
     let result = exchange(&al, &provider, guid, cfg);
-    // Close whatever happened: a failed run still must not leak, and its
-    // error says so (or what was left), so a failure is never mistaken
-    // for a leak and a leak never hides behind a failure.
-    let closed = al.close();
+    // Close whatever happened: a failed run still must not leak.
+    let closed = match al.close() {
+        Ok(stats) if stats.is_clean() => Closed::Clean(stats.to_string()),
+        Ok(stats) => Closed::Leaked(stats.to_string()),
+        Err(err) => Closed::Failed(err.to_string()),
+    };
     match (result, closed) {
-        (Ok(mut report), Ok(stats)) if stats.is_clean() => {
-            report.close_stats = stats.to_string();
+        (Ok(mut report), Closed::Clean(stats)) => {
+            report.close_stats = stats;
             Ok(report)
         }
-        (Ok(_), Ok(stats)) => Err(format!("objects left live at close: {stats}")),
-        (Ok(_), Err(err)) => Err(format!("closing the AL: {err}")),
-        (Err(run), Ok(stats)) if stats.is_clean() => {
-            Err(format!("{run}\nclosed: no objects left live ({stats})"))
-        }
-        (Err(run), Ok(stats)) => Err(format!("{run}\nobjects left live at close: {stats}")),
-        (Err(run), Err(err)) => Err(format!("{run}\nclosing the AL: {err}")),
+        (Ok(_), closed) => Err(QpxFailure {
+            error: String::new(),
+            closed,
+        }),
+        (Err(error), closed) => Err(QpxFailure { error, closed }),
     }
 }
 
@@ -922,4 +1004,41 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         },
         close_stats: String::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_says_how_the_al_closed_in_text_and_json() {
+        let f = QpxFailure {
+            error: "bad message from the peer: expected \"done\\0\"".into(),
+            closed: Closed::Clean("PD: 0 live / 1 created".into()),
+        };
+        assert!(f.clean());
+        assert_eq!(
+            f.to_string(),
+            "bad message from the peer: expected \"done\\0\"\nclosed: no objects left live (PD: 0 live / 1 created)"
+        );
+        assert_eq!(
+            f.to_json(),
+            r#"{"command":"qp-exchange","error":"bad message from the peer: expected \"done\\0\"","close":"clean","close_detail":"PD: 0 live / 1 created","clean":true}"#
+        );
+        let leak = QpxFailure {
+            error: String::new(),
+            closed: Closed::Leaked("QP: 1 live / 1 created".into()),
+        };
+        assert!(!leak.clean());
+        assert_eq!(
+            leak.to_string(),
+            "objects left live at close: QP: 1 live / 1 created"
+        );
+        assert!(leak.to_json().ends_with(
+            r#""close":"leaked","close_detail":"QP: 1 live / 1 created","clean":false}"#
+        ));
+        let early = QpxFailure::before_open("--write needs --mode rc");
+        assert_eq!(early.to_string(), "--write needs --mode rc");
+        assert!(early.to_json().contains(r#""close":"not-opened""#));
+    }
 }

@@ -312,6 +312,15 @@ fn assert_survivor(d: &Done, iters: u32, limit: Duration) {
         "the close is not reported clean: {}",
         d.log()
     );
+    // --json: the failure as one object on stdout.
+    let json = d.stdout.trim();
+    assert_eq!(json_field(json, "close"), "clean", "{}", d.log());
+    assert_eq!(json_field(json, "clean"), "true", "{}", d.log());
+    assert!(
+        json_field(json, "error").contains(if retry { "RetryExceeded" } else { "timed out" }),
+        "{}",
+        d.log()
+    );
     // Mid-transfer: some round trips were done, not all.
     let sent: u32 = err
         .split("sent ")
