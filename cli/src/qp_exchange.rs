@@ -323,6 +323,25 @@ fn read_msg(s: &mut TcpStream) -> Result<Dest, String> {
     oob::decode(&msg).map_err(|e| format!("bad message from the peer: {e}"))
 }
 
+/// Whether the peer has closed the side channel (EOF or a reset waiting
+/// to be read), without consuming anything.
+fn side_channel_closed(s: &TcpStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    let r = s.peek(&mut b);
+    let _ = s.set_nonblocking(false);
+    match r {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+        ),
+    }
+}
+
 /// The objects of one side.
 struct Side {
     ca: Handle<Ca>,
@@ -857,9 +876,25 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
     }
     let mut wcs = [Wc::default(); 16];
     let mut last_progress = Instant::now();
+    // An ibal peer keeps the side channel open until the end lines, so
+    // its closing mid-transfer means its process ended (the kernel closes
+    // a killed process's sockets): nothing more will arrive.
+    let (mut peer_gone, mut last_check) = (false, Instant::now());
     while rcnt < cfg.iters || scnt < cfg.iters {
         let n = side.cq.poll(al, &mut wcs).map_err(e)?;
         if n == 0 {
+            if peer_is_ibal && !peer_gone && last_check.elapsed() >= Duration::from_millis(100) {
+                last_check = Instant::now();
+                peer_gone = side_channel_closed(&sock);
+            }
+            // With a SEND in flight its completion (RETRY_EXC, within the
+            // retry budget) says more; otherwise waiting cannot help.
+            if peer_gone && !send_pending {
+                return Err(format!(
+                    "the peer closed the side channel mid-transfer (sent {scnt}, received {rcnt} of {}): its process ended, nothing more will arrive",
+                    cfg.iters
+                ));
+            }
             if last_progress.elapsed() > cfg.timeout {
                 return Err(format!(
                     "timed out: no completion for {:.1} s (sent {scnt}, received {rcnt} of {}); the {} stopped answering",
@@ -896,8 +931,15 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
                     _ => "RDMA WRITE",
                 };
                 return Err(format!(
-                    "completion failed: {:?} for a {what} (wr_id {}; sent {scnt}, received {rcnt} of {}){hint}",
-                    wc.status, wc.wr_id, cfg.iters
+                    "completion failed: {:?} for a {what} (wr_id {}; sent {scnt}, received {rcnt} of {}){hint}{}",
+                    wc.status,
+                    wc.wr_id,
+                    cfg.iters,
+                    if peer_gone {
+                        "; the peer's side channel closed too (its process ended)"
+                    } else {
+                        ""
+                    }
                 ));
             }
             match wc.wr_id {
@@ -979,6 +1021,12 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
             }
         }
         let text = String::from_utf8_lossy(&line);
+        if line.is_empty() {
+            return Err(
+                "the peer closed the side channel instead of sending its end line (its process ended)"
+                    .into(),
+            );
+        }
         if text != format!("ibal-qpx/1 end received={}", cfg.iters) {
             return Err(format!("the peer did not finish: {text:?}"));
         }

@@ -294,7 +294,9 @@ fn ud_duplicates_arrive_as_extra_messages_and_fail_the_check() {
 }
 
 /// The survivor of a death: non-zero, in bounded time, with the reason
-/// (RETRY_EXC or a timeout), mid-transfer, and nothing left live.
+/// (RETRY_EXC when its SEND was in flight; the peer's closed side channel
+/// when it waited for a message; a timeout if neither came), mid-transfer,
+/// and nothing left live.
 fn assert_survivor(d: &Done, iters: u32, limit: Duration) {
     assert!(!d.killed, "not done within the bound: {}", d.log());
     assert!(!d.status.success(), "{}", d.log());
@@ -302,9 +304,10 @@ fn assert_survivor(d: &Done, iters: u32, limit: Duration) {
     let err = &d.stderr;
     let retry = err.contains("RetryExceeded") && err.contains("IBV_WC_RETRY_EXC_ERR");
     let timeout = err.contains("timed out");
+    let closed = err.contains("the peer closed the side channel mid-transfer");
     assert!(
-        retry || timeout,
-        "neither RETRY_EXC nor a timeout: {}",
+        retry || timeout || closed,
+        "neither RETRY_EXC, a timeout nor the peer's exit: {}",
         d.log()
     );
     assert!(
@@ -317,7 +320,13 @@ fn assert_survivor(d: &Done, iters: u32, limit: Duration) {
     assert_eq!(json_field(json, "close"), "clean", "{}", d.log());
     assert_eq!(json_field(json, "clean"), "true", "{}", d.log());
     assert!(
-        json_field(json, "error").contains(if retry { "RetryExceeded" } else { "timed out" }),
+        json_field(json, "error").contains(if retry {
+            "RetryExceeded"
+        } else if timeout {
+            "timed out"
+        } else {
+            "the peer closed the side channel"
+        }),
         "{}",
         d.log()
     );
@@ -373,6 +382,40 @@ fn client_killed_mid_transfer_the_server_fails_cleanly() {
 #[test]
 fn server_killed_mid_transfer_the_client_fails_cleanly() {
     peer_killed(25300, true);
+}
+
+#[test]
+fn ud_peer_killed_the_survivor_learns_it_from_the_side_channel() {
+    // UD SENDs complete at once, so the survivor always waits for a
+    // message: the peer's closed side channel ends it, long before its
+    // --timeout of 20 s.
+    let p = Ports::new(25340);
+    let n = LONG.to_string();
+    let (mut a, mut b) = pair(
+        &p,
+        false,
+        &[
+            "--mode",
+            "ud",
+            "--size",
+            "256",
+            "--iters",
+            &n,
+            "--timeout",
+            "20",
+        ],
+    );
+    wait_running(&mut a, &mut b);
+    b.kill();
+    let d = a.finish(BOUND);
+    drop(b.finish(BOUND));
+    assert_survivor(&d, LONG, Duration::from_secs(3));
+    assert!(
+        d.stderr
+            .contains("the peer closed the side channel mid-transfer"),
+        "{}",
+        d.log()
+    );
 }
 
 #[test]
