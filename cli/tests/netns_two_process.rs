@@ -3,25 +3,26 @@
 //! addresses, each side on the default RoCEv2 UDP port 4791 as two hosts
 //! would be, RC with RDMA WRITEs and UD.
 //!
-//! Needs root and `ip netns`; otherwise the test prints why and passes
-//! without running (a skip). The namespaces are `ibal-qpx-<pid>-a` and
-//! `-b` with 10.77.0.1/24 and 10.77.0.2/24 on `qpx0`/`qpx1`; the veth is
-//! created inside namespace a with its peer moved straight into b, so no
-//! interface of the host is created, moved or changed (the test checks
-//! that no `qpx*` interface ever shows among the host's). A guard deletes both
-//! namespaces (which deletes the veth) when the test ends, panics
-//! included, and a run first deletes namespaces left by a run whose
-//! process is gone, a zombie or another program now (killed before its
-//! guard ran).
+//! Needs root, `ip`, `unshare` and `nsenter`; otherwise the test prints
+//! why (`SKIPPED ...`) and passes without running. The namespaces are
+//! anonymous, each held by `unshare --net -- cat` reading a pipe from the
+//! test, not named ones (`ip netns add` makes a bind mount that outlives a
+//! killed test): when the test ends, or panics, or is SIGKILLed, the pipe
+//! closes, the holders exit and the namespaces go with their last process,
+//! the veth with them. Nothing can be left behind longer than the
+//! qp-exchange processes inside (bounded by their `--timeout`). The veth
+//! (`qpx0` 10.77.0.1/24, `qpx1` 10.77.0.2/24) is created with both ends
+//! already in their namespaces, so no interface of the host is created,
+//! moved or changed; the test checks that no `qpx*` interface ever shows
+//! among the host's.
 
 mod common;
 
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{json_field, listening_port, Proc, BIN};
 
-const PREFIX: &str = "ibal-qpx-";
 const BOUND: Duration = Duration::from_secs(60);
 
 fn ip(args: &[&str]) -> Result<String, String> {
@@ -46,109 +47,135 @@ fn euid() -> Option<u32> {
     line.split_whitespace().nth(2)?.parse().ok()
 }
 
-fn namespaces() -> Vec<String> {
-    ip(&["netns", "list"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect()
-}
-
 /// Why the test cannot run here, if it cannot.
 fn cannot_run() -> Option<String> {
     if euid() != Some(0) {
         return Some("not root (network namespaces need CAP_SYS_ADMIN)".into());
     }
-    if let Err(e) = ip(&["netns", "list"]) {
-        return Some(format!("`ip netns` is unavailable: {e}"));
+    for tool in ["ip", "unshare", "nsenter"] {
+        if Command::new(tool).arg("-V").output().is_err() {
+            return Some(format!("`{tool}` is not installed"));
+        }
     }
     None
 }
 
-/// Whether `pid` is a live (not zombie) run of this test binary.
-fn test_process_alive(pid: &str) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // "pid (comm) S ...": the state follows the last ')'.
-    let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-    if state.starts_with('Z') || state.starts_with('X') {
-        return false;
-    }
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| String::from_utf8_lossy(&c).contains("netns_two_process"))
-        .unwrap_or(false)
-}
-
-/// Deletes namespaces of earlier runs whose process is gone.
-fn remove_stale() {
-    for ns in namespaces() {
-        let Some(rest) = ns.strip_prefix(PREFIX) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next() else {
-            continue;
-        };
-        if !test_process_alive(pid) {
-            eprintln!("removing {ns}, left by process {pid} which is gone");
-            let _ = ip(&["netns", "del", &ns]);
-        }
-    }
-}
-
-/// The two namespaces, deleted on drop.
+/// An anonymous network namespace, alive as long as its holder: `unshare
+/// --net -- cat` reading a pipe from this process. Dropping it (or this
+/// process dying, even by SIGKILL: the pipe closes, `cat` reads EOF)
+/// ends the holder, and the namespace, with whatever interfaces it has,
+/// goes with the last process in it.
 struct Netns {
-    a: String,
-    b: String,
+    holder: Child,
 }
 
 impl Netns {
-    fn create() -> Result<Netns, String> {
-        let pid = std::process::id();
-        let n = Netns {
-            a: format!("{PREFIX}{pid}-a"),
-            b: format!("{PREFIX}{pid}-b"),
-        };
-        // From here on, whatever fails, drop removes what exists.
-        ip(&["netns", "add", &n.a])?;
-        ip(&["netns", "add", &n.b])?;
-        ip(&[
-            "-n", &n.a, "link", "add", "qpx0", "type", "veth", "peer", "name", "qpx1", "netns",
-            &n.b,
-        ])?;
-        for (ns, dev, addr) in [
-            (&n.a, "qpx0", "10.77.0.1/24"),
-            (&n.b, "qpx1", "10.77.0.2/24"),
-        ] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+    fn new() -> Result<Netns, String> {
+        let holder = Command::new("unshare")
+            .args(["--net", "--", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("unshare: {e}"))?;
+        let mut ns = Netns { holder };
+        // unshare(2) happens before the exec of cat, same pid: wait until
+        // the pid's namespace is not ours any more.
+        let ours = std::fs::read_link("/proc/self/ns/net").map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(Some(status)) = ns.holder.try_wait() {
+                let mut err = String::new();
+                if let Some(mut e) = ns.holder.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                return Err(format!("unshare --net failed ({status:?}): {}", err.trim()));
+            }
+            match std::fs::read_link(ns.path()) {
+                Ok(link) if link != ours => return Ok(ns),
+                _ if Instant::now() > deadline => {
+                    return Err("unshare --net did not make a namespace within 5 s".into())
+                }
+                _ => std::thread::sleep(Duration::from_millis(10)),
+            }
         }
-        Ok(n)
+    }
+
+    fn pid(&self) -> String {
+        self.holder.id().to_string()
+    }
+
+    fn path(&self) -> String {
+        format!("/proc/{}/ns/net", self.holder.id())
+    }
+
+    /// `nsenter --net=... PROGRAM` in this namespace.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.path())).arg(program);
+        cmd
+    }
+
+    fn ip(&self, args: &[&str]) -> Result<String, String> {
+        let out = self
+            .command("ip")
+            .args(args)
+            .output()
+            .map_err(|e| format!("nsenter ip: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "ip {} (in the namespace): {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            if let Err(e) = ip(&["netns", "del", ns]) {
-                if namespaces().contains(ns) {
-                    eprintln!("could not remove namespace {ns}: {e}");
-                }
-            }
-        }
+        drop(self.holder.stdin.take());
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
     }
 }
 
-fn qpx(ns: &str, name: &str, args: &[&str]) -> Proc {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns, BIN, "qp-exchange"])
-        .args(args);
+/// Two namespaces joined by a veth: `qpx0` 10.77.0.1/24 in a, `qpx1`
+/// 10.77.0.2/24 in b. The pair is created with both ends already in their
+/// namespaces (`ip link add qpx0 netns A type veth peer name qpx1 netns
+/// B`), so it never exists in the host's.
+struct Pair {
+    a: Netns,
+    b: Netns,
+}
+
+impl Pair {
+    fn new() -> Result<Pair, String> {
+        let (a, b) = (Netns::new()?, Netns::new()?);
+        let (pa, pb) = (a.pid(), b.pid());
+        ip(&[
+            "link", "add", "qpx0", "netns", &pa, "type", "veth", "peer", "name", "qpx1", "netns",
+            &pb,
+        ])?;
+        for (ns, dev, addr) in [(&a, "qpx0", "10.77.0.1/24"), (&b, "qpx1", "10.77.0.2/24")] {
+            ns.ip(&["addr", "add", addr, "dev", dev])?;
+            ns.ip(&["link", "set", dev, "up"])?;
+            ns.ip(&["link", "set", "lo", "up"])?;
+        }
+        Ok(Pair { a, b })
+    }
+}
+
+fn qpx(ns: &Netns, name: &str, args: &[&str]) -> Proc {
+    let mut cmd = ns.command(BIN);
+    cmd.arg("qp-exchange").args(args);
     Proc::spawn(name, cmd)
 }
 
 /// One exchange: a listens on 10.77.0.1, b connects from 10.77.0.2.
-fn exchange(n: &Netns, extra: &[&str], iters: u32, writes: bool) {
+fn exchange(n: &Pair, extra: &[&str], iters: u32, writes: bool) {
     let it = iters.to_string();
     let mut common = vec!["--iters", &it, "--timeout", "20", "--json"];
     common.extend_from_slice(extra);
@@ -188,7 +215,6 @@ fn qp_exchange_between_two_network_namespaces() {
         eprintln!("SKIPPED qp_exchange_between_two_network_namespaces: {why}");
         return;
     }
-    remove_stale();
     // The veth's ends never appear among the host's interfaces (other
     // users may add or remove theirs meanwhile, so only ours are checked).
     let host_has_ours = || {
@@ -199,17 +225,17 @@ fn qp_exchange_between_two_network_namespaces() {
             .any(|n| n.trim().starts_with("qpx"))
     };
     assert!(!host_has_ours(), "the host already has a qpx* interface");
-    let (a_name, b_name);
+    let holders;
     {
-        let n = match Netns::create() {
+        let n = match Pair::new() {
             Ok(n) => n,
             Err(e) => {
-                // Drop has removed whatever was made.
+                // Dropping what was made removed it.
                 eprintln!("SKIPPED qp_exchange_between_two_network_namespaces: {e}");
                 return;
             }
         };
-        (a_name, b_name) = (n.a.clone(), n.b.clone());
+        holders = [n.a.pid(), n.b.pid()];
         assert!(!host_has_ours(), "a veth end is in the host's namespace");
         exchange(
             &n,
@@ -219,10 +245,11 @@ fn qp_exchange_between_two_network_namespaces() {
         );
         exchange(&n, &["--mode", "ud", "--size", "1024"], 300, false);
     }
-    let left = namespaces();
-    assert!(
-        !left.contains(&a_name) && !left.contains(&b_name),
-        "namespaces left behind: {left:?}"
-    );
+    for pid in holders {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "the namespace holder {pid} is still there"
+        );
+    }
     assert!(!host_has_ours(), "a veth end is in the host's namespace");
 }
