@@ -74,6 +74,22 @@ enum Command {
         /// Probability of each fault (drop, duplicate, reorder, delay).
         #[arg(long, default_value_t = 0.0)]
         faults: f64,
+        /// Probability of a drop [default: --faults].
+        #[arg(long)]
+        drop: Option<f64>,
+        /// Probability of a duplicate [default: --faults].
+        #[arg(long)]
+        dup: Option<f64>,
+        /// Probability of holding a datagram behind the next one [default: --faults].
+        #[arg(long)]
+        reorder: Option<f64>,
+        /// Probability of a delay (up to --max-delay-us) [default: --faults].
+        #[arg(long)]
+        delay: Option<f64>,
+        /// Also stop once no datagram has arrived for this many seconds
+        /// after the first one (0: only --seconds).
+        #[arg(long, default_value_t = 0.0)]
+        idle_exit: f64,
         /// Longest delay, microseconds.
         #[arg(long, default_value_t = 2000)]
         max_delay_us: u64,
@@ -193,6 +209,13 @@ enum Command {
         /// Bound in seconds on every wait (connect, accept, reads, completions).
         #[arg(long, default_value_t = 30.0)]
         timeout: f64,
+        /// RC local ACK timeout attribute: 4.096 us * 2^N (14, the tools'
+        /// value, is about 67 ms); must exceed the path's longest delay.
+        #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+        ack_timeout: u8,
+        /// RC transport retries before a SEND fails with RETRY_EXC.
+        #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+        retry_cnt: u8,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -356,21 +379,33 @@ fn main() -> ExitCode {
             a,
             b,
             faults,
+            drop,
+            dup,
+            reorder,
+            delay,
+            idle_exit,
             max_delay_us,
             seconds,
             seed,
-        } => relay(ibal_cli::relay::RelayConfig {
-            near_a,
-            near_b,
-            a,
-            b,
-            faults: ibal_cli::relay::FaultConfig {
-                max_delay: std::time::Duration::from_micros(max_delay_us),
-                ..ibal_cli::relay::FaultConfig::uniform(faults, seed)
+        } => relay(
+            ibal_cli::relay::RelayConfig {
+                near_a,
+                near_b,
+                a,
+                b,
+                faults: ibal_cli::relay::FaultConfig {
+                    drop: drop.unwrap_or(faults),
+                    duplicate: dup.unwrap_or(faults),
+                    reorder: reorder.unwrap_or(faults),
+                    delay: delay.unwrap_or(faults),
+                    max_delay: std::time::Duration::from_micros(max_delay_us),
+                    seed,
+                },
+                max_time: std::time::Duration::from_secs(seconds),
+                max_datagrams: u64::MAX,
             },
-            max_time: std::time::Duration::from_secs(seconds),
-            max_datagrams: u64::MAX,
-        }),
+            idle_exit,
+        ),
         Command::Devinfo { json, roce } => devinfo(json, &roce),
         Command::Perf { bench } => perf(bench),
         Command::Stress {
@@ -415,6 +450,8 @@ fn main() -> ExitCode {
             write,
             plain,
             timeout,
+            ack_timeout,
+            retry_cnt,
             json,
         } => qp_exchange(
             listen,
@@ -445,6 +482,8 @@ fn main() -> ExitCode {
                 write,
                 plain,
                 timeout: std::time::Duration::from_secs_f64(timeout.clamp(0.1, 3600.0)),
+                ack_timeout,
+                retry_cnt,
             },
             json,
         ),
@@ -520,9 +559,18 @@ fn qp_exchange(
         }
         _ => return Err("give exactly one of --listen and --connect".into()),
     };
-    let report = ibal_cli::qp_exchange::run(&cfg)?;
-    print_report(json, report.to_json(), report.to_text());
-    Ok(())
+    match ibal_cli::qp_exchange::run(&cfg) {
+        Ok(report) => {
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        Err(failure) => {
+            if json {
+                out!("{}", failure.to_json());
+            }
+            Err(failure.to_string())
+        }
+    }
 }
 
 fn perf(bench: PerfCommand) -> Result<(), String> {
@@ -686,14 +734,39 @@ fn parse_ip_port(s: &str, default_port: u16) -> Result<std::net::SocketAddr, Str
         .map_err(|_| format!("{s:?} is not an IP address or IP:PORT"))
 }
 
-fn relay(cfg: ibal_cli::relay::RelayConfig) -> Result<(), String> {
-    if !(0.0..=1.0).contains(&cfg.faults.drop) {
-        return Err("--faults is a probability between 0 and 1".into());
+fn relay(cfg: ibal_cli::relay::RelayConfig, idle_exit: f64) -> Result<(), String> {
+    let f = cfg.faults;
+    for (name, p) in [
+        ("--drop", f.drop),
+        ("--dup", f.duplicate),
+        ("--reorder", f.reorder),
+        ("--delay", f.delay),
+    ] {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!(
+                "{name} (or --faults) is a probability between 0 and 1"
+            ));
+        }
+    }
+    if !(0.0..=86400.0).contains(&idle_exit) {
+        return Err("--idle-exit is a number of seconds (0: off)".into());
     }
     let max = cfg.max_time;
     let r = ibal_cli::relay::spawn(cfg).map_err(|e| format!("relay: {e}"))?;
     eprintln!("relay: {} -> B, {} -> A, for {max:?}", r.near_a, r.near_b);
-    std::thread::sleep(max);
+    let start = std::time::Instant::now();
+    let idle = std::time::Duration::from_secs_f64(idle_exit);
+    let (mut seen, mut last_change) = (0u64, std::time::Instant::now());
+    while start.elapsed() < max {
+        std::thread::sleep(std::time::Duration::from_millis(50).min(max));
+        let now = r.received();
+        if now != seen {
+            (seen, last_change) = (now, std::time::Instant::now());
+        } else if idle_exit > 0.0 && seen > 0 && last_change.elapsed() >= idle {
+            eprintln!("relay: idle for {idle:?} after {seen} datagrams, stopping");
+            break;
+        }
+    }
     let stats = r.stop().map_err(|e| format!("relay: {e}"))?;
     out!("{stats:?}");
     Ok(())

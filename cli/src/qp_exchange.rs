@@ -67,6 +67,11 @@ pub struct QpxConfig {
     pub plain: bool,
     /// Bound on every wait (TCP connect, accept, reads, completions).
     pub timeout: Duration,
+    /// RC: the local ACK timeout attribute (4.096 us * 2^N; the tools' 14
+    /// is about 67 ms). Must exceed the path's longest delay.
+    pub ack_timeout: u8,
+    /// RC: transport retries before a SEND fails with RETRY_EXC (0..=7).
+    pub retry_cnt: u8,
 }
 
 /// What a run did.
@@ -94,6 +99,9 @@ pub struct QpxReport {
     pub messages_checked: u32,
     /// Seconds from the first SEND to the last completion.
     pub seconds: f64,
+    /// With `--write`: the R_Key of our WRITE target (the peer's RETHs
+    /// carry it) and the peer's (ours carry it); 0 otherwise.
+    pub write_rkeys: (u32, u32),
     /// The AL's object counts at close.
     pub close_stats: String,
 }
@@ -164,7 +172,8 @@ impl QpxReport {
                 "\"local\":{{\"qpn\":{},\"psn\":{},\"gid\":\"{}\"}},",
                 "\"remote\":{{\"qpn\":{},\"psn\":{},\"gid\":\"{}\"}},",
                 "\"iters\":{},\"size\":{},\"bytes\":{},\"messages_checked\":{},",
-                "\"writes_checked\":{},\"seconds\":{:.6},\"mbit_per_sec\":{:.3},",
+                "\"writes_checked\":{},\"local_write_rkey\":{},\"remote_write_rkey\":{},",
+                "\"seconds\":{:.6},\"mbit_per_sec\":{:.3},",
                 "\"mbyte_per_sec\":{:.3},\"usec_per_iter\":{:.3},\"clean\":true}}"
             ),
             self.mode,
@@ -181,6 +190,8 @@ impl QpxReport {
             self.bytes,
             self.messages_checked,
             self.writes_checked,
+            self.write_rkeys.0,
+            self.write_rkeys.1,
             self.seconds,
             self.mbit_per_sec(),
             self.mbyte_per_sec(),
@@ -312,6 +323,25 @@ fn read_msg(s: &mut TcpStream) -> Result<Dest, String> {
     oob::decode(&msg).map_err(|e| format!("bad message from the peer: {e}"))
 }
 
+/// Whether the peer has closed the side channel (EOF or a reset waiting
+/// to be read), without consuming anything.
+fn side_channel_closed(s: &TcpStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    let r = s.peek(&mut b);
+    let _ = s.set_nonblocking(false);
+    match r {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+        ),
+    }
+}
+
 /// The objects of one side.
 struct Side {
     ca: Handle<Ca>,
@@ -359,37 +389,128 @@ fn mtu_bytes(m: Mtu) -> usize {
     }
 }
 
+/// How the AL closed after a failed run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// The run failed before the AL was opened.
+    NotOpened,
+    /// Nothing was left live (the AL's object counts).
+    Clean(String),
+    /// Objects were left live (the AL's object counts).
+    Leaked(String),
+    /// The close itself failed (its error).
+    Failed(String),
+}
+
+/// A failed run: what went wrong, and how the AL closed afterwards (a
+/// failure is never mistaken for a leak, and a leak never hides behind a
+/// failure).
+#[derive(Clone, Debug)]
+pub struct QpxFailure {
+    /// What went wrong (empty when only the close went wrong).
+    pub error: String,
+    /// The close.
+    pub closed: Closed,
+}
+
+impl QpxFailure {
+    fn before_open(error: impl Into<String>) -> QpxFailure {
+        QpxFailure {
+            error: error.into(),
+            closed: Closed::NotOpened,
+        }
+    }
+
+    /// Whether nothing was left live.
+    pub fn clean(&self) -> bool {
+        matches!(self.closed, Closed::NotOpened | Closed::Clean(_))
+    }
+
+    /// One JSON object: `error`, `close` (`not-opened`, `clean`, `leaked`
+    /// or `failed`), `close_detail` and `clean`.
+    pub fn to_json(&self) -> String {
+        let (close, detail) = match &self.closed {
+            Closed::NotOpened => ("not-opened", ""),
+            Closed::Clean(s) => ("clean", s.as_str()),
+            Closed::Leaked(s) => ("leaked", s.as_str()),
+            Closed::Failed(s) => ("failed", s.as_str()),
+        };
+        format!(
+            "{{\"command\":\"qp-exchange\",\"error\":\"{}\",\"close\":\"{close}\",\"close_detail\":\"{}\",\"clean\":{}}}",
+            json_escape(&self.error),
+            json_escape(detail),
+            self.clean()
+        )
+    }
+}
+
+impl std::fmt::Display for QpxFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.error)?;
+        let sep = if self.error.is_empty() { "" } else { "\n" };
+        match &self.closed {
+            Closed::NotOpened => Ok(()),
+            Closed::Clean(s) => write!(f, "{sep}closed: no objects left live ({s})"),
+            Closed::Leaked(s) => write!(f, "{sep}objects left live at close: {s}"),
+            Closed::Failed(s) => write!(f, "{sep}closing the AL: {s}"),
+        }
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Run one exchange. Progress lines go to stderr; the report is returned.
-pub fn run(cfg: &QpxConfig) -> Result<QpxReport, String> {
+pub fn run(cfg: &QpxConfig) -> Result<QpxReport, QpxFailure> {
     if cfg.size == 0 || cfg.iters == 0 || cfg.rx_depth < 2 {
-        return Err("--size and --iters must be at least 1 (and rx depth at least 2)".into());
+        return Err(QpxFailure::before_open(
+            "--size and --iters must be at least 1 (and rx depth at least 2)",
+        ));
     }
     if cfg.ud && cfg.size > mtu_bytes(cfg.mtu) {
-        return Err(format!(
+        return Err(QpxFailure::before_open(format!(
             "UD messages must fit the MTU: --size {} > --mtu {}",
             cfg.size,
             mtu_bytes(cfg.mtu)
-        ));
+        )));
     }
     if cfg.ud && cfg.write {
-        return Err("--write needs --mode rc".into());
+        return Err(QpxFailure::before_open("--write needs --mode rc"));
     }
-    let e = |err: Error| err.to_string();
     let guid = 0x0249_4241_4c00_0000u64 | u64::from(random_u32() & 0xffff);
     let port = PortConfig::new(SocketAddr::new(cfg.local, cfg.udp_port))
         .peer_udp_port(cfg.peer_udp_port)
         .mtu(cfg.mtu);
     let provider = RoceProvider::new(vec![DeviceConfig::new("roce0", guid, vec![port])]);
-    let al = Al::open().map_err(e)?;
+    let al = Al::open().map_err(|err| QpxFailure::before_open(err.to_string()))?;
     let result = exchange(&al, &provider, guid, cfg);
     // Close whatever happened: a failed run still must not leak.
-    let stats = al.close().map_err(e)?;
-    let mut report = result?;
-    if !stats.is_clean() {
-        return Err(format!("objects left live at close: {stats}"));
+    let closed = match al.close() {
+        Ok(stats) if stats.is_clean() => Closed::Clean(stats.to_string()),
+        Ok(stats) => Closed::Leaked(stats.to_string()),
+        Err(err) => Closed::Failed(err.to_string()),
+    };
+    match (result, closed) {
+        (Ok(mut report), Closed::Clean(stats)) => {
+            report.close_stats = stats;
+            Ok(report)
+        }
+        (Ok(_), closed) => Err(QpxFailure {
+            error: String::new(),
+            closed,
+        }),
+        (Err(error), closed) => Err(QpxFailure { error, closed }),
     }
-    report.close_stats = stats.to_string();
-    Ok(report)
 }
 
 fn open_side(
@@ -507,8 +628,8 @@ fn connect_qp(
             .min_rnr_timer(12);
         side.qp.modify(al, &rtr).map_err(e)?;
         let rts = QpModify::to(QpState::Rts)
-            .timeout(14)
-            .retry_cnt(7)
+            .timeout(cfg.ack_timeout)
+            .retry_cnt(cfg.retry_cnt)
             .rnr_retry(7)
             .sq_psn(me.psn)
             .max_rd_atomic(1);
@@ -755,9 +876,25 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
     }
     let mut wcs = [Wc::default(); 16];
     let mut last_progress = Instant::now();
+    // An ibal peer keeps the side channel open until the end lines, so
+    // its closing mid-transfer means its process ended (the kernel closes
+    // a killed process's sockets): nothing more will arrive.
+    let (mut peer_gone, mut last_check) = (false, Instant::now());
     while rcnt < cfg.iters || scnt < cfg.iters {
         let n = side.cq.poll(al, &mut wcs).map_err(e)?;
         if n == 0 {
+            if peer_is_ibal && !peer_gone && last_check.elapsed() >= Duration::from_millis(100) {
+                last_check = Instant::now();
+                peer_gone = side_channel_closed(&sock);
+            }
+            // With a SEND in flight its completion (RETRY_EXC, within the
+            // retry budget) says more; otherwise waiting cannot help.
+            if peer_gone && !send_pending {
+                return Err(format!(
+                    "the peer closed the side channel mid-transfer (sent {scnt}, received {rcnt} of {}): its process ended, nothing more will arrive",
+                    cfg.iters
+                ));
+            }
             if last_progress.elapsed() > cfg.timeout {
                 return Err(format!(
                     "timed out: no completion for {:.1} s (sent {scnt}, received {rcnt} of {}); the {} stopped answering",
@@ -773,17 +910,36 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 let hint = match wc.status {
-                    WcStatus::RetryExceeded => {
-                        "; the peer's RoCE stack never acknowledged our SEND: nothing listens on \
-                         its UDP port, the GID or QPN is wrong, or it drops our packets (a real \
-                         RoCE receiver drops a bad ICRC silently)"
+                    WcStatus::RetryExceeded if scnt == 0 && rcnt == 0 => {
+                        " (IBV_WC_RETRY_EXC_ERR): the peer's RoCE stack never acknowledged our \
+                         SEND: nothing listens on its UDP port, the GID or QPN is wrong, or it \
+                         drops our packets (a real RoCE receiver drops a bad ICRC silently)"
                     }
-                    WcStatus::RnrRetryExceeded => "; the peer had no receive posted",
+                    WcStatus::RetryExceeded => {
+                        " (IBV_WC_RETRY_EXC_ERR): the peer's RoCE stack stopped acknowledging \
+                         mid-transfer (retries exhausted): the peer process or the path to it \
+                         is gone"
+                    }
+                    WcStatus::RnrRetryExceeded => {
+                        " (IBV_WC_RNR_RETRY_EXC_ERR): the peer had no receive posted"
+                    }
                     _ => "",
                 };
+                let what = match wc.wr_id {
+                    SEND_WRID => "SEND",
+                    RECV_WRID => "receive",
+                    _ => "RDMA WRITE",
+                };
                 return Err(format!(
-                    "completion failed: {:?} for wr_id {} (sent {scnt}, received {rcnt}){hint}",
-                    wc.status, wc.wr_id
+                    "completion failed: {:?} for a {what} (wr_id {}; sent {scnt}, received {rcnt} of {}){hint}{}",
+                    wc.status,
+                    wc.wr_id,
+                    cfg.iters,
+                    if peer_gone {
+                        "; the peer's side channel closed too (its process ended)"
+                    } else {
+                        ""
+                    }
                 ));
             }
             match wc.wr_id {
@@ -865,6 +1021,12 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
             }
         }
         let text = String::from_utf8_lossy(&line);
+        if line.is_empty() {
+            return Err(
+                "the peer closed the side channel instead of sending its end line (its process ended)"
+                    .into(),
+            );
+        }
         if text != format!("ibal-qpx/1 end received={}", cfg.iters) {
             return Err(format!("the peer did not finish: {text:?}"));
         }
@@ -884,6 +1046,47 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         writes_checked,
         messages_checked: if cfg.plain { 0 } else { rcnt },
         seconds,
+        write_rkeys: match peer_write {
+            Some((_, rkey)) => (side.wrkey, rkey),
+            None => (0, 0),
+        },
         close_stats: String::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_says_how_the_al_closed_in_text_and_json() {
+        let f = QpxFailure {
+            error: "bad message from the peer: expected \"done\\0\"".into(),
+            closed: Closed::Clean("PD: 0 live / 1 created".into()),
+        };
+        assert!(f.clean());
+        assert_eq!(
+            f.to_string(),
+            "bad message from the peer: expected \"done\\0\"\nclosed: no objects left live (PD: 0 live / 1 created)"
+        );
+        assert_eq!(
+            f.to_json(),
+            r#"{"command":"qp-exchange","error":"bad message from the peer: expected \"done\\0\"","close":"clean","close_detail":"PD: 0 live / 1 created","clean":true}"#
+        );
+        let leak = QpxFailure {
+            error: String::new(),
+            closed: Closed::Leaked("QP: 1 live / 1 created".into()),
+        };
+        assert!(!leak.clean());
+        assert_eq!(
+            leak.to_string(),
+            "objects left live at close: QP: 1 live / 1 created"
+        );
+        assert!(leak.to_json().ends_with(
+            r#""close":"leaked","close_detail":"QP: 1 live / 1 created","clean":false}"#
+        ));
+        let early = QpxFailure::before_open("--write needs --mode rc");
+        assert_eq!(early.to_string(), "--write needs --mode rc");
+        assert!(early.to_json().contains(r#""close":"not-opened""#));
+    }
 }
