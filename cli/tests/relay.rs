@@ -109,10 +109,10 @@ fn setup(faults: FaultConfig, retry: u8) -> (Al, End, End, relay::RelayHandle, R
     .unwrap();
     provider.add_peer(b.gid, r.near_a);
     provider.add_peer(a.gid, r.near_b);
-    // Timeout 10: 4.2 ms per try, above the relay's longest delay (2 ms),
+    // Timeout 12: 16.8 ms per try, well above the relay's longest delay (2 ms)
     // as a path's timeout must be; losses still recover quickly.
-    connect(&al, &a, &b, retry, 10).unwrap();
-    connect(&al, &b, &a, retry, 10).unwrap();
+    connect(&al, &a, &b, retry, 12).unwrap();
+    connect(&al, &b, &a, retry, 12).unwrap();
     (al, a, b, r, provider)
 }
 
