@@ -44,6 +44,11 @@ pub(crate) struct PortShared {
     pub(crate) local: SocketAddr,
     pub(crate) gid: Gid,
     pub(crate) counters: AtomicCounters,
+    /// Held by whoever is taking datagrams off `socket` and feeding them
+    /// to QPs (the port's receive thread, or a poller making progress), so
+    /// two threads never feed one port's packets concurrently (which could
+    /// reorder them).
+    pub(crate) rx_lock: Mutex<()>,
 }
 
 std::thread_local! {
@@ -392,6 +397,7 @@ impl RoceDevice {
                 local,
                 gid: gid_of(local.ip()),
                 counters: AtomicCounters::default(),
+                rx_lock: Mutex::new(()),
             });
         }
         let attr = DeviceAttr {
@@ -864,7 +870,17 @@ impl Device for RoceDevice {
     }
 
     fn poll_cq(&self, cq: &RoceCq, out: &mut [Wc]) -> Result<usize> {
-        Ok(cq.inner.poll(out))
+        let n = cq.inner.poll(out);
+        if n > 0 || out.is_empty() {
+            return Ok(n);
+        }
+        // Nothing yet: take what has already arrived on the ports on this
+        // thread rather than wait for a receive thread to wake up
+        // (`docs/roce-provider.md`, "Progress on the polling thread").
+        if crate::driver::progress(&self.shared) {
+            return Ok(cq.inner.poll(out));
+        }
+        Ok(0)
     }
 
     fn register_mr(

@@ -130,17 +130,66 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
             break;
         }
         let Ok((n, src)) = got else { continue };
+        let _feeding = port.rx_lock.lock();
         handle_datagram(&dev, port, &buf[..n], src, &mut reached);
-        for _ in 1..RX_BATCH {
-            match recv_queued(&port.socket, &mut buf) {
-                Some((n, src)) => handle_datagram(&dev, port, &buf[..n], src, &mut reached),
-                None => break,
-            }
-        }
+        drain_queued(&dev, port, &mut buf, &mut reached, RX_BATCH - 1);
         for qp in reached.drain(..) {
             qp.drive_now();
         }
     }
+}
+
+/// Feeds up to `max` datagrams already queued on `port` to their QPs.
+/// Returns how many there were.
+fn drain_queued(
+    dev: &DevShared,
+    port: &PortShared,
+    buf: &mut [u8],
+    reached: &mut Vec<Arc<QpInner>>,
+    max: usize,
+) -> usize {
+    let mut taken = 0;
+    while taken < max {
+        let Some((n, src)) = recv_queued(&port.socket, buf) else {
+            break;
+        };
+        handle_datagram(dev, port, &buf[..n], src, reached);
+        taken += 1;
+    }
+    taken
+}
+
+std::thread_local! {
+    /// A polling thread's receive buffer for [`progress`].
+    static RX_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Progress on the calling thread (a poller of an empty CQ): whatever has
+/// already arrived on the device's ports is fed to its QPs and the QPs it
+/// reached are driven, as a receive thread would, without waiting for one
+/// to wake. A port whose receive thread (or another poller) is busy
+/// feeding it is skipped. Returns whether any datagram was taken.
+pub(crate) fn progress(dev: &DevShared) -> bool {
+    let mut reached: Vec<Arc<QpInner>> = Vec::new();
+    let mut any = false;
+    for port in &dev.ports {
+        let Some(_feeding) = port.rx_lock.try_lock() else {
+            continue;
+        };
+        // The scratch buffer is released before the QPs are driven: a CQ
+        // hook run by the drive may poll (and so come back here).
+        let taken = RX_SCRATCH.with_borrow_mut(|buf| {
+            if buf.len() < RX_BUF {
+                buf.resize(RX_BUF, 0);
+            }
+            drain_queued(dev, port, buf, &mut reached, RX_BATCH)
+        });
+        any |= taken > 0;
+        for qp in reached.drain(..) {
+            qp.drive_now();
+        }
+    }
+    any
 }
 
 /// A datagram already queued on `socket`, without blocking (`MSG_DONTWAIT`
