@@ -119,6 +119,10 @@ pub(crate) struct DevShared {
     pub(crate) qps: RwLock<HashMap<u32, Arc<QpInner>>>,
     next_qpn: AtomicU32,
     base: Instant,
+    /// When (ns from `base`) an application last polled one of the
+    /// device's CQs: while that is recent the receive threads leave the
+    /// sockets to the pollers (`driver::run_port`).
+    pub(crate) last_poll: AtomicU64,
     pub(crate) directory: Arc<Directory>,
     pub(crate) timers: Timers,
     /// PDs, CQs, SRQs and AVs that exist now (against their limits).
@@ -172,6 +176,18 @@ impl DevShared {
     /// Monotonic time since the device opened.
     pub(crate) fn now(&self) -> Duration {
         self.base.elapsed()
+    }
+
+    /// An application is polling one of the device's CQs now.
+    pub(crate) fn note_poll(&self) {
+        let now = self.now().as_nanos() as u64;
+        self.last_poll.store(now, Ordering::Relaxed);
+    }
+
+    /// Whether an application polled within `window`.
+    pub(crate) fn polled_within(&self, window: Duration) -> bool {
+        let now = self.now().as_nanos() as u64;
+        now.saturating_sub(self.last_poll.load(Ordering::Relaxed)) < window.as_nanos() as u64
     }
 
     /// Port `n` (1-based).
@@ -434,6 +450,7 @@ impl RoceDevice {
             qps: RwLock::new(HashMap::new()),
             next_qpn: AtomicU32::new(first_qpn),
             base: Instant::now(),
+            last_poll: AtomicU64::new(0),
             directory,
             timers: Timers::default(),
             usage: Default::default(),
@@ -870,6 +887,7 @@ impl Device for RoceDevice {
     }
 
     fn poll_cq(&self, cq: &RoceCq, out: &mut [Wc]) -> Result<usize> {
+        self.shared.note_poll();
         let n = cq.inner.poll(out);
         if n > 0 || out.is_empty() {
             return Ok(n);

@@ -108,9 +108,12 @@ pub(crate) fn run_timers(dev: Arc<DevShared>, stop: Arc<AtomicBool>) {
     }
 }
 
-/// Most datagrams one turn of a receive thread takes before it lets the
-/// QPs they reached answer.
+/// Most datagrams one turn of a receive thread (or of a poller's
+/// [`progress`]) takes before it lets the QPs they reached answer.
 const RX_BATCH: usize = 32;
+
+/// A device whose CQs were polled this recently has active pollers.
+const POLLERS_ACTIVE: Duration = Duration::from_micros(200);
 
 /// The receive loop of port `idx` until `stop` is set.
 ///
@@ -125,6 +128,18 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
     let mut buf = vec![0u8; RX_BUF];
     let mut reached: Vec<Arc<QpInner>> = Vec::with_capacity(RX_BATCH);
     loop {
+        // While an application polls the device's CQs, the pollers take
+        // the datagrams (`progress`); a receive thread blocked in the
+        // socket would be woken for each one only to find it gone, and
+        // its wake-ups cost the pollers their cores. It naps instead, and
+        // takes over within a nap of the polling's end.
+        if dev.polled_within(POLLERS_ACTIVE) {
+            std::thread::sleep(POLLERS_ACTIVE / 2);
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+            continue;
+        }
         let got = port.socket.recv_from(&mut buf);
         if stop.load(Ordering::Acquire) {
             break;
