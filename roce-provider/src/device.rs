@@ -51,17 +51,147 @@ pub(crate) struct PortShared {
     pub(crate) rx_lock: Mutex<()>,
 }
 
+/// Most packets one `sendmmsg` carries.
+pub(crate) const TX_BATCH: usize = 32;
+
+/// Encoded datagrams back to back, and (destination, start, length) of
+/// each.
+type Encoded = (Vec<u8>, Vec<(SocketAddr, usize, usize)>);
+
 std::thread_local! {
-    /// Each sending thread's buffer for encoding packets (grows to the
-    /// largest packet it sent, then is reused).
-    static TX_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each sending thread's encoding buffers, reused batch after batch
+    /// (no allocation and no zeroing of a fresh buffer per packet).
+    static TX_SCRATCH: std::cell::RefCell<Encoded> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Packets being encoded for one source socket (see [`PortShared::batch`]).
+pub(crate) struct TxBatch<'p> {
+    port: &'p PortShared,
+    socket: &'p UdpSocket,
+    from: SocketAddr,
+    /// The encoded datagrams back to back, and (destination, start, len)
+    /// of each: taken from the thread's scratch, given back at drop.
+    bytes: Vec<u8>,
+    msgs: Vec<(SocketAddr, usize, usize)>,
+}
+
+impl<'p> TxBatch<'p> {
+    /// The port it sends from.
+    pub(crate) fn port(&self) -> &'p PortShared {
+        self.port
+    }
+
+    /// Encodes `pkt` for the flow to `to`; sends the batch when full.
+    pub(crate) fn push(&mut self, to: SocketAddr, pkt: &Packet<'_>) {
+        let c = &self.port.counters;
+        if self.msgs.is_empty() && self.bytes.capacity() == 0 {
+            TX_SCRATCH.with_borrow_mut(|(b, m)| {
+                std::mem::swap(&mut self.bytes, b);
+                std::mem::swap(&mut self.msgs, m);
+            });
+            self.bytes.clear();
+            self.msgs.clear();
+        }
+        let Ok(ep) = Endpoints::new(self.from, to) else {
+            c.add(&c.tx_errors, 1);
+            return;
+        };
+        let start = self.bytes.len();
+        let len = pkt.encoded_len();
+        self.bytes.resize(start + len, 0);
+        match pkt.encode_into(&ep, &mut self.bytes[start..]) {
+            Ok(n) => {
+                self.bytes.truncate(start + n);
+                self.msgs.push((to, start, n));
+            }
+            Err(_) => {
+                self.bytes.truncate(start);
+                c.add(&c.tx_errors, 1);
+            }
+        }
+        if self.msgs.len() >= TX_BATCH {
+            self.flush();
+        }
+    }
+
+    /// Sends what is encoded.
+    pub(crate) fn flush(&mut self) {
+        if self.msgs.is_empty() {
+            return;
+        }
+        let c = &self.port.counters;
+        let mut sent = 0;
+        #[cfg(target_os = "linux")]
+        {
+            use rustix::net::{sendmmsg, MMsgHdr, SendAncillaryBuffer, SendFlags, SocketAddrAny};
+            let addrs: Vec<SocketAddrAny> =
+                self.msgs.iter().map(|m| SocketAddrAny::from(m.0)).collect();
+            let iovs: Vec<[std::io::IoSlice<'_>; 1]> = self
+                .msgs
+                .iter()
+                .map(|&(_, at, n)| [std::io::IoSlice::new(&self.bytes[at..at + n])])
+                .collect();
+            let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> = (0..self.msgs.len())
+                .map(|_| SendAncillaryBuffer::default())
+                .collect();
+            let mut hdrs: Vec<MMsgHdr<'_>> = addrs
+                .iter()
+                .zip(&iovs)
+                .zip(controls.iter_mut())
+                .map(|((a, iov), ctl)| MMsgHdr::new_with_addr(a, iov, ctl))
+                .collect();
+            // A short count means the rest could not go now (a full socket
+            // buffer): they are sent one by one below, as before.
+            while sent < hdrs.len() {
+                match sendmmsg(self.socket, &mut hdrs[sent..], SendFlags::empty()) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => sent += k,
+                }
+            }
+        }
+        for &(_, _, n) in &self.msgs[..sent] {
+            c.add(&c.tx_packets, 1);
+            c.add(&c.tx_bytes, n as u64);
+        }
+        for &(to, at, n) in &self.msgs[sent..] {
+            match self.socket.send_to(&self.bytes[at..at + n], to) {
+                Ok(_) => {
+                    c.add(&c.tx_packets, 1);
+                    c.add(&c.tx_bytes, n as u64);
+                }
+                Err(_) => c.add(&c.tx_errors, 1),
+            }
+        }
+        self.msgs.clear();
+        self.bytes.clear();
+    }
+}
+
+impl Drop for TxBatch<'_> {
+    fn drop(&mut self) {
+        self.flush();
+        let (bytes, msgs) = (
+            std::mem::take(&mut self.bytes),
+            std::mem::take(&mut self.msgs),
+        );
+        // Give the buffers back for the thread's next batch (a nested
+        // batch, if any, keeps its own).
+        let _ = TX_SCRATCH.try_with(|cell| {
+            if let Ok(mut slot) = cell.try_borrow_mut() {
+                if slot.0.capacity() < bytes.capacity() {
+                    *slot = (bytes, msgs);
+                }
+            }
+        });
+    }
 }
 
 impl PortShared {
-    /// Encode `pkt` for the flow to `to` and send it, from the source
-    /// port QP `qpn` uses.
-    pub(crate) fn send(&self, qpn: u32, to: SocketAddr, pkt: &Packet<'_>) {
-        let c = &self.counters;
+    /// A batch of packets leaving from the source port QP `qpn` uses:
+    /// encoded as they are pushed, sent with one `sendmmsg` per
+    /// [`TX_BATCH`] packets (and at [`TxBatch::flush`] or drop).
+    pub(crate) fn batch(&self, qpn: u32) -> TxBatch<'_> {
         let (socket, from) = match self.tx.len() {
             0 => (&self.socket, self.local),
             n => {
@@ -69,31 +199,14 @@ impl PortShared {
                 (s, *a)
             }
         };
-        let Ok(ep) = Endpoints::new(from, to) else {
-            c.add(&c.tx_errors, 1);
-            return;
-        };
-        // Encoded into this thread's scratch buffer: no allocation and no
-        // zeroing of a fresh 4 KiB per packet.
-        TX_SCRATCH.with_borrow_mut(|buf| {
-            let len = pkt.encoded_len();
-            if buf.len() < len {
-                buf.resize(len, 0);
-            }
-            let Ok(n) = pkt.encode_into(&ep, &mut buf[..len]) else {
-                c.add(&c.tx_errors, 1);
-                return;
-            };
-            match socket.send_to(&buf[..n], to) {
-                Ok(_) => {
-                    c.add(&c.tx_packets, 1);
-                    c.add(&c.tx_bytes, n as u64);
-                }
-                Err(_) => c.add(&c.tx_errors, 1),
-            }
-        });
+        TxBatch {
+            port: self,
+            socket,
+            from,
+            bytes: Vec::new(),
+            msgs: Vec::new(),
+        }
     }
-
     fn attr(&self) -> PortAttr {
         PortAttr {
             port_num: self.num,

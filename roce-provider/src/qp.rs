@@ -19,7 +19,7 @@ use roce::{Endpoints, IpHeader, Ipv4Header, Ipv6Header, Packet};
 use roce_transport::{Config, Counters, Memory, Source, Transmit, Transport};
 
 use crate::cq::{CqInner, Deferred};
-use crate::device::{DevShared, PortShared};
+use crate::device::{DevShared, PortShared, TxBatch};
 use crate::mr::{DevMem, Posted, RecvEntry};
 
 pub(crate) const QPN_MASK: u32 = 0x00ff_ffff;
@@ -814,10 +814,14 @@ impl QpInner {
             mrs: &self.dev.mrs,
             pd: self.pd,
         };
-        while let Some(tx) = t.poll_transmit(now, &mut mem) {
-            if let Some(port) = port {
-                self.transmit(port, attr.av.as_ref(), &tx);
+        if let Some(port) = port {
+            let mut batch = port.batch(self.qpn);
+            while let Some(tx) = t.poll_transmit(now, &mut mem) {
+                self.transmit(&mut batch, attr.av.as_ref(), &tx);
             }
+            batch.flush();
+        } else {
+            while t.poll_transmit(now, &mut mem).is_some() {}
         }
         while let Some(wc) = t.poll_completion() {
             match wc.opcode {
@@ -870,7 +874,8 @@ impl QpInner {
         }
     }
 
-    fn transmit(&self, port: &PortShared, av: Option<&AvAttr>, tx: &Transmit<AvAttr>) {
+    fn transmit(&self, batch: &mut TxBatch<'_>, av: Option<&AvAttr>, tx: &Transmit<AvAttr>) {
+        let port = batch.port();
         let av = tx.route.as_ref().or(av);
         let Some(grh) = av.and_then(|a| a.grh) else {
             port.counters.add(&port.counters.tx_errors, 1);
@@ -880,13 +885,13 @@ impl QpInner {
             .dev
             .directory
             .resolve(&grh.dgid, port.cfg.peer_udp_port);
-        port.send(self.qpn, to, &tx.packet());
+        batch.push(to, &tx.packet());
     }
 
     // ----- the driver's entry points -----
 
-    /// A packet for this QP arrived on `port` over the flow `ep`.
-    /// A packet for this QP: the transport takes it. Sending what it
+    /// A packet for this QP (arrived on `port` over the flow `ep`): the
+    /// transport takes it. Sending what it
     /// answers and moving its completions is left to
     /// [`QpInner::drive_now`], which the receive thread calls once per
     /// batch of datagrams. Returns whether the transport took the packet

@@ -10,6 +10,7 @@ use roce::{AtomicEth, Bth, Deth, Headers, ImmDt, Opcode, Reth};
 use crate::psn;
 use crate::timers::ack_timeout;
 use crate::transport::{SendWqe, Transmit, Transport};
+use crate::Payload;
 
 /// At most this many PSNs may be sent and not yet acknowledged.
 pub const MAX_UNACKED_PSNS: u32 = 128;
@@ -178,7 +179,7 @@ impl<R: Clone> Transport<R> {
                     dma_len: w.len - (k * mtu as u32).min(w.len),
                 }),
                 None,
-                Vec::new(),
+                Payload::Owned(Vec::new()),
             ),
             SendOp::CompareSwap {
                 remote_addr,
@@ -194,7 +195,7 @@ impl<R: Clone> Transport<R> {
                     swap_add: swap,
                     compare,
                 }),
-                Vec::new(),
+                Payload::Owned(Vec::new()),
             ),
             SendOp::FetchAdd {
                 remote_addr,
@@ -209,12 +210,12 @@ impl<R: Clone> Transport<R> {
                     swap_add: add,
                     compare: 0,
                 }),
-                Vec::new(),
+                Payload::Owned(Vec::new()),
             ),
             ref op => {
                 let at = (k as usize * mtu).min(w.data.len());
                 let to = (at + mtu).min(w.data.len());
-                let payload = w.data[at..to].to_vec();
+                let payload = Payload::Shared(w.data.clone(), at..to);
                 let position = pos(k, w.npkts);
                 let rc = rc_opcode(op, position);
                 let opcode = match qt {

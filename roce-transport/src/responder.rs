@@ -830,7 +830,7 @@ impl<R: Clone> Transport<R> {
         h.bth.pkey = self.cfg.pkey;
         Transmit {
             headers: h,
-            payload,
+            payload: payload.into(),
             route: None,
         }
     }

@@ -2,6 +2,7 @@
 //! responder state and exposes the sans-IO interface.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use provider::{Access, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
@@ -12,6 +13,33 @@ use crate::memory::Memory;
 use crate::psn;
 use crate::responder::Responder;
 
+/// A packet's payload: bytes of its own (responses), or a window on a
+/// message the transport holds (requests), so that sending a packet of a
+/// long message copies nothing until the driver encodes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// The packet's own bytes.
+    Owned(Vec<u8>),
+    /// `range` of a message gathered at post time.
+    Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Owned(v) => v,
+            Payload::Shared(m, r) => &m[r.clone()],
+        }
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Payload {
+        Payload::Owned(v)
+    }
+}
+
 /// A packet the transport wants sent: encode it with
 /// [`Transmit::packet`] and `roce::Packet::encode` for the flow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +47,7 @@ pub struct Transmit<R> {
     /// BTH and extension headers.
     pub headers: Headers,
     /// The payload (without pad).
-    pub payload: Vec<u8>,
+    pub payload: Payload,
     /// Where to send it: `None` for the connected peer (RC, UC and every
     /// response), the work request's address vector for UD.
     pub route: Option<R>,
@@ -89,8 +117,9 @@ pub(crate) struct SendWqe<R> {
     pub route: Option<R>,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
-    /// The gathered message (SEND, WRITE).
-    pub data: Vec<u8>,
+    /// The gathered message (SEND, WRITE), shared with the packets that
+    /// carry it.
+    pub data: Arc<Vec<u8>>,
     /// Message length in bytes.
     pub len: u32,
     /// First PSN and number of PSNs the message takes.
@@ -285,7 +314,7 @@ impl<R: Clone> Transport<R> {
             route,
             remote_qpn,
             remote_qkey,
-            data: Vec::new(),
+            data: Arc::default(),
             len: 0,
             first_psn: self.sq.next_psn,
             npkts: 1,
@@ -343,7 +372,7 @@ impl<R: Clone> Transport<R> {
                 let mut data = vec![0; len as usize];
                 mem.gather(&wqe.sges, 0, &mut data)
                     .map_err(|e| e.local_status())?;
-                wqe.data = data;
+                wqe.data = Arc::new(data);
             }
         }
         Ok(())
