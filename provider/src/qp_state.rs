@@ -20,6 +20,8 @@ use std::fmt;
 
 use al::{Error, Result};
 
+use crate::{AvAttr, Mtu, QpModify};
+
 /// A queue pair's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
@@ -444,4 +446,168 @@ mod tests {
             assert!(is_legal(QpType::Rc, s, QpState::Reset));
         }
     }
+}
+
+// ------------------------------------------------------- value checks --
+
+/// What one port of a device allows, for the value checks below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortLimits {
+    /// Entries in the port's P_Key table.
+    pub pkeys: usize,
+    /// Entries in the port's GID table.
+    pub gids: usize,
+    /// The port's MTU (the largest path MTU a QP on it may use).
+    pub mtu: Mtu,
+    /// Whether the port routes only by GID (RoCE): every address vector
+    /// must then carry a GRH.
+    pub gid_only: bool,
+}
+
+/// A device's limits for [`check_av`] and [`check_modify_values`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceLimits<'a> {
+    /// Ports 1.. in order.
+    pub ports: &'a [PortLimits],
+    /// Outstanding RDMA READ/atomic requests a QP may accept.
+    pub max_qp_rd_atomic: u8,
+    /// Outstanding RDMA READ/atomic requests a QP may start.
+    pub max_qp_init_rd_atomic: u8,
+}
+
+impl DeviceLimits<'_> {
+    fn port(&self, n: u8) -> Option<&PortLimits> {
+        self.ports.get((n as usize).checked_sub(1)?)
+    }
+}
+
+/// An address vector must name a port of the device, a GID of that port
+/// (and carry a GRH on a GID-only port) and values that fit their IBTA
+/// fields (SL 4 bits, flow label 20); anything else is refused, never
+/// masked into something else. `what` names the AV in the error ("AV",
+/// "av", "alt_av").
+pub fn check_av(av: &AvAttr, dev: &DeviceLimits<'_>, what: &str) -> Result<()> {
+    let Some(port) = dev.port(av.port) else {
+        return Err(Error::invalid_parameter(format!(
+            "{what}.port {} does not exist (the device has {})",
+            av.port,
+            dev.ports.len()
+        )));
+    };
+    if av.sl > 15 {
+        return Err(Error::invalid_parameter(format!(
+            "{what}.sl {} does not fit 4 bits",
+            av.sl
+        )));
+    }
+    let Some(g) = av.grh else {
+        if port.gid_only {
+            return Err(Error::invalid_parameter(format!(
+                "{what} has no GRH: a RoCE port routes by GID only"
+            )));
+        }
+        return Ok(());
+    };
+    if g.sgid_index as usize >= port.gids {
+        return Err(Error::invalid_parameter(format!(
+            "{what}.sgid_index {} is outside port {}'s GID table ({} entries)",
+            g.sgid_index, av.port, port.gids
+        )));
+    }
+    if g.flow_label > 0xf_ffff {
+        return Err(Error::invalid_parameter(format!(
+            "{what}.flow_label {:#x} does not fit 20 bits",
+            g.flow_label
+        )));
+    }
+    Ok(())
+}
+
+/// The values of a modify-QP request that every provider checks the same
+/// way, for a QP now on port `cur_port`: the port exists, the P_Key index
+/// is in its table, the access flags name rights, the address vectors
+/// pass [`check_av`], the path MTU fits the port, QPNs and PSNs fit 24
+/// bits, the retry counts 3 bits, the timers 5 bits, and the READ/atomic
+/// depths the device's limits. A value out of range is refused, never
+/// masked.
+pub fn check_modify_values(cur_port: u8, m: &QpModify, dev: &DeviceLimits<'_>) -> Result<()> {
+    const MASK24: u32 = 0xff_ffff;
+    let nports = dev.ports.len();
+    let port = m.port.unwrap_or(cur_port);
+    if let Some(p) = m.port {
+        if dev.port(p).is_none() {
+            return Err(Error::invalid_parameter(format!(
+                "port {p} does not exist (the device has {nports})"
+            )));
+        }
+    }
+    if let Some(i) = m.pkey_index {
+        if dev.port(port).is_none_or(|l| i as usize >= l.pkeys) {
+            return Err(Error::invalid_parameter(format!(
+                "pkey_index {i} is outside port {port}'s P_Key table"
+            )));
+        }
+    }
+    if let Some(a) = m.access {
+        if a.undefined_bits() != 0 {
+            return Err(Error::invalid_parameter(format!(
+                "access_flags {:#x} has bits that name no right ({:#x})",
+                a.bits(),
+                a.undefined_bits()
+            )));
+        }
+    }
+    if let Some(av) = &m.alt_av {
+        check_av(av, dev, "alt_av")?;
+    }
+    if let Some(av) = &m.av {
+        check_av(av, dev, "av")?;
+    }
+    if let (Some(mtu), Some(l)) = (m.path_mtu, dev.port(port)) {
+        if mtu > l.mtu {
+            return Err(Error::invalid_parameter(format!(
+                "path_mtu {} is above port {port}'s MTU",
+                mtu.bytes()
+            )));
+        }
+    }
+    if m.dest_qpn.is_some_and(|q| q > MASK24) {
+        return Err(Error::invalid_parameter("dest_qpn must fit 24 bits"));
+    }
+    // PSNs are 24 bits (IBTA 9.7.1); a larger value is a caller's mistake
+    // to report, not to mask into another PSN.
+    if let Some(p) = m.rq_psn.filter(|&p| p > MASK24) {
+        return Err(Error::invalid_parameter(format!(
+            "rq_psn {p:#x} does not fit 24 bits"
+        )));
+    }
+    if let Some(p) = m.sq_psn.filter(|&p| p > MASK24) {
+        return Err(Error::invalid_parameter(format!(
+            "sq_psn {p:#x} does not fit 24 bits"
+        )));
+    }
+    if m.retry_cnt.is_some_and(|r| r > 7) {
+        return Err(Error::invalid_parameter("retry_cnt must be 0..=7"));
+    }
+    if m.rnr_retry.is_some_and(|r| r > 7) {
+        return Err(Error::invalid_parameter("rnr_retry must be 0..=7"));
+    }
+    let (max, max_init) = (dev.max_qp_rd_atomic, dev.max_qp_init_rd_atomic);
+    if m.max_rd_atomic.is_some_and(|r| r > max_init) {
+        return Err(Error::invalid_parameter(format!(
+            "max_rd_atomic must be at most {max_init} (max_qp_init_rd_atomic)"
+        )));
+    }
+    if m.max_dest_rd_atomic.is_some_and(|r| r > max) {
+        return Err(Error::invalid_parameter(format!(
+            "max_dest_rd_atomic must be at most {max}"
+        )));
+    }
+    if m.min_rnr_timer.is_some_and(|r| r > 31) {
+        return Err(Error::invalid_parameter("min_rnr_timer must be 0..=31"));
+    }
+    if m.timeout.is_some_and(|r| r > 31) {
+        return Err(Error::invalid_parameter("timeout must be 0..=31"));
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use al::{Error, Result};
 use parking_lot::{Mutex, RwLock};
 use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
+use provider::qp_state::{DeviceLimits, PortLimits};
 use provider::{
     Access, AtomicCap, AvAttr, CqArm, CqInit, Device, DeviceAttr, DeviceInfo, Gid, LinkLayer,
     PortAttr, PortState, Provider, QpAttr, QpInit, QpModify, QpType, RawRegion, RecvWr,
@@ -308,40 +309,31 @@ impl DevShared {
         (n as usize).checked_sub(1).and_then(|i| self.ports.get(i))
     }
 
+    /// The limits the provider-neutral value checks use
+    /// (`qp_state::check_av`, `qp_state::check_modify_values`): one P_Key
+    /// and one GID per port, the port's MTU, GID routing only.
+    pub(crate) fn with_limits<R>(&self, f: impl FnOnce(&DeviceLimits<'_>) -> R) -> R {
+        let ports: Vec<PortLimits> = self
+            .ports
+            .iter()
+            .map(|p| PortLimits {
+                pkeys: 1,
+                gids: 1,
+                mtu: p.cfg.mtu,
+                gid_only: true,
+            })
+            .collect();
+        f(&DeviceLimits {
+            ports: &ports,
+            max_qp_rd_atomic: self.attr.max_qp_rd_atomic,
+            max_qp_init_rd_atomic: self.attr.max_qp_init_rd_atomic,
+        })
+    }
+
     /// An address vector must name a port of the device and carry a GRH
     /// (RoCE routes by GID only) within the field widths.
     pub(crate) fn check_av(&self, av: &AvAttr, what: &str) -> Result<()> {
-        if self.port(av.port).is_none() {
-            return Err(Error::invalid_parameter(format!(
-                "{what}.port {} does not exist (the device has {})",
-                av.port,
-                self.ports.len()
-            )));
-        }
-        if av.sl > 15 {
-            return Err(Error::invalid_parameter(format!(
-                "{what}.sl {} does not fit 4 bits",
-                av.sl
-            )));
-        }
-        let Some(g) = av.grh else {
-            return Err(Error::invalid_parameter(format!(
-                "{what} has no GRH: a RoCE port routes by GID only"
-            )));
-        };
-        if g.sgid_index != 0 {
-            return Err(Error::invalid_parameter(format!(
-                "{what}.sgid_index {} is outside port {}'s GID table (one entry)",
-                g.sgid_index, av.port
-            )));
-        }
-        if g.flow_label > 0xf_ffff {
-            return Err(Error::invalid_parameter(format!(
-                "{what}.flow_label {:#x} does not fit 20 bits",
-                g.flow_label
-            )));
-        }
-        Ok(())
+        self.with_limits(|l| provider::qp_state::check_av(av, l, what))
     }
 }
 

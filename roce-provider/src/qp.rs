@@ -408,93 +408,12 @@ impl QpInner {
         }
     }
 
-    fn check_av(&self, av: &AvAttr, what: &str) -> Result<()> {
-        self.dev.check_av(av, what)
-    }
-
     fn check_values(&self, cur: &QpAttr, m: &QpModify) -> Result<()> {
-        let nports = self.dev.ports.len() as u8;
         if self.qp_type == QpType::Gsi && m.port.is_some_and(|p| p != cur.port) {
             return Err(Error::invalid_parameter("a GSI QP's port is fixed"));
         }
-        let port = m.port.unwrap_or(cur.port);
-        if let Some(p) = m.port {
-            if p == 0 || p > nports {
-                return Err(Error::invalid_parameter(format!(
-                    "port {p} does not exist (the device has {nports})"
-                )));
-            }
-        }
-        if let Some(i) = m.pkey_index {
-            if i != 0 {
-                return Err(Error::invalid_parameter(format!(
-                    "pkey_index {i} is outside port {port}'s P_Key table (one entry)"
-                )));
-            }
-        }
-        if let Some(a) = m.access {
-            if a.undefined_bits() != 0 {
-                return Err(Error::invalid_parameter(format!(
-                    "access_flags {:#x} has bits that name no right ({:#x})",
-                    a.bits(),
-                    a.undefined_bits()
-                )));
-            }
-        }
-        if let Some(av) = &m.alt_av {
-            self.check_av(av, "alt_av")?;
-        }
-        if let Some(av) = &m.av {
-            self.check_av(av, "av")?;
-        }
-        if let Some(mtu) = m.path_mtu {
-            if let Some(p) = self.dev.port(port) {
-                if mtu > p.cfg.mtu {
-                    return Err(Error::invalid_parameter(format!(
-                        "path_mtu {} is above port {port}'s MTU",
-                        mtu.bytes()
-                    )));
-                }
-            }
-        }
-        if m.dest_qpn.is_some_and(|q| q > QPN_MASK) {
-            return Err(Error::invalid_parameter("dest_qpn must fit 24 bits"));
-        }
-        if let Some(p) = m.rq_psn.filter(|&p| p > QPN_MASK) {
-            return Err(Error::invalid_parameter(format!(
-                "rq_psn {p:#x} does not fit 24 bits"
-            )));
-        }
-        if let Some(p) = m.sq_psn.filter(|&p| p > QPN_MASK) {
-            return Err(Error::invalid_parameter(format!(
-                "sq_psn {p:#x} does not fit 24 bits"
-            )));
-        }
-        if m.retry_cnt.is_some_and(|r| r > 7) {
-            return Err(Error::invalid_parameter("retry_cnt must be 0..=7"));
-        }
-        if m.rnr_retry.is_some_and(|r| r > 7) {
-            return Err(Error::invalid_parameter("rnr_retry must be 0..=7"));
-        }
-        let max = self.dev.attr.max_qp_rd_atomic;
-        let max_init = self.dev.attr.max_qp_init_rd_atomic;
-        if m.max_rd_atomic.is_some_and(|r| r > max_init) {
-            return Err(Error::invalid_parameter(format!(
-                "max_rd_atomic must be at most {max_init} (max_qp_init_rd_atomic)"
-            )));
-        }
-        if m.max_dest_rd_atomic.is_some_and(|r| r > max) {
-            return Err(Error::invalid_parameter(format!(
-                "max_dest_rd_atomic must be at most {max}"
-            )));
-        }
-        if m.min_rnr_timer.is_some_and(|r| r > 31) {
-            return Err(Error::invalid_parameter("min_rnr_timer must be 0..=31"));
-        }
-        if m.timeout.is_some_and(|r| r > 31) {
-            return Err(Error::invalid_parameter("timeout must be 0..=31"));
-        }
-        Ok(())
+        self.dev
+            .with_limits(|l| provider::qp_state::check_modify_values(cur.port, m, l))
     }
 
     // ----- posting -----

@@ -12,6 +12,7 @@ use crate::provider::{
     AtomicCap, AvAttr, DeviceAttr, DeviceInfo, Gid, LinkLayer, Mtu, PortAttr, PortState,
     DEFAULT_PKEY,
 };
+use crate::qp_state::{check_av, DeviceLimits, PortLimits};
 use crate::soft::cq::Deferred;
 use crate::soft::engine::{self, SrcInfo};
 use crate::soft::hca::SoftHca;
@@ -429,39 +430,31 @@ impl HcaCore {
         self.ports.get((n as usize).checked_sub(1)?)
     }
 
+    /// The limits the provider-neutral value checks use
+    /// (`qp_state::check_av`, `qp_state::check_modify_values`).
+    pub(crate) fn with_limits<R>(&self, f: impl FnOnce(&DeviceLimits<'_>) -> R) -> R {
+        let ports: Vec<PortLimits> = self
+            .ports
+            .iter()
+            .map(|p| PortLimits {
+                pkeys: p.pkeys.len(),
+                gids: p.gids.len(),
+                mtu: p.mtu,
+                gid_only: false,
+            })
+            .collect();
+        f(&DeviceLimits {
+            ports: &ports,
+            max_qp_rd_atomic: self.attr.max_qp_rd_atomic,
+            max_qp_init_rd_atomic: self.attr.max_qp_init_rd_atomic,
+        })
+    }
+
     /// An address vector must name a port of this CA, a GID of that port
-    /// and values that fit their IBTA fields (SL 4 bits, flow label 20);
-    /// anything else is refused, never masked into something else.
+    /// and values that fit their IBTA fields (`qp_state::check_av`).
     /// `what` names the AV in the error ("AV", "av", "alt_av").
     pub(crate) fn check_av(&self, av: &AvAttr, what: &str) -> Result<()> {
-        let Some(port) = self.port(av.port) else {
-            return Err(Error::invalid_parameter(format!(
-                "{what}.port {} does not exist (the HCA has {})",
-                av.port,
-                self.ports.len()
-            )));
-        };
-        if av.sl > 15 {
-            return Err(Error::invalid_parameter(format!(
-                "{what}.sl {} does not fit 4 bits",
-                av.sl
-            )));
-        }
-        if let Some(g) = av.grh {
-            if g.sgid_index as usize >= port.gids.len() {
-                return Err(Error::invalid_parameter(format!(
-                    "{what}.sgid_index {} is outside port {}'s GID table",
-                    g.sgid_index, av.port
-                )));
-            }
-            if g.flow_label > 0xf_ffff {
-                return Err(Error::invalid_parameter(format!(
-                    "{what}.flow_label {:#x} does not fit 20 bits",
-                    g.flow_label
-                )));
-            }
-        }
-        Ok(())
+        self.with_limits(|l| check_av(av, l, what))
     }
 }
 
