@@ -140,12 +140,17 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
             }
             continue;
         }
+        // The port's feeding lock is held across the blocking receive, so
+        // a poller cannot feed a later datagram of this port while this
+        // thread holds an earlier one it has not fed yet (that reordered
+        // READ responses). Pollers only try the lock: while this thread
+        // waits in the socket they leave the port to it.
+        let _feeding = port.rx_lock.lock();
         let got = port.socket.recv_from(&mut buf);
         if stop.load(Ordering::Acquire) {
             break;
         }
         let Ok((n, src)) = got else { continue };
-        let _feeding = port.rx_lock.lock();
         handle_datagram(&dev, port, &buf[..n], src, &mut reached);
         drain_queued(&dev, port, &mut buf, &mut reached, RX_BATCH - 1);
         for qp in reached.drain(..) {

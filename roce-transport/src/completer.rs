@@ -265,16 +265,23 @@ impl<R: Clone> Transport<R> {
             self.gap_retry(now, first);
             return;
         }
-        // Numbered from the request that asked for them.
-        let want = match (k - w.read_base.min(k), w.npkts - w.read_base.min(w.npkts)) {
+        // A resumed READ's responses are numbered from the request that
+        // asked for them (First at the resume point), as IBTA reads; Linux
+        // rxe numbers them as part of the whole message (Middle there).
+        // Placement goes by PSN, so either numbering is taken.
+        let position = |r: u32, n: u32| match (r, n) {
             (_, 1) => Opcode::RcReadResponseOnly,
             (0, _) => Opcode::RcReadResponseFirst,
             (r, n) if r + 1 == n => Opcode::RcReadResponseLast,
             _ => Opcode::RcReadResponseMiddle,
         };
+        let base = w.read_base.min(k);
+        let resumed = position(k - base, w.npkts - w.read_base.min(w.npkts));
+        let whole = position(k, w.npkts);
         let off = k * mtu;
         let size = (w.len - off.min(w.len)).min(mtu) as usize;
-        if pkt.headers.bth.opcode != want || pkt.payload.len() != size {
+        let op = pkt.headers.bth.opcode;
+        if (op != resumed && op != whole) || pkt.payload.len() != size {
             self.counters.ignored_responses += 1;
             return;
         }
