@@ -98,6 +98,9 @@ pub struct BulkReport {
     pub packets: usize,
     /// The verdict line the peer (server) sent back, or the one we sent.
     pub verdict: String,
+    /// Client: the peer's buffer address and R_Key (our WRITE's RETH
+    /// carries them; the READ's address is `size` further).
+    pub peer_buffer: (u64, u32),
 }
 
 /// What a run did.
@@ -231,13 +234,16 @@ impl QpxReport {
             Some(b) => format!(
                 concat!(
                     ",\"bulk\":{{\"size\":{},\"packets\":{},\"write_seconds\":{:.6},",
-                    "\"read_seconds\":{:.6},\"checked\":{},\"verdict\":\"{}\"}}"
+                    "\"read_seconds\":{:.6},\"checked\":{},\"peer_addr\":{},\"peer_rkey\":{},",
+                    "\"verdict\":\"{}\"}}"
                 ),
                 b.size,
                 b.packets,
                 b.write_seconds,
                 b.read_seconds,
                 b.checked,
+                b.peer_buffer.0,
+                b.peer_buffer.1,
                 json_escape(&b.verdict)
             ),
             None => String::new(),
@@ -1419,6 +1425,7 @@ fn bulk_active(
             checked: size,
             packets,
             verdict,
+            peer_buffer: (addr, rkey),
         }),
         (read_bad, _) => {
             let mut err = String::new();
@@ -1507,6 +1514,7 @@ fn bulk_passive(
             checked: size,
             packets: size.div_ceil(mtu),
             verdict,
+            peer_buffer: (0, 0),
         }),
         None => Err(format!(
             "the peer's RDMA WRITE landed right, but it says its RDMA READ of our buffer did not: {done:?}"
