@@ -28,6 +28,8 @@ GUEST_IP=192.168.77.2
 ITERS=${ITERS:-1000}       # the guest's default rc server runs 1000; other values exercise the failure path
 UD_SIZE=1024            # rxe's active MTU on a 1500-byte link is 1024; ibv_ud_pingpong refuses more
 BULK=${BULK:-1048576}   # run 5: bytes of the RDMA WRITE and of the RDMA READ (at least 1 MiB)
+BULK_LOSS=${BULK_LOSS:-0}  # e.g. 0.01: run 5 once more with that fraction of RoCE packets dropped
+                           # each way in the namespace (iptables statistic; off by default)
 HTTP_PORT=8765          # the guest fetches rdma_peer from the namespace side over HTTP
 export WORK ACCEL=${ACCEL:-tcg}
 
@@ -267,6 +269,44 @@ PY
         # packet); the guest's log says what rdma_peer saw, the counters what rxe dropped.
         sleep 1
         fail $T "ibal stopped: $(tail -1 "$OUT/$T.err" 2>/dev/null)" /tmp/rdma_peer.log
+    fi
+fi
+
+# ---- 5b. (BULK_LOSS > 0) the same with RoCE packets dropped at random both ways, counted by
+# iptables in the namespace (INPUT from tap0: rxe -> ibal; OUTPUT to tap0: ibal -> rxe). The
+# rules go with the namespace when the VM stops.
+if [ "$BULK_LOSS" != 0 ] && [ "$fetched" = 1 ]; then
+    T=rdma-bulk-loss
+    if ! ip netns exec "$NS" iptables -L -n >/dev/null 2>&1; then
+        say "$T: SKIPPED (no iptables: apt-get install iptables)"
+    else
+        ip netns exec "$NS" iptables -A INPUT -i tap0 -p udp --dport 4791 \
+            -m statistic --mode random --probability "$BULK_LOSS" -j DROP
+        ip netns exec "$NS" iptables -A OUTPUT -o tap0 -p udp --dport 4791 \
+            -m statistic --mode random --probability "$BULK_LOSS" -j DROP
+        drops() {
+            ip netns exec "$NS" iptables -L "$1" -v -n -x | awk '/DROP/ {print $1; exit}'
+        }
+        say "$T: as run 5 with $BULK_LOSS of the RoCE packets dropped each way"
+        guest "(timeout 150 /tmp/rdma_peer -d rxe0 -g $GIDX -p 18521 -b $BULK -m 1024 -t 60 \
+                >/tmp/rdma_peer_loss.log 2>&1; echo exit=\$? >>/tmp/rdma_peer_loss.log) &" >/dev/null
+        if wait_guest_listen 18521 \
+            && ip netns exec "$NS" timeout 180 "$BIN" qp-exchange --connect "$GUEST_IP:18521" \
+                --local "$HOST_IP" --rdma-bulk $BULK --mtu 1024 --timeout 60 --json \
+                >"$OUT/$T.json" 2>"$OUT/$T.err"; then
+            sleep 1
+            if guest "grep -q 'rdma_peer: PASS' /tmp/rdma_peer_loss.log"; then
+                say "$T: PASS (dropped: $(drops OUTPUT) ibal->rxe, $(drops INPUT) rxe->ibal)"
+            else
+                fail $T "ibal finished but rdma_peer did not pass" /tmp/rdma_peer_loss.log
+            fi
+        else
+            sleep 1
+            fail $T "ibal stopped: $(tail -1 "$OUT/$T.err" 2>/dev/null) [dropped: $(drops OUTPUT) \
+ibal->rxe, $(drops INPUT) rxe->ibal]" /tmp/rdma_peer_loss.log
+        fi
+        ip netns exec "$NS" iptables -F INPUT
+        ip netns exec "$NS" iptables -F OUTPUT
     fi
 fi
 

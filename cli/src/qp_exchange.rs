@@ -1231,13 +1231,17 @@ fn wait_one(
             if wc.status != WcStatus::Success {
                 let hint = match wc.status {
                     WcStatus::RetryExceeded => {
-                        " (IBV_WC_RETRY_EXC_ERR): retries exhausted: the peer's RoCE stack stopped                          answering (it dropped our request packets, or its ACKs/READ responses                          did not reach us)"
+                        " (IBV_WC_RETRY_EXC_ERR): retries exhausted: the peer's RoCE stack stopped \
+                         answering (it dropped our request packets, or its ACKs/READ responses \
+                         did not reach us)"
                     }
                     WcStatus::RemoteAccessError => {
-                        " (IBV_WC_REM_ACCESS_ERR): the peer NAKed the R_Key, address or length                          (its MR is not open to this access)"
+                        " (IBV_WC_REM_ACCESS_ERR): the peer NAKed the R_Key, address or length \
+                         (its MR is not open to this access)"
                     }
                     WcStatus::RemoteInvalidRequest => {
-                        " (IBV_WC_REM_INV_REQ_ERR): the peer refused the request (its QP                          lacks REMOTE_WRITE/REMOTE_READ, or the length is over its limit)"
+                        " (IBV_WC_REM_INV_REQ_ERR): the peer refused the request (its QP \
+                         lacks REMOTE_WRITE/REMOTE_READ, or the length is over its limit)"
                     }
                     _ => "",
                 };
