@@ -106,6 +106,11 @@ fail() { # $1 = test name, $2 = which side stopped, $3 = guest log file
     guest 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters && for f in *; do echo "$f $(cat $f)"; done' >&2 || true
 }
 
+# ibal_error NAME: ibal's error (its "ibal: ..." line and what follows but the close line).
+ibal_error() {
+    sed -n '/^ibal: /,$p' "$OUT/$1.err" 2>/dev/null | grep -v '^closed: ' | tr '\n' ' ' | cut -c1-600
+}
+
 # check_ibal NAME: ibal's JSON says ITERS messages from an ibv peer, checked, clean close.
 check_ibal() {
     python3 - "$OUT/$1.json" "$ITERS" <<'PY'
@@ -152,7 +157,7 @@ if ip netns exec "$NS" timeout 120 "$BIN" qp-exchange --connect "$GUEST_IP" --lo
         fail $T "ibal finished but the guest server did not print its summary" /tmp/rc_pingpong_srv.log
     fi
 else
-    fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/rc_pingpong_srv.log
+    fail $T "ibal stopped: $(ibal_error $T)" /tmp/rc_pingpong_srv.log
 fi
 
 # ---- 2. RC: guest ibv_rc_pingpong client -> ibal --listen
@@ -170,7 +175,7 @@ if wait_listen "$OUT/$T.err"; then
             fail $T "ibal finished but the guest client did not" /tmp/rc_cli.log
         fi
     else
-        fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/rc_cli.log
+        fail $T "ibal stopped: $(ibal_error $T)" /tmp/rc_cli.log
     fi
 else
     fail $T "ibal did not start listening" /tmp/rc_cli.log
@@ -192,7 +197,7 @@ if wait_guest_listen 18516 \
         fail $T "ibal finished but the guest server did not print its summary" /tmp/ud_srv.log
     fi
 else
-    fail $T "ibal stopped: $(tail -1 "$OUT/$T.err" 2>/dev/null)" /tmp/ud_srv.log
+    fail $T "ibal stopped: $(ibal_error $T)" /tmp/ud_srv.log
 fi
 
 # ---- 4. UD: guest ibv_ud_pingpong client -> ibal --listen
@@ -210,7 +215,7 @@ if wait_listen "$OUT/$T.err"; then
             fail $T "ibal finished but the guest client did not" /tmp/ud_cli.log
         fi
     else
-        fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/ud_cli.log
+        fail $T "ibal stopped: $(ibal_error $T)" /tmp/ud_cli.log
     fi
 else
     fail $T "ibal did not start listening" /tmp/ud_cli.log
@@ -268,7 +273,7 @@ PY
         # READ: rxe's responses stopped coming or its data was wrong, at which offset and
         # packet); the guest's log says what rdma_peer saw, the counters what rxe dropped.
         sleep 1
-        fail $T "ibal stopped: $(tail -1 "$OUT/$T.err" 2>/dev/null)" /tmp/rdma_peer.log
+        fail $T "ibal stopped: $(ibal_error $T)" /tmp/rdma_peer.log
     fi
 fi
 
@@ -302,7 +307,7 @@ if [ "$BULK_LOSS" != 0 ] && [ "$fetched" = 1 ]; then
             fi
         else
             sleep 1
-            fail $T "ibal stopped: $(tail -1 "$OUT/$T.err" 2>/dev/null) [dropped: $(drops OUTPUT) \
+            fail $T "ibal stopped: $(ibal_error $T) [dropped: $(drops OUTPUT) \
 ibal->rxe, $(drops INPUT) rxe->ibal]" /tmp/rdma_peer_loss.log
         fi
         ip netns exec "$NS" iptables -F INPUT
@@ -316,7 +321,9 @@ sleep 1
 kill -INT "$TSHARK_PID" 2>/dev/null || true
 for _ in $(seq 50); do kill -0 "$TSHARK_PID" 2>/dev/null || break; sleep 0.2; done
 say "capture: $(du -h "$OUT/rxe.pcapng" | cut -f1) in $OUT/rxe.pcapng"
-tshark -r "$OUT/rxe.pcapng" -d udp.port==4791,infiniband -Y 'udp.port==4791' -T fields -E separator=, \
+# (-E occurrence=f: an ICMP error quoting a RoCE packet would give two ip.src values)
+tshark -r "$OUT/rxe.pcapng" -d udp.port==4791,infiniband -Y 'udp.port==4791 && !icmp' -T fields \
+    -E separator=, -E occurrence=f \
     -e ip.src -e ip.dst -e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn \
     -e ip.id -e ip.flags.df -e infiniband.reth.va -e infiniband.reth.r_key \
     -e infiniband.reth.dmalen >"$OUT/bth.csv" 2>"$OUT/tshark-read.log" || true
