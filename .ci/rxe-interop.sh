@@ -106,6 +106,20 @@ fail() { # $1 = test name, $2 = which side stopped, $3 = guest log file
     guest 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters && for f in *; do echo "$f $(cat $f)"; done' >&2 || true
 }
 
+# udp_drops: the namespace's UDP receive errors, "InErrors RcvbufErrors" (/proc/net/snmp): a
+# datagram rxe sent that ibal's socket had no room for is counted here, on ibal's side.
+udp_drops() {
+    ip netns exec "$NS" awk '/^Udp:/ { if (h) { for (i = 2; i <= NF; i++) v[n[i]] = $i;
+        print v["InErrors"], v["RcvbufErrors"]; exit } else { h = 1; for (i = 2; i <= NF; i++) n[i] = $i } }' \
+        /proc/net/snmp
+}
+# udp_delta BEFORE: what ibal's side dropped since BEFORE, in words.
+udp_delta() {
+    local b a
+    read -r -a b <<<"$1"; read -r -a a <<<"$(udp_drops)"
+    echo "ibal's UDP sockets in the namespace: $((a[0] - b[0])) receive errors, $((a[1] - b[1])) for a full buffer"
+}
+
 # ibal_error NAME: ibal's error (its "ibal: ..." line and what follows but the close line).
 ibal_error() {
     sed -n '/^ibal: /,$p' "$OUT/$1.err" 2>/dev/null | grep -v '^closed: ' | tr '\n' ' ' | cut -c1-600
@@ -243,7 +257,7 @@ else
             >/tmp/rdma_peer.log 2>&1; echo exit=\$? >>/tmp/rdma_peer.log) &" >/dev/null
     if ! wait_guest_listen 18520; then
         fail $T "rdma_peer did not start listening on 18520 in the guest" /tmp/rdma_peer.log
-    elif ip netns exec "$NS" timeout 180 "$BIN" qp-exchange --connect "$GUEST_IP:18520" \
+    elif UDP0=$(udp_drops) && ip netns exec "$NS" timeout 180 "$BIN" qp-exchange --connect "$GUEST_IP:18520" \
             --local "$HOST_IP" --rdma-bulk $BULK --mtu 1024 --timeout 60 --json \
             >"$OUT/$T.json" 2>"$OUT/$T.err" \
         && python3 - "$OUT/$T.json" "$BULK" <<'PY'
@@ -263,7 +277,7 @@ PY
     then
         for _ in $(seq 20); do guest "grep -q exit= /tmp/rdma_peer.log" >/dev/null 2>&1 && break; sleep 0.5; done
         if guest "grep -q 'rdma_peer: PASS' /tmp/rdma_peer.log && grep -q exit=0 /tmp/rdma_peer.log"; then
-            say "$T: PASS (guest: $(guest "grep 'rdma_peer: PASS' /tmp/rdma_peer.log"))"
+            say "$T: PASS (guest: $(guest "grep 'rdma_peer: PASS' /tmp/rdma_peer.log"); $(udp_delta "$UDP0"))"
         else
             fail $T "ibal finished but rdma_peer did not pass" /tmp/rdma_peer.log
         fi
@@ -273,7 +287,7 @@ PY
         # READ: rxe's responses stopped coming or its data was wrong, at which offset and
         # packet); the guest's log says what rdma_peer saw, the counters what rxe dropped.
         sleep 1
-        fail $T "ibal stopped: $(ibal_error $T)" /tmp/rdma_peer.log
+        fail $T "ibal stopped: $(ibal_error $T) [$(udp_delta "${UDP0:-0 0}")]" /tmp/rdma_peer.log
     fi
 fi
 
