@@ -1206,20 +1206,49 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
 }
 
 const BULK_WRITE_WRID: u64 = 10;
+/// Pause between empty polls while a bulk WRITE or READ is in flight.
+const BULK_POLL_SLEEP: Duration = Duration::from_millis(2);
+/// While a bulk READ's data has not all landed, the CQ is polled only this
+/// often: a poll of an empty CQ makes the provider take what has arrived
+/// on the port on the polling thread, racing the port's receive thread,
+/// and with rxe's 1024-packet READ response burst that lost or reordered
+/// a response in 9 of 10 runs when spinning (21 of 24 passed polling
+/// every 2 ms); the re-issued READ then never completed
+/// (docs/two-process.md, "RDMA WRITE and READ against rxe").
+const BULK_FALLBACK_POLL: Duration = Duration::from_millis(250);
 const BULK_READ_WRID: u64 = 11;
 
 /// Wait for the completion of `wr_id` (nothing else is outstanding),
-/// bounded by `timeout`; returns the seconds it took.
+/// bounded by `timeout`; returns the seconds it took. With `landed`, the
+/// CQ is polled only once `landed()` says the data is there, or every
+/// [`BULK_FALLBACK_POLL`] (which still catches a failed completion).
 fn wait_one(
     al: &Al,
     side: &Side,
     wr_id: u64,
     what: &str,
     timeout: Duration,
+    landed: Option<&dyn Fn() -> bool>,
 ) -> Result<f64, String> {
     let start = Instant::now();
     let mut wcs = [Wc::default(); 16];
+    let mut last_poll = Instant::now();
+    let mut seen = false;
     loop {
+        if let Some(landed) = landed {
+            if !seen && !landed() && last_poll.elapsed() < BULK_FALLBACK_POLL {
+                if start.elapsed() > timeout {
+                    return Err(format!(
+                        "{what}: timed out: no completion for {:.1} s",
+                        timeout.as_secs_f64()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            seen = true;
+        }
+        last_poll = Instant::now();
         let n = side.cq.poll(al, &mut wcs).map_err(|e| e.to_string())?;
         for wc in &wcs[..n] {
             if wc.wr_id == RECV_WRID {
@@ -1262,7 +1291,11 @@ fn wait_one(
                     timeout.as_secs_f64()
                 ));
             }
-            std::thread::yield_now();
+            // Not a spin: a poll of an empty CQ makes the provider take
+            // what has arrived on the port on this thread, racing its
+            // receive thread (docs/two-process.md, "RDMA WRITE and READ
+            // against rxe").
+            std::thread::sleep(BULK_POLL_SLEEP);
         }
     }
 }
@@ -1379,6 +1412,7 @@ fn bulk_active(
         BULK_WRITE_WRID,
         &format!("RDMA WRITE of {size} bytes ({packets} packets) to the peer"),
         cfg.timeout,
+        None,
     )?;
     eprintln!(
         "qp-exchange: RDMA WRITE acknowledged in {write_seconds:.3} s; RDMA READ of {size} bytes from {:#x}",
@@ -1392,6 +1426,17 @@ fn bulk_active(
         },
         &sink,
     );
+    // The last aligned word of the READ is known (the peer's pattern):
+    // once it is in our sink, the last response has been placed.
+    let last = size.saturating_sub(4) & !3;
+    let want: Vec<u8> = (last..size.min(last + 4))
+        .map(|k| oob::bulk_byte(peer.seed, k))
+        .collect();
+    let wbuf = &side.wbuf;
+    let landed = move || {
+        let mut got = vec![0u8; want.len()];
+        wbuf.read(size + last, &mut got).is_ok() && got == want
+    };
     side.qp.post_send(al, &[r]).map_err(e)?;
     let read_seconds = wait_one(
         al,
@@ -1399,6 +1444,7 @@ fn bulk_active(
         BULK_READ_WRID,
         &format!("RDMA READ of {size} bytes ({packets} response packets) from the peer"),
         cfg.timeout,
+        Some(&landed),
     )?;
     let mut got = vec![0u8; size];
     side.wbuf.read(size, &mut got).map_err(e)?;
