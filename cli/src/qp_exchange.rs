@@ -1581,6 +1581,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_bulk_mismatch_names_offset_packet_and_origin() {
+        let size = 8 * 1024;
+        let good = oob::bulk_pattern(7, size);
+        assert_eq!(bulk_mismatch(&good, 7, 1024), None);
+        // Packet 3 never placed.
+        let mut hole = good.clone();
+        hole[3 * 1024..4 * 1024].fill(0);
+        let m = bulk_mismatch(&hole, 7, 1024).unwrap();
+        assert!(
+            m.starts_with("first mismatch at offset 3072 (packet 3 of 8 at MTU 1024)")
+                && m.contains("zeros there: nothing was placed"),
+            "{m}"
+        );
+        // Packet 5's payload placed where packet 2 belongs.
+        let mut moved = good.clone();
+        moved.copy_within(5 * 1024..6 * 1024, 2 * 1024);
+        let m = bulk_mismatch(&moved, 7, 1024).unwrap();
+        assert!(
+            // (bytes that happen to agree are not counted)
+            m.contains("(packet 2 of 8 at MTU 1024)")
+                && m.contains("the word there belongs at offset 5120")
+                && m.ends_with("bytes differ from there on"),
+            "{m}"
+        );
+        // Another side's pattern (wrong seed).
+        let m = bulk_mismatch(&oob::bulk_pattern(8, size), 7, 1024).unwrap();
+        assert!(m.contains("offset 0 (packet 0 of 8"), "{m}");
+    }
+
+    #[test]
     fn a_failure_says_how_the_al_closed_in_text_and_json() {
         let f = QpxFailure {
             error: "bad message from the peer: expected \"done\\0\"".into(),
