@@ -9,7 +9,10 @@
 #   2. guest ibv_rc_pingpong client -> ibal --listen
 #   3. ibal --connect  -> a guest ibv_ud_pingpong server (tcp 18516)
 #   4. guest ibv_ud_pingpong client -> ibal --listen
-# each 1000 iterations with every message checked by ibal and the ibv tool's own summary
+#   5. ibal --connect --rdma-bulk 1M -> .ci/rxe-peer/rdma_peer in the guest (tcp 18520): one
+#      RDMA WRITE of 1 MiB into the guest's buffer and one RDMA READ of 1 MiB from it (1024
+#      packets each way at MTU 1024), the READ checked by ibal, the WRITE by rdma_peer
+# 1-4 each 1000 iterations with every message checked by ibal and the ibv tool's own summary
 # required, while tshark captures tap0; then checks the capture. The VM is stopped on exit.
 # Traffic goes only to 192.168.77.0/24 inside the harness's namespace and VM.
 # Exit 0: all passed. 1: a check failed. 2: cannot run here (not root, no harness).
@@ -24,6 +27,10 @@ HOST_IP=192.168.77.1
 GUEST_IP=192.168.77.2
 ITERS=${ITERS:-1000}       # the guest's default rc server runs 1000; other values exercise the failure path
 UD_SIZE=1024            # rxe's active MTU on a 1500-byte link is 1024; ibv_ud_pingpong refuses more
+BULK=${BULK:-1048576}   # run 5: bytes of the RDMA WRITE and of the RDMA READ (at least 1 MiB)
+BULK_LOSS=${BULK_LOSS:-0}  # e.g. 0.01: run 5 once more with that fraction of RoCE packets dropped
+                           # each way in the namespace (iptables statistic; off by default)
+HTTP_PORT=8765          # the guest fetches rdma_peer from the namespace side over HTTP
 export WORK ACCEL=${ACCEL:-tcg}
 
 say() { printf '[rxe-interop %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
@@ -49,6 +56,17 @@ command -v tshark >/dev/null || { echo "rxe-interop: tshark missing (build.sh in
 say "building ibal"
 cargo build -q -p ibal-cli
 BIN=$ROOT/target/debug/ibal
+# rdma_peer (run 5) is built here against the host's libibverbs and runs in the guest, whose
+# initramfs holds the host's glibc and rdma-core libraries.
+if [ ! -f /usr/include/infiniband/verbs.h ] || ! command -v gcc >/dev/null; then
+    say "installing libibverbs-dev and gcc (rdma_peer)"
+    apt-get install -y --no-install-recommends libibverbs-dev gcc >"$OUT/apt.log" 2>&1 || {
+        apt-get update >/dev/null 2>&1
+        apt-get install -y --no-install-recommends libibverbs-dev gcc >"$OUT/apt.log" 2>&1
+    } || { echo "rxe-interop: cannot install libibverbs-dev (see $OUT/apt.log)" >&2; exit 2; }
+fi
+mkdir -p "$OUT/www"
+gcc -O2 -Wall -Wextra -Werror -o "$OUT/www/rdma_peer" "$ROOT/.ci/rxe-peer/rdma_peer.c" -libverbs
 # The harness has one VM per $WORK and one namespace: do not take over a running one
 # (another session may be using it) unless told to.
 if [ -f "$WORK/qemu.pid" ] && kill -0 "$(cat "$WORK/qemu.pid")" 2>/dev/null; then
@@ -86,6 +104,25 @@ fail() { # $1 = test name, $2 = which side stopped, $3 = guest log file
     echo "---- guest log $3:" >&2; guest "cat $3" >&2 || true
     echo "---- guest rxe0 counters:" >&2
     guest 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters && for f in *; do echo "$f $(cat $f)"; done' >&2 || true
+}
+
+# udp_drops: the namespace's UDP receive errors, "InErrors RcvbufErrors" (/proc/net/snmp): a
+# datagram rxe sent that ibal's socket had no room for is counted here, on ibal's side.
+udp_drops() {
+    ip netns exec "$NS" awk '/^Udp:/ { if (h) { for (i = 2; i <= NF; i++) v[n[i]] = $i;
+        print v["InErrors"], v["RcvbufErrors"]; exit } else { h = 1; for (i = 2; i <= NF; i++) n[i] = $i } }' \
+        /proc/net/snmp
+}
+# udp_delta BEFORE: what ibal's side dropped since BEFORE, in words.
+udp_delta() {
+    local b a
+    read -r -a b <<<"$1"; read -r -a a <<<"$(udp_drops)"
+    echo "ibal's UDP sockets in the namespace: $((a[0] - b[0])) receive errors, $((a[1] - b[1])) for a full buffer"
+}
+
+# ibal_error NAME: ibal's error (its "ibal: ..." line and what follows but the close line).
+ibal_error() {
+    sed -n '/^ibal: /,$p' "$OUT/$1.err" 2>/dev/null | grep -v '^closed: ' | tr '\n' ' ' | cut -c1-600
 }
 
 # check_ibal NAME: ibal's JSON says ITERS messages from an ibv peer, checked, clean close.
@@ -134,7 +171,7 @@ if ip netns exec "$NS" timeout 120 "$BIN" qp-exchange --connect "$GUEST_IP" --lo
         fail $T "ibal finished but the guest server did not print its summary" /tmp/rc_pingpong_srv.log
     fi
 else
-    fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/rc_pingpong_srv.log
+    fail $T "ibal stopped: $(ibal_error $T)" /tmp/rc_pingpong_srv.log
 fi
 
 # ---- 2. RC: guest ibv_rc_pingpong client -> ibal --listen
@@ -152,7 +189,7 @@ if wait_listen "$OUT/$T.err"; then
             fail $T "ibal finished but the guest client did not" /tmp/rc_cli.log
         fi
     else
-        fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/rc_cli.log
+        fail $T "ibal stopped: $(ibal_error $T)" /tmp/rc_cli.log
     fi
 else
     fail $T "ibal did not start listening" /tmp/rc_cli.log
@@ -174,7 +211,7 @@ if wait_guest_listen 18516 \
         fail $T "ibal finished but the guest server did not print its summary" /tmp/ud_srv.log
     fi
 else
-    fail $T "ibal stopped: $(tail -1 "$OUT/$T.err" 2>/dev/null)" /tmp/ud_srv.log
+    fail $T "ibal stopped: $(ibal_error $T)" /tmp/ud_srv.log
 fi
 
 # ---- 4. UD: guest ibv_ud_pingpong client -> ibal --listen
@@ -192,10 +229,104 @@ if wait_listen "$OUT/$T.err"; then
             fail $T "ibal finished but the guest client did not" /tmp/ud_cli.log
         fi
     else
-        fail $T "ibal stopped: $(tail -1 "$OUT/$T.err")" /tmp/ud_cli.log
+        fail $T "ibal stopped: $(ibal_error $T)" /tmp/ud_cli.log
     fi
 else
     fail $T "ibal did not start listening" /tmp/ud_cli.log
+fi
+
+# ---- 5. RDMA WRITE and READ of $BULK bytes each: ibal client -> rdma_peer in the guest
+T=rdma-bulk
+say "$T: ibal --connect $GUEST_IP:18520 --rdma-bulk $BULK (rdma_peer -d rxe0 -g $GIDX in the guest)"
+ip netns exec "$NS" timeout 60 python3 -m http.server $HTTP_PORT --bind "$HOST_IP" \
+    --directory "$OUT/www" >"$OUT/http.log" 2>&1 &
+HTTP=$!; PIDS+=($HTTP)
+fetched=0
+for _ in $(seq 20); do
+    if guest "wget -q -O /tmp/rdma_peer http://$HOST_IP:$HTTP_PORT/rdma_peer && chmod +x /tmp/rdma_peer" \
+            >/dev/null 2>&1; then
+        fetched=1; break
+    fi
+    sleep 0.5
+done
+kill "$HTTP" 2>/dev/null || true
+if [ $fetched = 0 ]; then
+    fail $T "the guest could not fetch rdma_peer from http://$HOST_IP:$HTTP_PORT ($OUT/http.log)" /dev/null
+else
+    guest "(timeout 150 /tmp/rdma_peer -d rxe0 -g $GIDX -p 18520 -b $BULK -m 1024 -t 60 \
+            >/tmp/rdma_peer.log 2>&1; echo exit=\$? >>/tmp/rdma_peer.log) &" >/dev/null
+    if ! wait_guest_listen 18520; then
+        fail $T "rdma_peer did not start listening on 18520 in the guest" /tmp/rdma_peer.log
+    elif UDP0=$(udp_drops) && ip netns exec "$NS" timeout 180 "$BIN" qp-exchange --connect "$GUEST_IP:18520" \
+            --local "$HOST_IP" --rdma-bulk $BULK --mtu 1024 --timeout 60 --json \
+            >"$OUT/$T.json" 2>"$OUT/$T.err" \
+        && python3 - "$OUT/$T.json" "$BULK" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"no JSON report from ibal: {e}"); sys.exit(1)
+n, b = int(sys.argv[2]), r.get("bulk") or {}
+if b.get("size") != n or b.get("checked") != n or not b.get("verdict", "").startswith(
+        "ibal-qpx/1 bulk-verdict ok") or r.get("clean") is not True:
+    print(f"ibal report differs: {r}"); sys.exit(1)
+print(f"ibal: RDMA WRITE {n} bytes ({b['packets']} packets) in {b['write_seconds']:.3f} s, "
+      f"RDMA READ {n} bytes in {b['read_seconds']:.3f} s, READ data checked; "
+      f"guest's verdict: {b['verdict']}")
+PY
+    then
+        for _ in $(seq 20); do guest "grep -q exit= /tmp/rdma_peer.log" >/dev/null 2>&1 && break; sleep 0.5; done
+        if guest "grep -q 'rdma_peer: PASS' /tmp/rdma_peer.log && grep -q exit=0 /tmp/rdma_peer.log"; then
+            say "$T: PASS (guest: $(guest "grep 'rdma_peer: PASS' /tmp/rdma_peer.log"); $(udp_delta "$UDP0"))"
+        else
+            fail $T "ibal finished but rdma_peer did not pass" /tmp/rdma_peer.log
+        fi
+    else
+        # ibal's last line names the operation that stopped (the WRITE: the guest's rxe
+        # stopped acknowledging it, or its data did not land, per the guest's verdict; the
+        # READ: rxe's responses stopped coming or its data was wrong, at which offset and
+        # packet); the guest's log says what rdma_peer saw, the counters what rxe dropped.
+        sleep 1
+        fail $T "ibal stopped: $(ibal_error $T) [$(udp_delta "${UDP0:-0 0}")]" /tmp/rdma_peer.log
+    fi
+fi
+
+# ---- 5b. (BULK_LOSS > 0) the same with RoCE packets dropped at random both ways, counted by
+# iptables in the namespace (INPUT from tap0: rxe -> ibal; OUTPUT to tap0: ibal -> rxe). The
+# rules go with the namespace when the VM stops.
+if [ "$BULK_LOSS" != 0 ] && [ "$fetched" = 1 ]; then
+    T=rdma-bulk-loss
+    if ! ip netns exec "$NS" iptables -L -n >/dev/null 2>&1; then
+        say "$T: SKIPPED (no iptables: apt-get install iptables)"
+    else
+        ip netns exec "$NS" iptables -A INPUT -i tap0 -p udp --dport 4791 \
+            -m statistic --mode random --probability "$BULK_LOSS" -j DROP
+        ip netns exec "$NS" iptables -A OUTPUT -o tap0 -p udp --dport 4791 \
+            -m statistic --mode random --probability "$BULK_LOSS" -j DROP
+        drops() {
+            ip netns exec "$NS" iptables -L "$1" -v -n -x | awk '/DROP/ {print $1; exit}'
+        }
+        say "$T: as run 5 with $BULK_LOSS of the RoCE packets dropped each way"
+        guest "(timeout 150 /tmp/rdma_peer -d rxe0 -g $GIDX -p 18521 -b $BULK -m 1024 -t 60 \
+                >/tmp/rdma_peer_loss.log 2>&1; echo exit=\$? >>/tmp/rdma_peer_loss.log) &" >/dev/null
+        if wait_guest_listen 18521 \
+            && ip netns exec "$NS" timeout 180 "$BIN" qp-exchange --connect "$GUEST_IP:18521" \
+                --local "$HOST_IP" --rdma-bulk $BULK --mtu 1024 --timeout 60 --json \
+                >"$OUT/$T.json" 2>"$OUT/$T.err"; then
+            sleep 1
+            if guest "grep -q 'rdma_peer: PASS' /tmp/rdma_peer_loss.log"; then
+                say "$T: PASS (dropped: $(drops OUTPUT) ibal->rxe, $(drops INPUT) rxe->ibal)"
+            else
+                fail $T "ibal finished but rdma_peer did not pass" /tmp/rdma_peer_loss.log
+            fi
+        else
+            sleep 1
+            fail $T "ibal stopped: $(ibal_error $T) [dropped: $(drops OUTPUT) \
+ibal->rxe, $(drops INPUT) rxe->ibal]" /tmp/rdma_peer_loss.log
+        fi
+        ip netns exec "$NS" iptables -F INPUT
+        ip netns exec "$NS" iptables -F OUTPUT
+    fi
 fi
 
 # ---- the capture: tshark decodes BTH opcodes and PSNs from both sides, and they match
@@ -204,12 +335,15 @@ sleep 1
 kill -INT "$TSHARK_PID" 2>/dev/null || true
 for _ in $(seq 50); do kill -0 "$TSHARK_PID" 2>/dev/null || break; sleep 0.2; done
 say "capture: $(du -h "$OUT/rxe.pcapng" | cut -f1) in $OUT/rxe.pcapng"
-tshark -r "$OUT/rxe.pcapng" -d udp.port==4791,infiniband -Y 'udp.port==4791' -T fields -E separator=, \
+# (-E occurrence=f: an ICMP error quoting a RoCE packet would give two ip.src values)
+tshark -r "$OUT/rxe.pcapng" -d udp.port==4791,infiniband -Y 'udp.port==4791 && !icmp' -T fields \
+    -E separator=, -E occurrence=f \
     -e ip.src -e ip.dst -e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn \
-    -e ip.id -e ip.flags.df >"$OUT/bth.csv" 2>"$OUT/tshark-read.log" || true
-if ! python3 - "$OUT" "$HOST_IP" "$GUEST_IP" "$ITERS" <<'PY'
+    -e ip.id -e ip.flags.df -e infiniband.reth.va -e infiniband.reth.r_key \
+    -e infiniband.reth.dmalen >"$OUT/bth.csv" 2>"$OUT/tshark-read.log" || true
+if ! python3 - "$OUT" "$HOST_IP" "$GUEST_IP" "$ITERS" "$BULK" <<'PY'
 import csv, json, sys, collections
-out, host, guest, iters = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+out, host, guest, iters, bulk = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 rows = [r for r in csv.reader(open(f"{out}/bth.csv")) if len(r) >= 7 and r[2]]
 def num(x): return int(x, 0) if x.startswith("0x") else int(x)
 pk = [(s, d, num(op), num(qp), num(psn)) for s, d, op, qp, psn, *_ in rows]
@@ -256,6 +390,42 @@ for name, first_ops in (("rc-client", range(0, 5)), ("ud-client", (100,))):
     if mine and theirs:
         print(f"  {name}: ibal's first SEND PSN {mine[0][4]:#08x} and the guest's {theirs[0][4]:#08x}"
               f" match the addresses exchanged")
+# Run 5: the RDMA WRITE (RC WRITE first/middle/last 6/7/8, RETH on the first) from ibal, the
+# RDMA READ request (12, RETH) from ibal, and the READ responses (first/middle/last 13/14/15)
+# from the guest, each PSN once (retransmissions counted apart), against ibal's report.
+try:
+    r = json.load(open(f"{out}/rdma-bulk.json"))
+    b = r["bulk"]
+except Exception:
+    errors.append("rdma-bulk: no ibal report to compare with"); r = None
+if r:
+    addr, rkey, npk = b["peer_addr"], b["peer_rkey"], b["packets"]
+    to_g = [(p, row) for p, row in zip(pk, rows) if p[0] == host and p[3] == r["remote"]["qpn"]]
+    to_h = [p for p in pk if p[0] == guest and p[3] == r["local"]["qpn"]]
+    def reth(row):
+        return tuple(num(x) if x else None for x in (row + ["", "", ""])[7:10])
+    wfirst = [reth(row) for p, row in to_g if p[2] == 6]
+    rreq = [reth(row) for p, row in to_g if p[2] == 12]
+    wpsn = {p[4] for p, _ in to_g if p[2] in (6, 7, 8)}
+    wpk = sum(1 for p, _ in to_g if p[2] in (6, 7, 8))
+    resp = collections.Counter(p[2] for p in to_h if p[2] in (13, 14, 15))
+    rpsn = {p[4] for p in to_h if p[2] in (13, 14, 15)}
+    rpk = sum(resp.values())
+    if (addr, rkey, bulk) not in wfirst:
+        errors.append(f"rdma-bulk: no RC WRITE First from ibal with RETH va {addr:#x} R_Key "
+                      f"{rkey:#x} length {bulk}; seen {wfirst[:3]}")
+    if (addr + bulk, rkey, bulk) not in rreq:
+        errors.append(f"rdma-bulk: no RC READ Request from ibal with RETH va {addr + bulk:#x} "
+                      f"R_Key {rkey:#x} length {bulk}; seen {rreq[:3]}")
+    if len(wpsn) != npk:
+        errors.append(f"rdma-bulk: {len(wpsn)} distinct WRITE PSNs from ibal, expected {npk}")
+    if len(rpsn) != npk or not (resp[13] and resp[14] and resp[15]):
+        errors.append(f"rdma-bulk: READ responses from the guest: {len(rpsn)} distinct PSNs "
+                      f"(expected {npk}), first/middle/last {resp[13]}/{resp[14]}/{resp[15]}")
+    print(f"  rdma-bulk: ibal sent {wpk} WRITE packets ({len(wpsn)} PSNs, {wpk - len(wpsn)} "
+          f"re-sent; RETH va {addr:#x} R_Key {rkey:#x} length {bulk}) and {len(rreq)} READ "
+          f"request(s); the guest sent {rpk} READ response packets ({len(rpsn)} PSNs, "
+          f"first/middle/last {resp[13]}/{resp[14]}/{resp[15]})")
 for e in errors:
     print("CAPTURE CHECK FAILED:", e)
 sys.exit(1 if errors else 0)
@@ -265,7 +435,7 @@ then
 fi
 
 if [ "$FAILED" = 0 ]; then
-    say "ALL PASSED (4 interop runs of $ITERS iterations, capture checked); outputs in $OUT"
+    say "ALL PASSED (4 interop runs of $ITERS iterations, RDMA WRITE and READ of $BULK bytes, capture checked); outputs in $OUT"
 else
     say "FAILED; outputs in $OUT"
 fi

@@ -216,6 +216,11 @@ enum Command {
         /// RC transport retries before a SEND fails with RETRY_EXC.
         #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
         retry_cnt: u8,
+        /// Instead of the ping-pong: the client RDMA WRITEs SIZE bytes into the
+        /// server's buffer and RDMA READs SIZE bytes back, both checked (RC; the
+        /// peer is another ibal with the same flag or .ci/rxe-peer/rdma_peer).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        rdma_bulk: Option<usize>,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -452,6 +457,7 @@ fn main() -> ExitCode {
             timeout,
             ack_timeout,
             retry_cnt,
+            rdma_bulk,
             json,
         } => qp_exchange(
             listen,
@@ -484,6 +490,7 @@ fn main() -> ExitCode {
                 timeout: std::time::Duration::from_secs_f64(timeout.clamp(0.1, 3600.0)),
                 ack_timeout,
                 retry_cnt,
+                bulk: rdma_bulk,
             },
             json,
         ),

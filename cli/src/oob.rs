@@ -147,7 +147,14 @@ pub struct Ext {
     /// The sender's pattern seed ([`pattern_byte`]).
     pub seed: u8,
     /// With `--write`: where the peer may RDMA WRITE (address, R_Key).
+    /// With `--rdma-bulk`: the peer's bulk buffer of `2 * bulk` bytes
+    /// (first half: the WRITE target; second half: the READ source, filled
+    /// with [`bulk_pattern`] of `seed`).
     pub write: Option<(u64, u32)>,
+    /// `--rdma-bulk SIZE` (0: not in that mode). Encoded as `bulk=SIZE`
+    /// only when non-zero, so the line is unchanged otherwise; older
+    /// decoders skip the field.
+    pub bulk: u64,
 }
 
 /// First word of an [`Ext`] line (and its version).
@@ -160,8 +167,13 @@ impl Ext {
             Some((a, k)) => (1, a, k),
             None => (0, 0, 0),
         };
+        let bulk = if self.bulk > 0 {
+            format!(" bulk={}", self.bulk)
+        } else {
+            String::new()
+        };
         format!(
-            "{EXT_MAGIC} mode={} size={} iters={} seed={:02x} write={w} addr={addr:x} rkey={rkey:x}\n",
+            "{EXT_MAGIC} mode={} size={} iters={} seed={:02x} write={w} addr={addr:x} rkey={rkey:x}{bulk}\n",
             if self.ud { "ud" } else { "rc" },
             self.size,
             self.iters,
@@ -180,6 +192,7 @@ impl Ext {
         }
         let (mut ud, mut size, mut iters, mut seed, mut write, mut addr, mut rkey) =
             (None, None, None, None, None, None, None);
+        let mut bulk = 0;
         for w in words {
             let (k, v) = w
                 .split_once('=')
@@ -202,6 +215,7 @@ impl Ext {
                 "write" => write = Some(num(10)?),
                 "addr" => addr = Some(num(16)?),
                 "rkey" => rkey = Some(num(16)?),
+                "bulk" => bulk = num(10)?,
                 _ => {} // later versions may add fields
             }
         }
@@ -234,6 +248,7 @@ impl Ext {
             iters,
             seed,
             write,
+            bulk,
         })
     }
 }
@@ -256,6 +271,33 @@ pub fn pattern(seed: u8, i: u32, len: usize) -> Vec<u8> {
 /// The seed of the RDMA WRITE payloads of a side whose SEND seed is `seed`.
 pub fn write_seed(seed: u8) -> u8 {
     seed ^ 0x80
+}
+
+/// Byte `k` of a `--rdma-bulk` buffer of a side with `seed`: byte `k % 4`
+/// (little-endian) of the 32-bit word `(k / 4) * 0x9E3779B1 ^ seed *
+/// 0x01010101`. The multiplier is odd, so every 4-byte word of a buffer
+/// below 16 GiB differs from every other: a packet placed at the wrong
+/// offset (even a multiple of the MTU away) fails the check, and
+/// [`bulk_origin`] says where its bytes belonged. `rdma_peer.c` computes
+/// the same.
+pub fn bulk_byte(seed: u8, k: usize) -> u8 {
+    let w = ((k / 4) as u32).wrapping_mul(0x9E37_79B1) ^ u32::from(seed).wrapping_mul(0x0101_0101);
+    w.to_le_bytes()[k % 4]
+}
+
+/// A whole `--rdma-bulk` pattern of `len` bytes.
+pub fn bulk_pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|k| bulk_byte(seed, k)).collect()
+}
+
+/// The offset in the [`bulk_pattern`] of `seed` that the aligned 4-byte
+/// word `word` (little-endian) would have come from. Any word maps to some
+/// offset; one beyond the buffer means the word is not from that pattern
+/// (zeros, another seed, garbage).
+pub fn bulk_origin(seed: u8, word: [u8; 4]) -> u64 {
+    // 0x9E3779B1 * 0x0E8B2F51 == 1 (mod 2^32).
+    let v = u32::from_le_bytes(word) ^ u32::from(seed).wrapping_mul(0x0101_0101);
+    u64::from(v.wrapping_mul(0x0E8B_2F51)) * 4
 }
 
 /// The first byte where `got` differs from `want`, for the error message.
@@ -354,6 +396,15 @@ mod tests {
                 iters: 1000,
                 seed: 0x5a,
                 write: Some((0x1000_0000, 0xdead_beef)),
+                bulk: 0,
+            },
+            Ext {
+                ud: false,
+                size: 1 << 20,
+                iters: 1,
+                seed: 0x5a,
+                write: Some((0x1000_0000, 0xdead_beef)),
+                bulk: 1 << 20,
             },
             Ext {
                 ud: true,
@@ -361,6 +412,7 @@ mod tests {
                 iters: 3,
                 seed: 0,
                 write: None,
+                bulk: 0,
             },
         ] {
             let line = e.encode();
@@ -384,6 +436,21 @@ mod tests {
         );
         assert!(Ext::decode("ibal-qpx/1 mode=rc size=x").is_err());
         assert!(Ext::decode("ibal-qpx/1 junk").is_err());
+    }
+
+    #[test]
+    fn bulk_words_are_unique_and_name_their_origin() {
+        let p = bulk_pattern(0x5a, 1 << 16);
+        let words: std::collections::HashSet<&[u8]> = p.chunks(4).collect();
+        assert_eq!(words.len(), (1 << 16) / 4);
+        for at in [0usize, 4, 1024, 4096, 65532] {
+            let w = [p[at], p[at + 1], p[at + 2], p[at + 3]];
+            assert_eq!(bulk_origin(0x5a, w), at as u64);
+        }
+        assert_eq!(bulk_byte(0, 0), 0);
+        assert_eq!(bulk_byte(0, 4), 0xb1);
+        assert_eq!(bulk_byte(0, 7), 0x9e);
+        assert_eq!(bulk_byte(1, 0), 1);
     }
 
     #[test]

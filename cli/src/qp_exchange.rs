@@ -72,6 +72,35 @@ pub struct QpxConfig {
     pub ack_timeout: u8,
     /// RC: transport retries before a SEND fails with RETRY_EXC (0..=7).
     pub retry_cnt: u8,
+    /// `--rdma-bulk SIZE` (RC, ibal extension peers: another ibal or
+    /// `.ci/rxe-peer/rdma_peer.c`): instead of the ping-pong, each side
+    /// exposes a buffer of `2 * SIZE` bytes (REMOTE_WRITE and REMOTE_READ)
+    /// whose second half holds its [`oob::bulk_pattern`]; the client RDMA
+    /// WRITEs SIZE bytes of its pattern into the first half of the
+    /// server's, RDMA READs the server's second half and checks it, sends
+    /// `ibal-qpx/1 bulk-done ...`, and the server checks what was written
+    /// and answers with its verdict line.
+    pub bulk: Option<usize>,
+}
+
+/// What a `--rdma-bulk` run did.
+#[derive(Clone, Debug, Default)]
+pub struct BulkReport {
+    /// Bytes written and bytes read.
+    pub size: usize,
+    /// Client: seconds from posting the WRITE to its completion.
+    pub write_seconds: f64,
+    /// Client: seconds from posting the READ to its completion.
+    pub read_seconds: f64,
+    /// Bytes of the READ checked (client) or of the WRITE (server).
+    pub checked: usize,
+    /// Packets each way at the path MTU (ceil(size / MTU)).
+    pub packets: usize,
+    /// The verdict line the peer (server) sent back, or the one we sent.
+    pub verdict: String,
+    /// Client: the peer's buffer address and R_Key (our WRITE's RETH
+    /// carries them; the READ's address is `size` further).
+    pub peer_buffer: (u64, u32),
 }
 
 /// What a run did.
@@ -104,6 +133,8 @@ pub struct QpxReport {
     pub write_rkeys: (u32, u32),
     /// The AL's object counts at close.
     pub close_stats: String,
+    /// `--rdma-bulk`: what moved.
+    pub bulk: Option<BulkReport>,
 }
 
 impl QpxReport {
@@ -124,6 +155,9 @@ impl QpxReport {
 
     /// Human-readable, in the tools' words.
     pub fn to_text(&self) -> String {
+        if let Some(b) = &self.bulk {
+            return self.bulk_text(b);
+        }
         let d = |x: &Dest| {
             format!(
                 "LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
@@ -164,8 +198,56 @@ impl QpxReport {
         s
     }
 
+    fn bulk_text(&self, b: &BulkReport) -> String {
+        let mut s = format!(
+            "  local address:  QPN 0x{:06x}, PSN 0x{:06x}\n  remote address: QPN 0x{:06x}, PSN 0x{:06x}\n",
+            self.local.qpn, self.local.psn, self.remote.qpn, self.remote.psn
+        );
+        if self.role == "client" {
+            let rate = |secs: f64| b.size as f64 / (secs.max(1e-9) * 1e6);
+            s += &format!(
+                "RDMA WRITE {} bytes ({} packets) in {:.3} s = {:.2} MB/s\n",
+                b.size,
+                b.packets,
+                b.write_seconds,
+                rate(b.write_seconds)
+            );
+            s += &format!(
+                "RDMA READ  {} bytes ({} packets) in {:.3} s = {:.2} MB/s, {} bytes checked\n",
+                b.size,
+                b.packets,
+                b.read_seconds,
+                rate(b.read_seconds),
+                b.checked
+            );
+            s += &format!("peer's verdict on our WRITE: {}\n", b.verdict);
+        } else {
+            s += &format!("checked the peer's RDMA WRITE: {}\n", b.verdict);
+        }
+        s += &format!("closed: {}\n", self.close_stats);
+        s
+    }
+
     /// One JSON object.
     pub fn to_json(&self) -> String {
+        let bulk = match &self.bulk {
+            Some(b) => format!(
+                concat!(
+                    ",\"bulk\":{{\"size\":{},\"packets\":{},\"write_seconds\":{:.6},",
+                    "\"read_seconds\":{:.6},\"checked\":{},\"peer_addr\":{},\"peer_rkey\":{},",
+                    "\"verdict\":\"{}\"}}"
+                ),
+                b.size,
+                b.packets,
+                b.write_seconds,
+                b.read_seconds,
+                b.checked,
+                b.peer_buffer.0,
+                b.peer_buffer.1,
+                json_escape(&b.verdict)
+            ),
+            None => String::new(),
+        };
         format!(
             concat!(
                 "{{\"command\":\"qp-exchange\",\"mode\":\"{}\",\"role\":\"{}\",\"peer\":\"{}\",",
@@ -174,7 +256,7 @@ impl QpxReport {
                 "\"iters\":{},\"size\":{},\"bytes\":{},\"messages_checked\":{},",
                 "\"writes_checked\":{},\"local_write_rkey\":{},\"remote_write_rkey\":{},",
                 "\"seconds\":{:.6},\"mbit_per_sec\":{:.3},",
-                "\"mbyte_per_sec\":{:.3},\"usec_per_iter\":{:.3},\"clean\":true}}"
+                "\"mbyte_per_sec\":{:.3},\"usec_per_iter\":{:.3}{},\"clean\":true}}"
             ),
             self.mode,
             self.role,
@@ -196,6 +278,7 @@ impl QpxReport {
             self.mbit_per_sec(),
             self.mbyte_per_sec(),
             self.usec_per_iter(),
+            bulk,
         )
     }
 }
@@ -354,6 +437,7 @@ struct Side {
     buf: RegisteredBuffer,
     wbuf: RegisteredBuffer,
     lkey: u32,
+    wlkey: u32,
     wrkey: u32,
 }
 
@@ -487,6 +571,18 @@ pub fn run(cfg: &QpxConfig) -> Result<QpxReport, QpxFailure> {
     if cfg.ud && cfg.write {
         return Err(QpxFailure::before_open("--write needs --mode rc"));
     }
+    if let Some(b) = cfg.bulk {
+        if cfg.ud || cfg.write || cfg.plain {
+            return Err(QpxFailure::before_open(
+                "--rdma-bulk needs --mode rc (and neither --write nor --plain)",
+            ));
+        }
+        if b == 0 || b > (1 << 30) {
+            return Err(QpxFailure::before_open(
+                "--rdma-bulk SIZE must be 1 byte to 1 GiB",
+            ));
+        }
+    }
     let guid = 0x0249_4241_4c00_0000u64 | u64::from(random_u32() & 0xffff);
     let port = PortConfig::new(SocketAddr::new(cfg.local, cfg.udp_port))
         .peer_udp_port(cfg.peer_udp_port)
@@ -548,19 +644,25 @@ fn open_side(
     let buf = RegisteredBuffer::new(lay.total);
     let mr = pd.register(al, &buf, Access::LOCAL_WRITE)?;
     let (lkey, _) = mr.keys(al)?;
-    let wbuf = RegisteredBuffer::new(lay.size);
-    let wmr = pd.register_range(
-        al,
-        &wbuf,
-        0,
-        lay.size,
-        WRITE_IOVA,
-        Access::LOCAL_WRITE.union(Access::REMOTE_WRITE),
-    )?;
-    let (_, wrkey) = wmr.keys(al)?;
+    // With --rdma-bulk: [WRITE target / our WRITE source: bulk][READ
+    // source / our READ sink: bulk], open to the peer for both.
+    let (wlen, waccess) = match cfg.bulk {
+        Some(b) => (
+            2 * b,
+            Access::LOCAL_WRITE
+                .union(Access::REMOTE_WRITE)
+                .union(Access::REMOTE_READ),
+        ),
+        None => (lay.size, Access::LOCAL_WRITE.union(Access::REMOTE_WRITE)),
+    };
+    let wbuf = RegisteredBuffer::new(wlen);
+    let wmr = pd.register_range(al, &wbuf, 0, wlen, WRITE_IOVA, waccess)?;
+    let (wlkey, wrkey) = wmr.keys(al)?;
     let mut init = QpModify::to(QpState::Init).pkey_index(0).port(1);
     init = if cfg.ud {
         init.qkey(oob::UD_QKEY)
+    } else if cfg.bulk.is_some() {
+        init.access(Access::REMOTE_WRITE.union(Access::REMOTE_READ))
     } else if cfg.write {
         init.access(Access::REMOTE_WRITE)
     } else {
@@ -578,6 +680,7 @@ fn open_side(
         buf,
         wbuf,
         lkey,
+        wlkey,
         wrkey,
     })
 }
@@ -695,8 +798,15 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
         size: cfg.size as u32,
         iters: cfg.iters,
         seed,
-        write: cfg.write.then_some((WRITE_IOVA, side.wrkey)),
+        write: (cfg.write || cfg.bulk.is_some()).then_some((WRITE_IOVA, side.wrkey)),
+        bulk: cfg.bulk.unwrap_or(0) as u64,
     };
+    if let Some(b) = cfg.bulk {
+        // Our READ source (the peer reads it); the WRITE target is zeroed
+        // so that a WRITE that never landed fails the check.
+        side.wbuf.write(0, &vec![0u8; b]).map_err(e)?;
+        side.wbuf.write(b, &oob::bulk_pattern(seed, b)).map_err(e)?;
+    }
     eprintln!(
         "qp-exchange: {} QPN {:#08x} PSN {:#08x} on {}:{} (GID {}, reported as index {})",
         if cfg.ud { "UD" } else { "RC" },
@@ -774,6 +884,46 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
             "plain ibv tool"
         }
     );
+    if let Some(b) = cfg.bulk {
+        let x = match peer_ext {
+            Some(x) if x.bulk == b as u64 && !x.ud && x.write.is_some() => x,
+            Some(x) => {
+                return Err(format!(
+                    "--rdma-bulk {b}: the peer runs mode={} bulk={} write={} (it must run --rdma-bulk {b} too)",
+                    if x.ud { "ud" } else { "rc" },
+                    x.bulk,
+                    u8::from(x.write.is_some())
+                ))
+            }
+            None => {
+                return Err(
+                    "--rdma-bulk needs a peer that speaks the ibal extension (ibal --rdma-bulk or rdma_peer); the peer is a plain ibv tool"
+                        .into(),
+                )
+            }
+        };
+        let report = if server {
+            bulk_passive(al, side, &mut sock, cfg, b, &x)?
+        } else {
+            bulk_active(al, side, &mut sock, cfg, b, seed, &x)?
+        };
+        return Ok(QpxReport {
+            mode: "rc",
+            role: if server { "server" } else { "client" },
+            peer: "ibal",
+            local: me,
+            remote: peer,
+            iters: 0,
+            size: b,
+            bytes: 2 * b as u64,
+            writes_checked: 0,
+            messages_checked: 0,
+            seconds: report.write_seconds + report.read_seconds,
+            write_rkeys: (side.wrkey, x.write.map_or(0, |w| w.1)),
+            close_stats: String::new(),
+            bulk: Some(report),
+        });
+    }
     let peer_write = match peer_ext {
         Some(x) => {
             if x.ud != cfg.ud || x.size as usize != cfg.size || x.iters != cfg.iters {
@@ -1051,12 +1201,414 @@ fn pingpong(al: &Al, side: &mut Side, cfg: &QpxConfig, lay: &Layout) -> Result<Q
             None => (0, 0),
         },
         close_stats: String::new(),
+        bulk: None,
     })
+}
+
+const BULK_WRITE_WRID: u64 = 10;
+/// Pause between empty polls while a bulk WRITE or READ is in flight.
+const BULK_POLL_SLEEP: Duration = Duration::from_millis(2);
+/// While a bulk READ's data has not all landed, the CQ is polled only this
+/// often: a poll of an empty CQ makes the provider take what has arrived
+/// on the port on the polling thread, racing the port's receive thread,
+/// and with rxe's 1024-packet READ response burst that lost or reordered
+/// a response in 9 of 10 runs when spinning (21 of 24 passed polling
+/// every 2 ms); the re-issued READ then never completed
+/// (docs/two-process.md, "RDMA WRITE and READ against rxe").
+const BULK_FALLBACK_POLL: Duration = Duration::from_millis(250);
+const BULK_READ_WRID: u64 = 11;
+
+/// Wait for the completion of `wr_id` (nothing else is outstanding),
+/// bounded by `timeout`; returns the seconds it took. With `landed`, the
+/// CQ is polled only once `landed()` says the data is there, or every
+/// [`BULK_FALLBACK_POLL`] (which still catches a failed completion).
+fn wait_one(
+    al: &Al,
+    side: &Side,
+    wr_id: u64,
+    what: &str,
+    timeout: Duration,
+    landed: Option<&dyn Fn() -> bool>,
+) -> Result<f64, String> {
+    let start = Instant::now();
+    let mut wcs = [Wc::default(); 16];
+    let mut last_poll = Instant::now();
+    let mut seen = false;
+    loop {
+        if let Some(landed) = landed {
+            if !seen && !landed() && last_poll.elapsed() < BULK_FALLBACK_POLL {
+                if start.elapsed() > timeout {
+                    return Err(format!(
+                        "{what}: timed out: no completion for {:.1} s",
+                        timeout.as_secs_f64()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            seen = true;
+        }
+        last_poll = Instant::now();
+        let n = side.cq.poll(al, &mut wcs).map_err(|e| e.to_string())?;
+        for wc in &wcs[..n] {
+            if wc.wr_id == RECV_WRID {
+                return Err(format!(
+                    "{what}: a receive completed ({:?}): the peer SENT something, which --rdma-bulk never does",
+                    wc.status
+                ));
+            }
+            if wc.status != WcStatus::Success {
+                let hint = match wc.status {
+                    WcStatus::RetryExceeded => {
+                        " (IBV_WC_RETRY_EXC_ERR): retries exhausted: the peer's RoCE stack stopped \
+                         answering (it dropped our request packets, or its ACKs/READ responses \
+                         did not reach us)"
+                    }
+                    WcStatus::RemoteAccessError => {
+                        " (IBV_WC_REM_ACCESS_ERR): the peer NAKed the R_Key, address or length \
+                         (its MR is not open to this access)"
+                    }
+                    WcStatus::RemoteInvalidRequest => {
+                        " (IBV_WC_REM_INV_REQ_ERR): the peer refused the request (its QP \
+                         lacks REMOTE_WRITE/REMOTE_READ, or the length is over its limit)"
+                    }
+                    _ => "",
+                };
+                return Err(format!(
+                    "{what} failed after {:.3} s: {:?}{hint}",
+                    start.elapsed().as_secs_f64(),
+                    wc.status
+                ));
+            }
+            if wc.wr_id == wr_id {
+                return Ok(start.elapsed().as_secs_f64());
+            }
+        }
+        if n == 0 {
+            if start.elapsed() > timeout {
+                return Err(format!(
+                    "{what}: timed out: no completion for {:.1} s",
+                    timeout.as_secs_f64()
+                ));
+            }
+            // Not a spin: a poll of an empty CQ makes the provider take
+            // what has arrived on the port on this thread, racing its
+            // receive thread (docs/two-process.md, "RDMA WRITE and READ
+            // against rxe").
+            std::thread::sleep(BULK_POLL_SLEEP);
+        }
+    }
+}
+
+/// Read one `\n`-terminated line of at most 512 bytes (the socket's read
+/// timeout bounds each read).
+fn read_line(s: &mut TcpStream, what: &str) -> Result<String, String> {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => {
+                return Err(format!(
+                    "{what}: the peer closed the side channel{}",
+                    if line.is_empty() {
+                        " (its process ended or gave up)"
+                    } else {
+                        " mid-line"
+                    }
+                ))
+            }
+            Ok(_) if b[0] == b'\n' => break,
+            Ok(_) => {
+                line.push(b[0]);
+                if line.len() > 512 {
+                    return Err(format!("{what}: the peer's line is longer than 512 bytes"));
+                }
+            }
+            Err(err) if err.kind() == ErrorKind::Interrupted => {}
+            Err(err) => return Err(io_err(what, err)),
+        }
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+/// Where `got` first differs from the [`oob::bulk_pattern`] of `seed`, in
+/// words a reader can act on: the offset, the packet at `mtu`, what was
+/// there and where those bytes belonged.
+fn bulk_mismatch(got: &[u8], seed: u8, mtu: usize) -> Option<String> {
+    let at = (0..got.len()).find(|&k| got[k] != oob::bulk_byte(seed, k))?;
+    let bad = got[at..]
+        .iter()
+        .enumerate()
+        .filter(|&(i, &g)| g != oob::bulk_byte(seed, at + i))
+        .count();
+    let w = at & !3;
+    let origin = if w + 4 <= got.len() {
+        let word = [got[w], got[w + 1], got[w + 2], got[w + 3]];
+        if word == [0; 4] {
+            "zeros there: nothing was placed".to_string()
+        } else {
+            match oob::bulk_origin(seed, word) {
+                o if (o as usize) < got.len() => format!("the word there belongs at offset {o}"),
+                _ => "the word there is not from the pattern".to_string(),
+            }
+        }
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "first mismatch at offset {at} (packet {} of {} at MTU {mtu}): got {:#04x}, expected {:#04x}; {origin}; {bad} bytes differ from there on",
+        at / mtu,
+        got.len().div_ceil(mtu),
+        got[at],
+        oob::bulk_byte(seed, at)
+    ))
+}
+
+/// The client's part of `--rdma-bulk`.
+fn bulk_active(
+    al: &Al,
+    side: &mut Side,
+    sock: &mut TcpStream,
+    cfg: &QpxConfig,
+    size: usize,
+    seed: u8,
+    peer: &Ext,
+) -> Result<BulkReport, String> {
+    let e = |err: Error| err.to_string();
+    let (addr, rkey) = peer.write.expect("checked");
+    let mtu = mtu_bytes(cfg.mtu);
+    let packets = size.div_ceil(mtu);
+    let src = [Sge {
+        addr: WRITE_IOVA,
+        length: size as u32,
+        lkey: side.wlkey,
+    }];
+    let sink = [Sge {
+        addr: WRITE_IOVA + size as u64,
+        length: size as u32,
+        lkey: side.wlkey,
+    }];
+    // The WRITE carries our pattern (the server checks it with the seed
+    // of our extension line); the READ sink starts zeroed.
+    side.wbuf
+        .write(0, &oob::bulk_pattern(seed, size))
+        .map_err(e)?;
+    side.wbuf.write(size, &vec![0u8; size]).map_err(e)?;
+    eprintln!(
+        "qp-exchange: RDMA WRITE of {size} bytes ({packets} packets at MTU {mtu}) to the peer's {addr:#x} R_Key {rkey:#x}"
+    );
+    let w = SendWr::new(
+        BULK_WRITE_WRID,
+        SendOp::Write {
+            remote_addr: addr,
+            rkey,
+        },
+        &src,
+    );
+    side.qp.post_send(al, &[w]).map_err(e)?;
+    let write_seconds = wait_one(
+        al,
+        side,
+        BULK_WRITE_WRID,
+        &format!("RDMA WRITE of {size} bytes ({packets} packets) to the peer"),
+        cfg.timeout,
+        None,
+    )?;
+    eprintln!(
+        "qp-exchange: RDMA WRITE acknowledged in {write_seconds:.3} s; RDMA READ of {size} bytes from {:#x}",
+        addr + size as u64
+    );
+    let r = SendWr::new(
+        BULK_READ_WRID,
+        SendOp::Read {
+            remote_addr: addr + size as u64,
+            rkey,
+        },
+        &sink,
+    );
+    // The last aligned word of the READ is known (the peer's pattern):
+    // once it is in our sink, the last response has been placed.
+    let last = size.saturating_sub(4) & !3;
+    let want: Vec<u8> = (last..size.min(last + 4))
+        .map(|k| oob::bulk_byte(peer.seed, k))
+        .collect();
+    let wbuf = &side.wbuf;
+    let landed = move || {
+        let mut got = vec![0u8; want.len()];
+        wbuf.read(size + last, &mut got).is_ok() && got == want
+    };
+    side.qp.post_send(al, &[r]).map_err(e)?;
+    let read_seconds = wait_one(
+        al,
+        side,
+        BULK_READ_WRID,
+        &format!("RDMA READ of {size} bytes ({packets} response packets) from the peer"),
+        cfg.timeout,
+        Some(&landed),
+    )?;
+    let mut got = vec![0u8; size];
+    side.wbuf.read(size, &mut got).map_err(e)?;
+    let read_bad = bulk_mismatch(&got, peer.seed, mtu);
+    eprintln!(
+        "qp-exchange: RDMA READ completed in {read_seconds:.3} s, data {}",
+        if read_bad.is_some() {
+            "WRONG"
+        } else {
+            "checked"
+        }
+    );
+    sock.write_all(
+        format!(
+            "ibal-qpx/1 bulk-done wrote={size} read={size} read_ok={}\n",
+            u8::from(read_bad.is_none())
+        )
+        .as_bytes(),
+    )
+    .map_err(|err| io_err("sending bulk-done", err))?;
+    let verdict = read_line(sock, "reading the peer's verdict on our RDMA WRITE")?;
+    let write_ok = verdict.starts_with("ibal-qpx/1 bulk-verdict ok");
+    match (read_bad, write_ok) {
+        (None, true) => Ok(BulkReport {
+            size,
+            write_seconds,
+            read_seconds,
+            checked: size,
+            packets,
+            verdict,
+            peer_buffer: (addr, rkey),
+        }),
+        (read_bad, _) => {
+            let mut err = String::new();
+            if let Some(m) = read_bad {
+                err += &format!(
+                    "the RDMA READ completed but its data is wrong (the peer's responses, or our placement of them): {m}"
+                );
+            }
+            if !write_ok {
+                if !err.is_empty() {
+                    err += "; ";
+                }
+                err += &format!(
+                    "the peer says our RDMA WRITE (acknowledged) did not land right: {verdict:?}"
+                );
+            }
+            Err(err)
+        }
+    }
+}
+
+/// The server's part of `--rdma-bulk`: wait (polling the CQ, which should
+/// stay empty) for the client's `bulk-done`, check the WRITE target, send
+/// the verdict.
+fn bulk_passive(
+    al: &Al,
+    side: &mut Side,
+    sock: &mut TcpStream,
+    cfg: &QpxConfig,
+    size: usize,
+    peer: &Ext,
+) -> Result<BulkReport, String> {
+    let e = |err: Error| err.to_string();
+    // The client gets cfg.timeout per operation; allow for both, and the
+    // TCP round trip.
+    let limit = cfg.timeout * 3 + Duration::from_secs(5);
+    let start = Instant::now();
+    let mut wcs = [Wc::default(); 16];
+    loop {
+        let n = side.cq.poll(al, &mut wcs).map_err(e)?;
+        if let Some(wc) = wcs[..n].first() {
+            return Err(format!(
+                "unexpected completion while the peer did RDMA: {:?} wr_id {}",
+                wc.status, wc.wr_id
+            ));
+        }
+        sock.set_nonblocking(true).map_err(|err| err.to_string())?;
+        let mut b = [0u8; 1];
+        let r = sock.peek(&mut b);
+        sock.set_nonblocking(false).map_err(|err| err.to_string())?;
+        match r {
+            Ok(_) => break, // a line (or EOF: read_line says so)
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+            Err(err) => return Err(io_err("waiting for the peer's bulk-done", err)),
+        }
+        if start.elapsed() > limit {
+            return Err(format!(
+                "timed out: no bulk-done from the peer for {:.1} s",
+                limit.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let done = read_line(sock, "reading the peer's bulk-done")?;
+    if !done.starts_with("ibal-qpx/1 bulk-done ") {
+        return Err(format!(
+            "bad message from the peer: expected bulk-done, got {done:?}"
+        ));
+    }
+    let mut got = vec![0u8; size];
+    side.wbuf.read(0, &mut got).map_err(e)?;
+    let mtu = mtu_bytes(cfg.mtu);
+    let bad = bulk_mismatch(&got, peer.seed, mtu);
+    let verdict = match &bad {
+        None => format!("ibal-qpx/1 bulk-verdict ok checked={size}"),
+        Some(m) => format!("ibal-qpx/1 bulk-verdict FAIL {m}"),
+    };
+    sock.write_all(format!("{verdict}\n").as_bytes())
+        .map_err(|err| io_err("sending our verdict", err))?;
+    let read_ok = done.contains("read_ok=1");
+    match bad {
+        None if read_ok => Ok(BulkReport {
+            size,
+            write_seconds: 0.0,
+            read_seconds: 0.0,
+            checked: size,
+            packets: size.div_ceil(mtu),
+            verdict,
+            peer_buffer: (0, 0),
+        }),
+        None => Err(format!(
+            "the peer's RDMA WRITE landed right, but it says its RDMA READ of our buffer did not: {done:?}"
+        )),
+        Some(m) => Err(format!(
+            "the peer's RDMA WRITE (which it saw acknowledged) did not land right in our buffer: {m}{}",
+            if read_ok { "" } else { "; and the peer says its RDMA READ was wrong too" }
+        )),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bulk_mismatch_names_offset_packet_and_origin() {
+        let size = 8 * 1024;
+        let good = oob::bulk_pattern(7, size);
+        assert_eq!(bulk_mismatch(&good, 7, 1024), None);
+        // Packet 3 never placed.
+        let mut hole = good.clone();
+        hole[3 * 1024..4 * 1024].fill(0);
+        let m = bulk_mismatch(&hole, 7, 1024).unwrap();
+        assert!(
+            m.starts_with("first mismatch at offset 3072 (packet 3 of 8 at MTU 1024)")
+                && m.contains("zeros there: nothing was placed"),
+            "{m}"
+        );
+        // Packet 5's payload placed where packet 2 belongs.
+        let mut moved = good.clone();
+        moved.copy_within(5 * 1024..6 * 1024, 2 * 1024);
+        let m = bulk_mismatch(&moved, 7, 1024).unwrap();
+        assert!(
+            // (bytes that happen to agree are not counted)
+            m.contains("(packet 2 of 8 at MTU 1024)")
+                && m.contains("the word there belongs at offset 5120")
+                && m.ends_with("bytes differ from there on"),
+            "{m}"
+        );
+        // Another side's pattern (wrong seed).
+        let m = bulk_mismatch(&oob::bulk_pattern(8, size), 7, 1024).unwrap();
+        assert!(m.contains("offset 0 (packet 0 of 8"), "{m}");
+    }
 
     #[test]
     fn a_failure_says_how_the_al_closed_in_text_and_json() {

@@ -309,3 +309,115 @@ fn a_peer_that_never_acknowledges_is_reported() {
     assert!(err.contains("RetryExceeded"), "{err}");
     assert!(err.contains("never acknowledged"), "{err}");
 }
+
+/// `--rdma-bulk`: the client RDMA WRITEs 2 MiB into the server's buffer and
+/// RDMA READs 2 MiB back (2048 packets each way at MTU 1024); both sides
+/// check the data and report it.
+#[test]
+fn rdma_bulk_two_processes() {
+    let (srv, tcp, srv_err) = server(&[
+        "--udp-port",
+        "25141",
+        "--peer-udp-port",
+        "25142",
+        "--rdma-bulk",
+        "2M",
+        "--json",
+    ]);
+    let cli = finish(client(
+        tcp,
+        &[
+            "--udp-port",
+            "25142",
+            "--peer-udp-port",
+            "25141",
+            "--rdma-bulk",
+            "2M",
+            "--json",
+        ],
+    ));
+    let srv = finish(srv);
+    let srv_log: Vec<String> = srv_err.try_iter().collect();
+    for (who, out, log) in [
+        (
+            "client",
+            &cli,
+            String::from_utf8_lossy(&cli.stderr).to_string(),
+        ),
+        ("server", &srv, srv_log.join("\n")),
+    ] {
+        assert!(
+            out.status.success(),
+            "{who} failed ({:?}); stderr:\n{log}",
+            out.status
+        );
+        let json = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(json_field(&json, "size"), "2097152", "{who}: {json}");
+        assert_eq!(json_field(&json, "packets"), "2048", "{who}: {json}");
+        assert_eq!(json_field(&json, "checked"), "2097152", "{who}: {json}");
+        assert_eq!(
+            json_field(&json, "verdict"),
+            "ibal-qpx/1 bulk-verdict ok checked=2097152",
+            "{who}: {json}"
+        );
+        assert_eq!(json_field(&json, "clean"), "true", "{who}: {json}");
+    }
+    let log = String::from_utf8_lossy(&cli.stderr);
+    assert!(log.contains("RDMA READ completed"), "{log}");
+}
+
+/// `--rdma-bulk` needs the same mode and size on both sides, and says so.
+#[test]
+fn rdma_bulk_needs_a_bulk_peer_of_the_same_size() {
+    let (srv, tcp, _e) = server(&[
+        "--udp-port",
+        "25143",
+        "--peer-udp-port",
+        "25144",
+        "--rdma-bulk",
+        "64K",
+        "--timeout",
+        "5",
+    ]);
+    let err = failing(client(
+        tcp,
+        &[
+            "--udp-port",
+            "25144",
+            "--peer-udp-port",
+            "25143",
+            "--rdma-bulk",
+            "128K",
+            "--timeout",
+            "5",
+        ],
+    ));
+    assert!(
+        err.contains("the peer runs mode=rc bulk=65536") && err.contains("--rdma-bulk 131072"),
+        "{err}"
+    );
+    let _ = finish(srv);
+    let (srv, tcp, _e) = server(&[
+        "--udp-port",
+        "25145",
+        "--peer-udp-port",
+        "25146",
+        "--timeout",
+        "5",
+    ]);
+    let err = failing(client(
+        tcp,
+        &[
+            "--udp-port",
+            "25146",
+            "--peer-udp-port",
+            "25145",
+            "--rdma-bulk",
+            "64K",
+            "--timeout",
+            "5",
+        ],
+    ));
+    assert!(err.contains("the peer runs mode=rc bulk=0"), "{err}");
+    let _ = finish(srv);
+}
