@@ -123,8 +123,10 @@ impl<'p> TxBatch<'p> {
         }
         let c = &self.port.counters;
         let mut sent = 0;
+        // One packet (an ACK, a ping-pong's SEND) goes by `send_to` below:
+        // `sendmmsg` would only add the four header vectors' allocations.
         #[cfg(target_os = "linux")]
-        {
+        if self.msgs.len() > 1 {
             use rustix::net::{sendmmsg, MMsgHdr, SendAncillaryBuffer, SendFlags, SocketAddrAny};
             let addrs: Vec<SocketAddrAny> =
                 self.msgs.iter().map(|m| SocketAddrAny::from(m.0)).collect();
