@@ -47,6 +47,7 @@
 mod bits;
 mod codes;
 mod header;
+pub mod ip_cm;
 mod messages;
 
 #[cfg(test)]
