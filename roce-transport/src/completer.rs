@@ -139,6 +139,7 @@ impl<R: Clone> Transport<R> {
             self.sq.tx_idx -= 1;
             self.sq.una = psn::add(w.last_psn(), 1);
             self.complete_send(&w, WcStatus::Success);
+            self.recycle(w.data);
         }
         if let Some(status) = self.sq.wqes.front().and_then(|w| w.failed) {
             if self.sq.tx_idx == 0 {
@@ -229,6 +230,7 @@ impl<R: Clone> Transport<R> {
         match mem.scatter(&w.sges, 0, &orig.to_ne_bytes()) {
             Ok(()) => {
                 self.complete_send(&w, WcStatus::Success);
+                self.recycle(w.data);
                 self.progress(now);
             }
             Err(e) => {
@@ -295,6 +297,7 @@ impl<R: Clone> Transport<R> {
             let w = self.sq.wqes.pop_front().expect("front exists");
             self.sq.tx_idx -= 1;
             self.complete_send(&w, WcStatus::Success);
+            self.recycle(w.data);
             if let Some(status) = self.sq.wqes.front().and_then(|w| w.failed) {
                 if self.sq.tx_idx == 0 {
                     self.head_failed(status);

@@ -148,6 +148,7 @@ impl<R: Clone> Transport<R> {
                     if let Some(done) = self.sq.wqes.remove(self.sq.tx_idx) {
                         self.sq.una = psn::add(done.first_psn, done.npkts);
                         self.complete_send(&done, WcStatus::Success);
+                        self.recycle(done.data);
                     }
                 }
             }

@@ -39,6 +39,8 @@ fn slot(len: u32) -> u64 {
 pub struct Workload {
     pub msgs: Vec<Msg>,
     pub keys: Keys,
+    /// Added to every data pattern's seed.
+    pub seed: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +55,12 @@ pub struct Keys {
 impl Workload {
     /// Registers memory on both sides of `net` for `msgs` and fills it.
     pub fn new(net: &mut Net, kinds: &[(Kind, u32)]) -> Workload {
+        Workload::seeded(net, kinds, 0)
+    }
+
+    /// As [`Workload::new`], with data patterns drawn from `seed` (so two
+    /// workloads on one net carry different bytes).
+    pub fn seeded(net: &mut Net, kinds: &[(Kind, u32)], seed: u64) -> Workload {
         // The same stride as the layout below (8-byte aligned, 8 bytes
         // apart), so the last message always fits.
         let total: u64 = kinds.iter().map(|&(_, l)| slot(l)).sum::<u64>() + 64;
@@ -88,11 +96,11 @@ impl Workload {
                 dst_off: off,
             };
             off += slot(len);
-            let data = pattern(i as u64 * 7 + 1, len as usize);
+            let data = pattern(seed + i as u64 * 7 + 1, len as usize);
             net.sides[0].mem.write(src, SRC + m.src_off, &data);
             match kind {
                 Kind::Read => {
-                    let remote = pattern(i as u64 * 7 + 2, len as usize);
+                    let remote = pattern(seed + i as u64 * 7 + 2, len as usize);
                     net.sides[1].mem.write(dst_l, DST + m.dst_off, &remote);
                 }
                 Kind::Cas | Kind::Fadd => {
@@ -106,7 +114,7 @@ impl Workload {
             }
             msgs.push(m);
         }
-        Workload { msgs, keys }
+        Workload { msgs, keys, seed }
     }
 
     /// Posts the receives on B and the sends on A.
@@ -235,7 +243,7 @@ impl Workload {
         }
         let mut recvs = net.sides[1].wcs.iter();
         for (i, m) in self.msgs.iter().enumerate() {
-            let want_src = pattern(i as u64 * 7 + 1, m.len as usize);
+            let want_src = pattern(self.seed + i as u64 * 7 + 1, m.len as usize);
             match m.kind {
                 Kind::Send | Kind::SendImm | Kind::WriteImm => {
                     let wc = recvs.next().expect("a receive completion");
@@ -267,7 +275,7 @@ impl Workload {
                     assert!(got == want_src, "write {i} differs");
                 }
                 Kind::Read => {
-                    let want = pattern(i as u64 * 7 + 2, m.len as usize);
+                    let want = pattern(self.seed + i as u64 * 7 + 2, m.len as usize);
                     let got =
                         net.sides[0]
                             .mem
