@@ -50,6 +50,128 @@ pub(crate) struct PortShared {
     /// two threads never feed one port's packets concurrently (which could
     /// reorder them).
     pub(crate) rx_lock: Mutex<()>,
+    /// Positive ACKs a polling thread held back (see [`HeldAcks`]).
+    pub(crate) held: HeldAcks,
+}
+
+/// The longest acknowledgement held: BTH, AETH and ICRC (20 bytes), with
+/// room to spare.
+const HELD_ACK_MAX: usize = 48;
+
+/// A positive ACK encoded and waiting to leave.
+struct HeldAck {
+    qpn: u32,
+    /// Index of the send socket (`PortShared::batch`).
+    sock: usize,
+    to: SocketAddr,
+    len: usize,
+    bytes: [u8; HELD_ACK_MAX],
+}
+
+/// Positive ACKs a polling thread held back instead of sending them before
+/// it returned the completion the same packet produced.
+///
+/// Why: in a ping-pong the poller that takes a SEND answers it with an
+/// ACK and then (its application) with its own SEND; sent apart that is
+/// two system calls on the round trip's path, held it is one `sendmmsg`
+/// carrying both ([`TxBatch::flush`] takes the held ACKs of its socket).
+/// A held ACK is never late by more than this: every batch leaving the
+/// port, every poller's next [`crate::driver::progress`] and every turn of
+/// the port's receive thread (at most a nap, 100 us, apart while pollers
+/// are active) sends what is held. At most one per QP is kept (a newer
+/// ACK of a QP acknowledges everything the older one did), so the list is
+/// bounded by the QPs of the port. NAKs, RNR NAKs and atomic ACKs are
+/// never held.
+#[derive(Default)]
+pub(crate) struct HeldAcks {
+    any: AtomicBool,
+    list: Mutex<Vec<HeldAck>>,
+}
+
+impl HeldAcks {
+    /// Whether anything is held (one load; no lock).
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.any.load(Ordering::Acquire)
+    }
+
+    /// Keeps the encoded ACK `bytes` of QP `qpn` for socket `sock`,
+    /// replacing an older one of the same QP. False if it does not fit
+    /// (the caller sends it now).
+    fn hold(&self, qpn: u32, sock: usize, to: SocketAddr, bytes: &[u8]) -> bool {
+        if bytes.len() > HELD_ACK_MAX {
+            return false;
+        }
+        let mut held = HeldAck {
+            qpn,
+            sock,
+            to,
+            len: bytes.len(),
+            bytes: [0; HELD_ACK_MAX],
+        };
+        held.bytes[..bytes.len()].copy_from_slice(bytes);
+        let mut list = self.list.lock();
+        match list.iter_mut().find(|h| h.qpn == qpn) {
+            Some(old) => *old = held,
+            None => list.push(held),
+        }
+        self.any.store(true, Ordering::Release);
+        true
+    }
+
+    /// Moves the ACKs held for socket `sock` into `bytes`/`msgs`.
+    fn take_for(
+        &self,
+        sock: usize,
+        bytes: &mut Vec<u8>,
+        msgs: &mut Vec<(SocketAddr, usize, usize)>,
+    ) {
+        if self.is_empty() {
+            return;
+        }
+        let mut list = self.list.lock();
+        list.retain(|h| {
+            if h.sock != sock {
+                return true;
+            }
+            let start = bytes.len();
+            bytes.extend_from_slice(&h.bytes[..h.len]);
+            msgs.push((h.to, start, h.len));
+            false
+        });
+        self.any.store(!list.is_empty(), Ordering::Release);
+    }
+
+    /// The socket indexes that have ACKs held.
+    fn sockets(&self) -> Vec<usize> {
+        let list = self.list.lock();
+        let mut s: Vec<usize> = list.iter().map(|h| h.sock).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+}
+
+std::thread_local! {
+    /// Set while a polling thread makes progress (`driver::progress`): the
+    /// positive ACKs its drives produce are held ([`HeldAcks`]).
+    static HOLDING_ACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's positive ACKs held back ([`HeldAcks`]).
+pub(crate) fn holding_acks<R>(f: impl FnOnce() -> R) -> R {
+    let before = HOLDING_ACKS.replace(true);
+    let r = f();
+    HOLDING_ACKS.set(before);
+    r
+}
+
+/// Whether `pkt` is a plain positive acknowledgement (may be held).
+fn is_positive_ack(pkt: &Packet<'_>) -> bool {
+    pkt.headers.bth.opcode == roce::Opcode::RcAck
+        && matches!(
+            pkt.headers.aeth.map(|a| a.syndrome),
+            Some(roce::Syndrome::Ack { .. })
+        )
 }
 
 /// Most packets one `sendmmsg` carries.
@@ -70,6 +192,11 @@ std::thread_local! {
 pub(crate) struct TxBatch<'p> {
     port: &'p PortShared,
     socket: &'p UdpSocket,
+    /// Which of the port's send sockets `socket` is ([`PortShared::batch`]).
+    sock: usize,
+    /// The QP whose packets these are (its ACKs replace each other while
+    /// held).
+    qpn: u32,
     from: SocketAddr,
     /// The encoded datagrams back to back, and (destination, start, len)
     /// of each: taken from the thread's scratch, given back at drop.
@@ -86,18 +213,19 @@ impl<'p> TxBatch<'p> {
     /// Encodes `pkt` for the flow to `to`; sends the batch when full.
     pub(crate) fn push(&mut self, to: SocketAddr, pkt: &Packet<'_>) {
         let c = &self.port.counters;
-        if self.msgs.is_empty() && self.bytes.capacity() == 0 {
-            TX_SCRATCH.with_borrow_mut(|(b, m)| {
-                std::mem::swap(&mut self.bytes, b);
-                std::mem::swap(&mut self.msgs, m);
-            });
-            self.bytes.clear();
-            self.msgs.clear();
-        }
         let Ok(ep) = Endpoints::new(self.from, to) else {
             c.add(&c.tx_errors, 1);
             return;
         };
+        if HOLDING_ACKS.get() && is_positive_ack(pkt) {
+            let mut ack = [0u8; HELD_ACK_MAX];
+            if let Ok(n) = pkt.encode_into(&ep, &mut ack) {
+                if self.port.held.hold(self.qpn, self.sock, to, &ack[..n]) {
+                    return;
+                }
+            }
+        }
+        self.scratch();
         let start = self.bytes.len();
         let len = pkt.encoded_len();
         self.bytes.resize(start + len, 0);
@@ -116,8 +244,35 @@ impl<'p> TxBatch<'p> {
         }
     }
 
-    /// Sends what is encoded.
+    /// Takes the thread's reusable buffers if this batch has none yet.
+    fn scratch(&mut self) {
+        if self.msgs.is_empty() && self.bytes.capacity() == 0 {
+            TX_SCRATCH.with_borrow_mut(|(b, m)| {
+                std::mem::swap(&mut self.bytes, b);
+                std::mem::swap(&mut self.msgs, m);
+            });
+            self.bytes.clear();
+            self.msgs.clear();
+        }
+    }
+
+    /// Sends what is encoded, and the ACKs held for this socket with it
+    /// (only along with something: an empty batch leaves them held).
     pub(crate) fn flush(&mut self) {
+        if !self.msgs.is_empty() {
+            self.send(true);
+        }
+    }
+
+    /// Sends what is encoded and (`with_held`) the ACKs held for this
+    /// socket.
+    fn send(&mut self, with_held: bool) {
+        if with_held && !self.port.held.is_empty() {
+            self.scratch();
+            self.port
+                .held
+                .take_for(self.sock, &mut self.bytes, &mut self.msgs);
+        }
         if self.msgs.is_empty() {
             return;
         }
@@ -195,21 +350,39 @@ impl PortShared {
     /// encoded as they are pushed, sent with one `sendmmsg` per
     /// [`TX_BATCH`] packets (and at [`TxBatch::flush`] or drop).
     pub(crate) fn batch(&self, qpn: u32) -> TxBatch<'_> {
-        let (socket, from) = match self.tx.len() {
-            0 => (&self.socket, self.local),
-            n => {
-                let (s, a) = &self.tx[qpn as usize % n];
-                (s, *a)
-            }
+        let sock = match self.tx.len() {
+            0 => 0,
+            n => qpn as usize % n,
+        };
+        self.batch_on(sock, qpn)
+    }
+
+    /// A batch on send socket `sock` (an index `batch` gave).
+    fn batch_on(&self, sock: usize, qpn: u32) -> TxBatch<'_> {
+        let (socket, from) = match self.tx.get(sock) {
+            Some((s, a)) => (s, *a),
+            None => (&self.socket, self.local),
         };
         TxBatch {
             port: self,
             socket,
+            sock,
+            qpn,
             from,
             bytes: Vec::new(),
             msgs: Vec::new(),
         }
     }
+    /// Sends every ACK held on this port ([`HeldAcks`]).
+    pub(crate) fn flush_held(&self) {
+        if self.held.is_empty() {
+            return;
+        }
+        for sock in self.held.sockets() {
+            self.batch_on(sock, 0).send(true);
+        }
+    }
+
     fn attr(&self) -> PortAttr {
         PortAttr {
             port_num: self.num,
@@ -521,6 +694,7 @@ impl RoceDevice {
                 gid: gid_of(local.ip()),
                 counters: AtomicCounters::default(),
                 rx_lock: Mutex::new(()),
+                held: HeldAcks::default(),
             });
         }
         let attr = DeviceAttr {
@@ -1176,5 +1350,30 @@ impl Device for RoceDevice {
 
     fn post_recv(&self, qp: &RoceQp, wrs: &[RecvWr<'_>]) -> Result<()> {
         qp.inner.post_recv(wrs)
+    }
+}
+
+#[cfg(test)]
+mod held_ack_tests {
+    use super::*;
+
+    #[test]
+    fn one_ack_per_qp_is_held_and_taken_by_its_socket_only() {
+        let held = HeldAcks::default();
+        let to: SocketAddr = "127.0.0.9:4791".parse().unwrap();
+        assert!(held.is_empty());
+        assert!(held.hold(7, 0, to, &[1; 20]));
+        assert!(held.hold(7, 0, to, &[2; 20]), "the newer ACK of QP 7");
+        assert!(held.hold(8, 1, to, &[3; 20]));
+        assert!(!held.hold(9, 1, to, &[4; HELD_ACK_MAX + 1]), "too long to hold");
+        assert_eq!(held.sockets(), vec![0, 1]);
+        let (mut bytes, mut msgs) = (Vec::new(), Vec::new());
+        held.take_for(0, &mut bytes, &mut msgs);
+        assert_eq!(msgs, vec![(to, 0, 20)]);
+        assert_eq!(bytes, vec![2; 20], "only the newest ACK of QP 7 goes");
+        assert!(!held.is_empty(), "socket 1's ACK stays");
+        held.take_for(1, &mut bytes, &mut msgs);
+        assert_eq!(&bytes[20..], &[3; 20]);
+        assert!(held.is_empty());
     }
 }

@@ -133,6 +133,9 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // socket would be woken for each one only to find it gone, and
         // its wake-ups cost the pollers their cores. It naps instead, and
         // takes over within a nap of the polling's end.
+        // ACKs a poller held go now if nobody sent them since (they are
+        // never later than one nap).
+        port.flush_held();
         if dev.polled_within(POLLERS_ACTIVE) {
             std::thread::sleep(POLLERS_ACTIVE / 2);
             if stop.load(Ordering::Acquire) {
@@ -193,6 +196,8 @@ pub(crate) fn progress(dev: &DevShared) -> bool {
     let mut reached: Vec<Arc<QpInner>> = Vec::new();
     let mut any = false;
     for port in &dev.ports {
+        // What the last progress held back goes before anything new.
+        port.flush_held();
         let Some(_feeding) = port.rx_lock.try_lock() else {
             continue;
         };
@@ -205,9 +210,14 @@ pub(crate) fn progress(dev: &DevShared) -> bool {
             drain_queued(dev, port, buf, &mut reached, RX_BATCH)
         });
         any |= taken > 0;
-        for qp in reached.drain(..) {
-            qp.drive_now();
-        }
+        // The positive ACKs these drives produce are held: the caller's
+        // application is about to see the completions and often answers
+        // at once, and its packets take the ACKs along (`HeldAcks`).
+        crate::device::holding_acks(|| {
+            for qp in reached.drain(..) {
+                qp.drive_now();
+            }
+        });
     }
     any
 }

@@ -3,114 +3,18 @@
 //! the port threads deliver; then an SRQ shared by QPs fed from two
 //! threads. Correctness under concurrency, not speed.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use provider::{
-    Access, AvAttr, CqInit, Device, GrhAttr, Mtu, Provider, QpCaps, QpInit, QpModify, QpState,
-    QpType, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, SrqInit, Wc, WcOpcode, WcStatus,
+    Device, QpModify, QpState, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, SrqInit, WcOpcode,
+    WcStatus,
 };
-use roce_provider::{DeviceConfig, PortConfig, RoceCq, RoceDevice, RoceProvider, RoceQp, RoceSrq};
+use roce_provider::RoceQp;
 
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC);
+mod common;
 
-fn devices() -> (RoceDevice, RoceDevice) {
-    let port = |ip: &str| PortConfig::new(SocketAddr::new(ip.parse().unwrap(), 0));
-    let p = RoceProvider::new(vec![
-        DeviceConfig::new("a", 1, vec![port("127.0.0.1")]),
-        DeviceConfig::new("b", 2, vec![port("127.0.0.2")]),
-    ]);
-    (p.open(1).unwrap(), p.open(2).unwrap())
-}
-
-fn gid(d: &RoceDevice) -> [u8; 16] {
-    d.query_port(1).unwrap().gid_table[0]
-}
-
-fn connect(d: &RoceDevice, qp: &RoceQp, to: &RoceDevice, dqpn: u32) {
-    let av = AvAttr {
-        grh: Some(GrhAttr {
-            dgid: gid(to),
-            sgid_index: 0,
-            flow_label: 0,
-            hop_limit: 64,
-            traffic_class: 0,
-        }),
-        ..AvAttr::lid(1, 0)
-    };
-    let m = QpModify::to;
-    d.modify_qp(qp, &m(QpState::Init).pkey_index(0).port(1).access(ALL))
-        .unwrap();
-    d.modify_qp(
-        qp,
-        &m(QpState::Rtr)
-            .av(av)
-            .path_mtu(Mtu::Mtu1024)
-            .dest_qpn(dqpn)
-            .rq_psn(7)
-            .max_dest_rd_atomic(4)
-            .min_rnr_timer(1),
-    )
-    .unwrap();
-    d.modify_qp(
-        qp,
-        &m(QpState::Rts)
-            .sq_psn(7)
-            .timeout(14)
-            .retry_cnt(7)
-            .rnr_retry(7)
-            .max_rd_atomic(4),
-    )
-    .unwrap();
-}
-
-fn cq(d: &RoceDevice) -> RoceCq {
-    d.create_cq(CqInit {
-        capacity: 256,
-        ..CqInit::default()
-    })
-    .unwrap()
-}
-
-fn qp(d: &RoceDevice, pd: &roce_provider::RocePd, cq: &RoceCq, srq: Option<&RoceSrq>) -> RoceQp {
-    d.create_qp(
-        pd,
-        &QpInit {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-        },
-    )
-    .unwrap()
-}
-
-fn wait(d: &RoceDevice, cq: &RoceCq, n: usize) -> Vec<Wc> {
-    let end = Instant::now() + Duration::from_secs(20);
-    let mut got = Vec::new();
-    let mut buf = [Wc::default(); 16];
-    while got.len() < n {
-        assert!(Instant::now() < end, "{} of {n}: {got:?}", got.len());
-        let k = d.poll_cq(cq, &mut buf).unwrap();
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::yield_now();
-        }
-    }
-    got
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u64).wrapping_mul(131).wrapping_add(seed * 7) as u8)
-        .collect()
-}
+use common::{connect, cq, devices, pattern, qp, wait, ALL};
 
 #[test]
 fn threads_with_their_own_pairs() {
