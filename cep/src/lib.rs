@@ -10,5 +10,6 @@
 
 pub mod agent;
 pub mod cm;
+pub mod ip;
 pub mod proto;
 pub mod wire;

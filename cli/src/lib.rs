@@ -13,6 +13,7 @@ pub mod fuzzing;
 pub mod oob;
 pub mod perf;
 pub mod pingpong;
+pub mod pingpong_ip;
 pub mod qp_exchange;
 pub mod relay;
 pub mod stress;

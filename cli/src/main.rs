@@ -52,6 +52,33 @@ enum Command {
         /// file as InfiniBand packets (ERF records; `tshark -r FILE` decodes them).
         #[arg(long, value_name = "FILE")]
         capture: Option<std::path::PathBuf>,
+        /// Over RoCEv2 between processes: wait for `--connect` peers on this
+        /// address (IP[:PORT], rdma_cm port 7471 by default); our RoCEv2
+        /// port binds IP.
+        #[arg(long, value_name = "IP[:PORT]", conflicts_with_all = ["connect", "capture"])]
+        listen: Option<String>,
+        /// Over RoCEv2: connect to a `--listen` peer (IP[:PORT]).
+        #[arg(long, value_name = "IP[:PORT]", conflicts_with = "capture")]
+        connect: Option<String>,
+        /// Our RoCEv2 port's address when connecting [default: the kernel's
+        /// route source; on loopback the next 127.x address].
+        #[arg(long, value_name = "IP")]
+        local: Option<std::net::IpAddr>,
+        /// UDP port our RoCEv2 port binds.
+        #[arg(long, default_value_t = 4791)]
+        udp_port: u16,
+        /// UDP port the peer's RoCEv2 port listens on.
+        #[arg(long, default_value_t = 4791)]
+        peer_udp_port: u16,
+        /// Path MTU over RoCEv2 (256, 512, 1024, 2048 or 4096).
+        #[arg(long, default_value_t = 1024)]
+        mtu: u32,
+        /// Connections a listener serves before it exits.
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        /// Seconds to wait for the peer at any step.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
     },
     /// Print what this build contains and run a quick self-check.
     Overview,
@@ -369,14 +396,62 @@ fn main() -> ExitCode {
         size: 4096,
         json: false,
         capture: None,
+        listen: None,
+        connect: None,
+        local: None,
+        udp_port: 4791,
+        peer_udp_port: 4791,
+        mtu: 1024,
+        count: 1,
+        timeout: 30,
     }) {
         Command::Pingpong {
+            listen: None,
+            connect: None,
             loopback,
             iterations,
             size,
             json,
             capture,
+            ..
         } => pingpong(loopback, iterations, size, json, capture),
+        Command::Pingpong {
+            listen,
+            connect,
+            local,
+            udp_port,
+            peer_udp_port,
+            mtu,
+            count,
+            timeout,
+            iterations,
+            size,
+            json,
+            ..
+        } => (|| {
+            use ibal_cli::pingpong_ip::{IpPingPongConfig, Role, DEFAULT_PORT};
+            let role = match (listen, connect) {
+                (Some(l), _) => Role::Listen(parse_ip_port(&l, DEFAULT_PORT)?),
+                (None, Some(c)) => Role::Connect(parse_ip_port(&c, DEFAULT_PORT)?),
+                (None, None) => unreachable!("matched above"),
+            };
+            let mut cfg = IpPingPongConfig::new(role);
+            cfg.local = local;
+            cfg.udp_port = udp_port;
+            cfg.peer_udp_port = peer_udp_port;
+            cfg.mtu = mtu_of(mtu)?;
+            cfg.count = count;
+            cfg.timeout = std::time::Duration::from_secs(timeout.max(1));
+            cfg.iterations = iterations;
+            cfg.size = size;
+            let report = ibal_cli::pingpong_ip::run(&cfg)?;
+            if json {
+                out!("{}", report.to_json());
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(())
+        })(),
         Command::Overview => overview(),
         Command::Relay {
             near_a,
@@ -502,6 +577,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn mtu_of(bytes: u32) -> Result<ibal::prelude::Mtu, String> {
+    use ibal::prelude::Mtu;
+    Ok(match bytes {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        other => return Err(format!("--mtu {other}: use 256, 512, 1024, 2048 or 4096")),
+    })
 }
 
 fn pingpong(
@@ -808,6 +895,8 @@ fn overview() -> Result<(), String> {
     out!("Commands:");
     out!("  ibal [pingpong --loopback] [--iterations N] [--size S] [--json] [--capture FILE]");
     out!("                                                the main job: connect through the CM, WRITE+SEND ping-pong, disconnect, leak check");
+    out!("  ibal pingpong --listen IP[:PORT] | --connect IP[:PORT] [--local IP]");
+    out!("                                                the same job between two processes or hosts over RoCEv2 (rdma_cm addressing)");
     out!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
     out!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     out!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
