@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use ibal::cm::State;
 use ibal::prelude::*;
 use ibal::verbs::CidState;
+use ibal::RawHandle;
 
 const SERVICE: u64 = 0x1000_0000_0000_0c0c;
 const PSN_A: u32 = 0x12_3456;
@@ -452,9 +453,17 @@ fn bound_only_calls_on_cm_only_ceps_fail_cleanly() {
 
     // Destroying the CM-only CEP ends the connection (DREQ): the peer's
     // consumer hears it; the local QP is the consumer's to move.
-    cep.destroy(&al).unwrap();
+    let gone = Arc::new(AtomicU32::new(0));
+    let g = gone.clone();
+    let callback = Box::new(move |_: RawHandle| {
+        g.fetch_add(1, Ordering::SeqCst);
+    });
+    al.destroy(cep, Some(callback)).unwrap();
+    // A second destroy is an error, and its callback is not taken.
+    assert!(al.destroy(cep, None).is_err());
     wait("B to hear the DREQ", || log.has("B:DisconnectRequest"));
     wait("every CEP to go", || al.stats().live(Kind::CEP) == 0);
+    wait("the destroy callback", || gone.load(Ordering::SeqCst) == 1);
     assert_eq!(a.qp.query(&al).unwrap().state, QpState::Rts);
     let stats = al.close().unwrap();
     assert!(stats.is_clean(), "{stats}");

@@ -15,6 +15,12 @@
 //!   QP destroy has one winner and the loser's CEP is destroyed; QP destroy
 //!   destroys the bound CEP; when a connection ends (rejected, timed out,
 //!   disconnected and out of timewait) the CEP is unbound and destroyed.
+//! * A CM-only CEP ([`connect_unbound`], [`accept_unbound`]) is bound to no
+//!   QP: the consumer gives its QP's number and PSN as [`LocalQpAttrs`],
+//!   moves the QP itself from [`ConnectionAttrs`] ([`accept_attrs`],
+//!   [`connection_attrs`]), and moves it to ERR when the connection ends.
+//!   The rest (events, RTU, disconnect, destroy, AL close) is the bound
+//!   CEP's code (`docs/cm.md`, "CM-only CEPs").
 //! * Events reach the user on the AL executor, in order per CEP, with a
 //!   reference to the CEP held across the callback. Protocol reactions that
 //!   touch the QP (passive side to RTS when established, QP to ERR when the
