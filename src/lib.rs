@@ -304,10 +304,23 @@ pub mod cm {
     //! # Ok(())
     //! # }
     //! ```
+    //!
+    //! **CM-only CEPs.** A consumer that owns its QP (a proxy, another
+    //! verbs stack) can use the CM alone: [`connect_unbound`] (on the CA)
+    //! and [`accept_unbound`] take the QP's number, starting PSN, type and
+    //! flags as a [`LocalQpAttrs`] instead of a QP handle, and
+    //! [`accept_attrs`] / [`connection_attrs`] give back what to move the
+    //! QP with ([`ConnectionAttrs`]: peer QPN and PSN, RDMA depths, path,
+    //! and the `init`, `rtr` and `rts` modifies). The CEP never touches
+    //! that QP; everything else (RTU, reject, disconnect, events, destroy,
+    //! AL close) is the same as for a bound CEP. `docs/cm.md`, "CM-only
+    //! CEPs", says what the consumer does with its QP on each event.
     pub use cep::cm::{
-        accept, active_ports, apr, attach_ca, attach_ca_with, connect, disconnect,
-        disconnect_reply, lap, listen, mra, poll, reject, rtu, sidr_reply, sidr_request,
-        AcceptReply, Cep, CmDrive, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler,
+        accept, accept_attrs, accept_unbound, active_ports, apr, attach_ca, attach_ca_with,
+        connect, connect_unbound, connection_attrs, disconnect, disconnect_reply, lap, listen, mra,
+        poll, reject, rtr_attrs, rts_attrs, rtu, sidr_reply, sidr_request, AcceptReply, Cep,
+        CmDrive, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen, ListenHandler,
+        LocalQpAttrs, PathEnd,
     };
     pub use cep::proto::{
         ConnId, DisconnectCause, Event, LapParams, PeerAddr, RejectOrigin, SidrParams,

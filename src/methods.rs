@@ -12,7 +12,10 @@
 //! clone (`&inst`).
 
 use al::{AlInstance, Handle, Object, Result};
-use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
+use cep::cm::{
+    self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen,
+    ListenHandler, LocalQpAttrs,
+};
 use cep::proto::{LapParams, SidrParams, SidrReplyParams};
 use cep::wire::{ApStatus, RejectReason};
 use hca::any::AnyProvider;
@@ -89,6 +92,17 @@ pub trait CaMethods {
         port: u8,
         handler: CmHandler,
     ) -> Result<Handle<Cep>>;
+    /// CM-only connect from `request.port`: send a REQ for a QP the caller
+    /// owns and moves itself (`local` is what the REQ carries from it); the
+    /// CEP is bound to no QP ([`cm::connect_unbound`], `docs/cm.md`,
+    /// "CM-only CEPs").
+    fn connect_unbound(
+        self,
+        al: &Arc<AlInstance>,
+        request: &ConnectRequest,
+        local: &LocalQpAttrs,
+        handler: CmHandler,
+    ) -> Result<Handle<Cep>>;
 }
 
 impl CaMethods for Handle<Ca> {
@@ -134,6 +148,15 @@ impl CaMethods for Handle<Ca> {
         handler: CmHandler,
     ) -> Result<Handle<Cep>> {
         cm::sidr_request(al, self, params, port, handler)
+    }
+    fn connect_unbound(
+        self,
+        al: &Arc<AlInstance>,
+        request: &ConnectRequest,
+        local: &LocalQpAttrs,
+        handler: CmHandler,
+    ) -> Result<Handle<Cep>> {
+        cm::connect_unbound(al, self, request, local, handler)
     }
 }
 
@@ -321,6 +344,28 @@ pub trait CepMethods {
     fn apr(self, al: &Arc<AlInstance>, status: ApStatus, private_data: &[u8]) -> Result<()>;
     /// Answer a SIDR request.
     fn sidr_reply(self, al: &Arc<AlInstance>, reply: SidrReplyParams) -> Result<()>;
+    /// CM-only accept (passive side): send the REP for a QP the caller owns
+    /// (`local`); nothing is bound ([`cm::accept_unbound`]). Move the QP to
+    /// RTR first, with [`CepMethods::accept_attrs`].
+    fn accept_unbound(
+        self,
+        al: &Arc<AlInstance>,
+        local: &LocalQpAttrs,
+        reply: &AcceptReply,
+    ) -> Result<()>;
+    /// What a CM-only accept with `local` and `reply` will negotiate: the
+    /// caller's QP attributes for INIT and RTR before the REP leaves
+    /// ([`cm::accept_attrs`]). Changes nothing.
+    fn accept_attrs(
+        self,
+        al: &Arc<AlInstance>,
+        local: &LocalQpAttrs,
+        reply: &AcceptReply,
+    ) -> Result<ConnectionAttrs>;
+    /// This end's negotiated QP attributes (peer QPN and PSN, RDMA depths,
+    /// path; `rtr()` and `rts()` modifies), once the REQ and REP are known
+    /// ([`cm::connection_attrs`]).
+    fn connection_attrs(self, al: &Arc<AlInstance>) -> Result<ConnectionAttrs>;
 }
 
 impl CepMethods for Handle<Cep> {
@@ -350,5 +395,24 @@ impl CepMethods for Handle<Cep> {
     }
     fn sidr_reply(self, al: &Arc<AlInstance>, reply: SidrReplyParams) -> Result<()> {
         cm::sidr_reply(al, self, reply)
+    }
+    fn accept_unbound(
+        self,
+        al: &Arc<AlInstance>,
+        local: &LocalQpAttrs,
+        reply: &AcceptReply,
+    ) -> Result<()> {
+        cm::accept_unbound(al, self, local, reply)
+    }
+    fn accept_attrs(
+        self,
+        al: &Arc<AlInstance>,
+        local: &LocalQpAttrs,
+        reply: &AcceptReply,
+    ) -> Result<ConnectionAttrs> {
+        cm::accept_attrs(al, self, local, reply)
+    }
+    fn connection_attrs(self, al: &Arc<AlInstance>) -> Result<ConnectionAttrs> {
+        cm::connection_attrs(al, self)
     }
 }

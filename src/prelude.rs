@@ -15,7 +15,10 @@ pub use crate::methods::{
 pub use crate::owned::{Own, Owned};
 pub use crate::roce::RoceProvider;
 pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};
-pub use cep::cm::{AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, Listen, ListenHandler};
+pub use cep::cm::{
+    AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen, ListenHandler,
+    LocalQpAttrs,
+};
 pub use cep::proto::LapParams;
 pub use cep::proto::{Event, PeerAddr, SidrParams, SidrReplyParams, TimedOut};
 pub use cep::wire::{ApStatus, RejectReason};

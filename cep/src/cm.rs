@@ -15,6 +15,12 @@
 //!   QP destroy has one winner and the loser's CEP is destroyed; QP destroy
 //!   destroys the bound CEP; when a connection ends (rejected, timed out,
 //!   disconnected and out of timewait) the CEP is unbound and destroyed.
+//! * A CM-only CEP ([`connect_unbound`], [`accept_unbound`]) is bound to no
+//!   QP: the consumer gives its QP's number and PSN as [`LocalQpAttrs`],
+//!   moves the QP itself from [`ConnectionAttrs`] ([`accept_attrs`],
+//!   [`connection_attrs`]), and moves it to ERR when the connection ends.
+//!   The rest (events, RTU, disconnect, destroy, AL close) is the bound
+//!   CEP's code (`docs/cm.md`, "CM-only CEPs").
 //! * Events reach the user on the AL executor, in order per CEP, with a
 //!   reference to the CEP held across the callback. Protocol reactions that
 //!   touch the QP (passive side to RTS when established, QP to ERR when the
@@ -421,6 +427,12 @@ impl CmPort {
     pub fn routes(&self) -> usize {
         self.port.0.routes.len()
     }
+    /// Every connection the port's agent still holds, with its protocol
+    /// state (a leak check: a CEP that is gone leaves its connection in
+    /// TIMEWAIT at most, until timewait ends).
+    pub fn connections(&self) -> Vec<(ConnId, crate::proto::State)> {
+        self.port.0.agent.ceps()
+    }
     /// How the port's agent is driven.
     pub fn drive(&self) -> CmDrive {
         self.port.0.drive
@@ -594,6 +606,9 @@ struct CepState {
     accepting: bool,
     /// The QP bound to this CEP (its CID slot names this CEP).
     qp: Option<Arc<Obj<Qp>>>,
+    /// A CM-only CEP: the consumer owns its QP, which the CEP never
+    /// names or touches ([`connect_unbound`], [`accept_unbound`]).
+    cm_only: bool,
     req: Option<Req>,
     rep: Option<Rep>,
     peer: Option<PeerAddr>,
@@ -615,14 +630,20 @@ impl Object for Cep {
     /// DREQ the connection's state calls for and keeps the id through
     /// timewait), forget the route, and free the QP.
     fn teardown(obj: &Arc<Obj<Self>>) {
-        let (conn, qp) = {
+        let (conn, qp, cm_only) = {
             let mut st = obj.state.lock();
             st.closed = true;
-            (st.conn.take(), st.qp.take())
+            (st.conn.take(), st.qp.take(), st.cm_only)
         };
         if let Some(conn) = conn {
             obj.port.0.routes.inner.lock().remove(&conn);
-            let _ = obj.port.0.agent.destroy(conn);
+            // MUTANT (loom-tests/run.sh --mutants): a CM-only CEP forgets
+            // to end its connection (no REJ or DREQ; the agent keeps the
+            // id, and the peer's QP is never told).
+            let skip = cfg!(ibal_mutant = "cm_only_teardown_skips_agent") && cm_only;
+            if !skip {
+                let _ = obj.port.0.agent.destroy(conn);
+            }
         }
         if let Some(qp) = qp {
             // We are being destroyed already: only the binding goes.
@@ -639,11 +660,19 @@ impl fmt::Debug for Cep {
             .field("conn", &st.conn)
             .field("passive", &st.passive)
             .field("bound", &st.qp.is_some())
+            .field("cm_only", &st.cm_only)
             .finish()
     }
 }
 
 impl Cep {
+    /// Whether this is a CM-only CEP ([`connect_unbound`], or a request
+    /// accepted with [`accept_unbound`]): no QP is bound to it, and the
+    /// consumer moves its own QP.
+    pub fn is_cm_only(&self) -> bool {
+        self.state.lock().cm_only
+    }
+
     /// The protocol state of the connection, if it still has one.
     pub fn protocol_state(&self) -> Option<crate::proto::State> {
         let conn = self.state.lock().conn?;
@@ -672,6 +701,11 @@ impl Cep {
             if st.qp.is_some() || st.accepting {
                 return Err(Error::invalid_state(
                     "this request is already accepted (or being accepted) on a QP",
+                ));
+            }
+            if st.cm_only {
+                return Err(Error::invalid_state(
+                    "this request is already accepted CM-only (accept_unbound)",
                 ));
             }
         }
@@ -713,12 +747,9 @@ impl Cep {
                 let st = self.state.lock();
                 if st.passive {
                     if let (Some(req), Some(rep)) = (st.req, st.rep) {
-                        let _ = qp.modify(&rts_attrs(
-                            rep.starting_psn,
-                            &req,
-                            req.rnr_retry_count,
-                            rep.initiator_depth.min(req.responder_resources),
-                        ));
+                        let port = self.port.0.agent.port();
+                        let attrs = ConnectionAttrs::negotiated(port, PathEnd::Passive, &req, &rep);
+                        let _ = qp.modify(&attrs.rts());
                     }
                 }
             }
@@ -833,6 +864,323 @@ pub fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> Qp
         .retry_cnt(req.retry_count)
         .rnr_retry(rnr_retry)
         .max_rd_atomic(max_rd_atomic)
+}
+
+/// What a REQ or REP carries from the local QP, given by a consumer that
+/// owns its QP itself ([`connect_unbound`], [`accept_unbound`]); a bound
+/// [`connect`] or [`accept`] reads the same values from its QP.
+///
+/// The negotiated values (RDMA READ/atomic depths, path MTU, retry and RNR
+/// retry counts, local ACK timeout, access) stay where a bound connection
+/// has them: [`ConnectRequest`] and [`AcceptReply`].
+///
+/// ```
+/// # use cep::cm::LocalQpAttrs;
+/// # use hca::QpType;
+/// let local = LocalQpAttrs::new(QpType::Rc, 0x1234, 0x42).srq(true);
+/// assert_eq!((local.qpn, local.starting_psn, local.srq), (0x1234, 0x42, true));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalQpAttrs {
+    /// RC or UC: the REQ's transport service type (a passive side's must
+    /// match the REQ's).
+    pub qp_type: hca::QpType,
+    /// The QP number (24 bits; not 0 or 1).
+    pub qpn: u32,
+    /// The first PSN the QP sends (24 bits): its SQ PSN in RTS, the peer's
+    /// RQ PSN.
+    pub starting_psn: u32,
+    /// The QP takes its receives from a shared receive queue.
+    pub srq: bool,
+    /// The QP's receive queue generates end-to-end credits.
+    pub end_to_end_flow_control: bool,
+}
+
+impl LocalQpAttrs {
+    /// A `qp_type` (RC or UC) QP `qpn` that sends from `starting_psn`, with
+    /// no SRQ and no end-to-end flow control.
+    pub fn new(qp_type: hca::QpType, qpn: u32, starting_psn: u32) -> Self {
+        LocalQpAttrs {
+            qp_type,
+            qpn,
+            starting_psn,
+            srq: false,
+            end_to_end_flow_control: false,
+        }
+    }
+    /// Whether the QP receives from an SRQ.
+    pub fn srq(mut self, srq: bool) -> Self {
+        self.srq = srq;
+        self
+    }
+    /// Whether the QP's receive queue generates end-to-end credits.
+    pub fn end_to_end_flow_control(mut self, on: bool) -> Self {
+        self.end_to_end_flow_control = on;
+        self
+    }
+
+    /// What a bound connection reads from its QP.
+    fn of(qp: &Obj<Qp>, call: &str) -> Result<Self> {
+        LocalQpAttrs {
+            qp_type: qp.qp_type(),
+            qpn: qp.qpn(),
+            starting_psn: psn_seed(qp.qpn()),
+            srq: qp.has_srq(),
+            end_to_end_flow_control: false,
+        }
+        .checked(call)
+    }
+
+    /// Refuse what the wire cannot carry (never masked).
+    fn checked(self, call: &str) -> Result<Self> {
+        if !matches!(self.qp_type, hca::QpType::Rc | hca::QpType::Uc) {
+            return Err(Error::invalid_parameter(format!(
+                "{call} needs an RC or UC QP, not {:?}",
+                self.qp_type
+            )));
+        }
+        if self.qpn < 2 || self.qpn > 0xff_ffff {
+            return Err(Error::invalid_parameter(format!(
+                "{call}: QPN {:#x} is not a connected QP's number (2..=0xffffff)",
+                self.qpn
+            )));
+        }
+        if self.starting_psn > 0xff_ffff {
+            return Err(Error::invalid_parameter(format!(
+                "{call}: starting PSN {:#x} is out of range (24 bits)",
+                self.starting_psn
+            )));
+        }
+        Ok(self)
+    }
+
+    fn transport(&self) -> TransportType {
+        match self.qp_type {
+            hca::QpType::Uc => TransportType::Uc,
+            _ => TransportType::Rc,
+        }
+    }
+}
+
+/// The QP attributes of one end of a connection, from the REQ and REP it
+/// exchanged: what a consumer needs to move a QP it owns (a CM-only CEP,
+/// [`connect_unbound`] / [`accept_unbound`]) and what the CM applies to a
+/// bound QP. Get it with [`connection_attrs`] (active side after
+/// [`Event::ReplyReceived`], passive side after accept) or, before a
+/// passive side accepts, [`accept_attrs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionAttrs {
+    /// The local port.
+    pub port: u8,
+    /// Which end of the REQ's primary path this side is.
+    pub end: PathEnd,
+    /// Our QP number, as the REQ (active) or REP (passive) carried it.
+    pub local_qpn: u32,
+    /// Our starting PSN: the QP's SQ PSN in RTS.
+    pub local_starting_psn: u32,
+    /// The peer's QP number: the QP's destination QPN.
+    pub peer_qpn: u32,
+    /// The peer's starting PSN: the QP's RQ PSN in RTR.
+    pub peer_starting_psn: u32,
+    /// RDMA READ/atomic requests we accept from the peer
+    /// (`max_dest_rd_atomic`, our responder resources).
+    pub responder_resources: u8,
+    /// RDMA READ/atomic requests we may have outstanding at the peer
+    /// (`max_rd_atomic`, our initiator depth).
+    pub initiator_depth: u8,
+    /// RNR retries toward the peer (what the peer asked for).
+    pub rnr_retry_count: u8,
+    /// Transport retries (the REQ's).
+    pub retry_count: u8,
+    /// Local ACK timeout (the REQ's primary path's).
+    pub local_ack_timeout: u8,
+    /// The REQ's path MTU.
+    pub path_mtu: Mtu,
+    /// The REQ's primary path, as the active side sent it (the passive
+    /// side's peer is its `local_*` end).
+    pub path: PathInfo,
+    /// RC or UC.
+    pub qp_type: hca::QpType,
+    /// The peer's QP receives from an SRQ.
+    pub peer_srq: bool,
+    req: Req,
+}
+
+impl ConnectionAttrs {
+    /// The attributes one end ends up with, from the REQ and REP.
+    fn negotiated(port: u8, end: PathEnd, req: &Req, rep: &Rep) -> Self {
+        let (local_qpn, local_psn, peer_qpn, peer_psn, rr, id, rnr, peer_srq) = match end {
+            PathEnd::Active => (
+                req.local_qpn,
+                req.starting_psn,
+                rep.local_qpn,
+                rep.starting_psn,
+                rep.initiator_depth,
+                rep.responder_resources,
+                rep.rnr_retry_count,
+                rep.srq,
+            ),
+            PathEnd::Passive => (
+                rep.local_qpn,
+                rep.starting_psn,
+                req.local_qpn,
+                req.starting_psn,
+                rep.responder_resources,
+                rep.initiator_depth.min(req.responder_resources),
+                req.rnr_retry_count,
+                req.srq,
+            ),
+        };
+        ConnectionAttrs {
+            port,
+            end,
+            local_qpn,
+            local_starting_psn: local_psn,
+            peer_qpn,
+            peer_starting_psn: peer_psn,
+            responder_resources: rr,
+            initiator_depth: id,
+            rnr_retry_count: rnr,
+            retry_count: req.retry_count,
+            local_ack_timeout: req.primary_path.local_ack_timeout,
+            path_mtu: ibta_mtu(req.path_mtu),
+            path: req.primary_path,
+            qp_type: match req.transport_service_type {
+                TransportType::Uc => hca::QpType::Uc,
+                _ => hca::QpType::Rc,
+            },
+            peer_srq,
+            req: *req,
+        }
+    }
+
+    /// RESET -> INIT on our port (P_Key index 0) with `access`, as the CM
+    /// does for a bound QP.
+    pub fn init(&self, access: Access) -> QpModify {
+        QpModify::to(QpState::Init)
+            .pkey_index(0)
+            .port(self.port)
+            .access(access)
+    }
+
+    /// INIT -> RTR toward the peer ([`rtr_attrs`]).
+    pub fn rtr(&self) -> QpModify {
+        rtr_attrs(
+            self.port,
+            &self.req,
+            self.end,
+            self.peer_qpn,
+            self.peer_starting_psn,
+            self.responder_resources,
+        )
+    }
+
+    /// RTR -> RTS ([`rts_attrs`]).
+    pub fn rts(&self) -> QpModify {
+        rts_attrs(
+            self.local_starting_psn,
+            &self.req,
+            self.rnr_retry_count,
+            self.initiator_depth,
+        )
+    }
+}
+
+/// The attributes of `cep`'s end of the connection, from its REQ and REP:
+/// on the active side once the REP is in (inside the
+/// [`Event::ReplyReceived`] callback and after), on the passive side once
+/// it accepted. Works on bound and CM-only CEPs; a CM-only consumer moves
+/// its QP with [`ConnectionAttrs::rtr`] and [`ConnectionAttrs::rts`].
+pub fn connection_attrs(al: &AlInstance, cep: Handle<Cep>) -> Result<ConnectionAttrs> {
+    let c = al.resolve(cep)?;
+    let port = c.port.0.agent.port();
+    let st = c.state.lock();
+    let (Some(req), Some(rep)) = (st.req, st.rep) else {
+        return Err(Error::invalid_state(
+            "the connection has no REQ and REP yet (active side: after ReplyReceived; \
+             passive side: after accept)",
+        ));
+    };
+    let end = if st.passive {
+        PathEnd::Passive
+    } else {
+        PathEnd::Active
+    };
+    Ok(ConnectionAttrs::negotiated(port, end, &req, &rep))
+}
+
+/// The attributes the passive side's QP must have before a CM-only
+/// [`accept_unbound`] with the same `local` and `reply` sends its REP: move
+/// the QP to INIT and [`ConnectionAttrs::rtr`] first, so the peer's first
+/// packets after its RTU find it ready. Computes what `accept_unbound` will
+/// send; changes nothing.
+pub fn accept_attrs(
+    al: &AlInstance,
+    cep: Handle<Cep>,
+    local: &LocalQpAttrs,
+    reply: &AcceptReply,
+) -> Result<ConnectionAttrs> {
+    let c = al.resolve(cep)?;
+    let local = local.checked("accept_attrs")?;
+    let (req, passive) = {
+        let st = c.state.lock();
+        (st.req, st.passive)
+    };
+    let Some(req) = req.filter(|_| passive) else {
+        return Err(Error::invalid_state(
+            "accept_attrs needs the passive CEP of a connection request",
+        ));
+    };
+    check_transport(&req, local.qp_type)?;
+    let rep = build_rep(&req, &local, reply, PrivateData::default())?;
+    Ok(ConnectionAttrs::negotiated(
+        c.port.0.agent.port(),
+        PathEnd::Passive,
+        &req,
+        &rep,
+    ))
+}
+
+/// The QP type a REQ asks for must be the accepting QP's.
+fn check_transport(req: &Req, qp_type: hca::QpType) -> Result<()> {
+    let expected = match req.transport_service_type {
+        TransportType::Rc => hca::QpType::Rc,
+        TransportType::Uc => hca::QpType::Uc,
+        other => {
+            return Err(Error::invalid_state(format!(
+                "the request asks for {other:?}, which accept cannot serve"
+            )))
+        }
+    };
+    if qp_type != expected {
+        return Err(Error::invalid_parameter(format!(
+            "the request asks for a {expected:?} QP, not {qp_type:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The REP a passive side sends for `req` from `local` and `reply` (bound
+/// and CM-only alike).
+fn build_rep(
+    req: &Req,
+    local: &LocalQpAttrs,
+    reply: &AcceptReply,
+    private_data: PrivateData<196>,
+) -> Result<Rep> {
+    Ok(Rep {
+        local_qpn: local.qpn,
+        local_qkey: 0,
+        starting_psn: local.starting_psn,
+        responder_resources: reply.responder_resources.min(req.initiator_depth),
+        initiator_depth: reply.initiator_depth.min(req.responder_resources),
+        target_ack_delay: spec_bounded("target_ack_delay", reply.target_ack_delay, 31)?,
+        end_to_end_flow_control: local.end_to_end_flow_control,
+        rnr_retry_count: spec_bounded("rnr_retry_count", reply.rnr_retry_count, 7)?,
+        srq: local.srq,
+        private_data,
+        ..Rep::default()
+    })
 }
 
 /// Bring `qp` to INIT for a connection on `port` (from RESET or ERR), as
@@ -1005,25 +1353,74 @@ pub fn connect(
     // The reference is taken before the CEP id is published, and held for
     // the whole call.
     let qp = al.resolve_live(qp)?;
-    let transport = match qp.qp_type() {
-        hca::QpType::Rc => TransportType::Rc,
-        hca::QpType::Uc => TransportType::Uc,
-        other => {
-            return Err(Error::invalid_parameter(format!(
-                "connect needs an RC or UC QP, not {other:?}"
-            )))
-        }
-    };
+    let local = LocalQpAttrs::of(&qp, "connect")?;
     let port_use = PortUse::acquire(qp.pd().ca(), request.port, None)?;
+    let (req, peer) = build_req(request, &local, &port_use)?;
+    let cep = new_active_cep(al, port_use, handler, request.port, false)?;
+    let h = cep.handle();
+    binding::bind_and_start(
+        qp.cid(),
+        h.raw(),
+        || {
+            qp_to_init(&qp, request.port, request.access)?;
+            start_active(&cep, h, req, peer, Some(qp.clone()))
+        },
+        destroy_cep,
+    )
+    .map_err(|e| bind_error(&qp, e))?;
+    Ok(h)
+}
+
+/// A CM-only connect: send a REQ for a QP the caller owns (`local` says
+/// what the REQ carries from it) from `request.port` of `ca`, and return
+/// the new CEP, bound to no QP. Its events go to `handler` as for
+/// [`connect`]; on [`Event::ReplyReceived`] move the QP with
+/// [`connection_attrs`] (`init`, `rtr`, `rts`), then call [`rtu`].
+///
+/// Everything after the send is the bound CEP's code: RTU, reject, MRA,
+/// disconnect, events, destroy (its REJ or DREQ), AL close. The CEP never
+/// touches the caller's QP: on `Rejected`, `Timeout`, `DisconnectRequest`,
+/// `Disconnected` and `StaleConnection`, and when it destroys the CEP, the
+/// caller moves its QP to ERR itself (`docs/cm.md`, "CM-only CEPs").
+pub fn connect_unbound(
+    al: &Arc<AlInstance>,
+    ca: Handle<Ca>,
+    request: &ConnectRequest,
+    local: &LocalQpAttrs,
+    handler: CmHandler,
+) -> Result<Handle<Cep>> {
+    let local = local.checked("connect_unbound")?;
+    let ca = al.resolve_live(ca)?;
+    let port_use = PortUse::acquire(&ca, request.port, None)?;
+    let (req, peer) = build_req(request, &local, &port_use)?;
+    let cep = new_active_cep(al, port_use, handler, request.port, true)?;
+    let h = cep.handle();
+    // As a bound connect whose bind cannot be lost: a start that fails (the
+    // CEP closed by AL close, the agent refusing) destroys the CEP.
+    match start_active(&cep, h, req, peer, None) {
+        Ok(()) => Ok(h),
+        Err(e) => {
+            destroy_cep(h.raw());
+            Err(e)
+        }
+    }
+}
+
+/// The REQ of `request` for the QP `local`, and the peer it goes to.
+fn build_req(
+    request: &ConnectRequest,
+    local: &LocalQpAttrs,
+    port_use: &PortUse,
+) -> Result<(Req, PeerAddr)> {
     // The port's address and P_Key as its agent read them when it started
     // (P_Key index 0, `AgentConfig::default()`): no port query per REQ.
-    let local = port_use.0.agent.local_addr();
+    let addr = port_use.0.agent.local_addr();
     let pkey = port_use.0.agent.pkey();
     let req = Req {
         service_id: request.service_id,
-        local_qpn: qp.qpn(),
+        local_qpn: local.qpn,
         local_qkey: 0,
-        starting_psn: psn_seed(qp.qpn()),
+        starting_psn: local.starting_psn,
         responder_resources: request.responder_resources,
         initiator_depth: request.initiator_depth,
         remote_cm_response_timeout: spec_bounded(
@@ -1032,17 +1429,18 @@ pub fn connect(
             31,
         )?,
         local_cm_response_timeout: request.cm_response_timeout,
-        transport_service_type: transport,
-        end_to_end_flow_control: false,
+        transport_service_type: local.transport(),
+        end_to_end_flow_control: local.end_to_end_flow_control,
         retry_count: spec_bounded("retry_count", request.retry_count, 7)?,
         rnr_retry_count: spec_bounded("rnr_retry_count", request.rnr_retry_count, 7)?,
         max_cm_retries: spec_bounded("max_cm_retries", request.max_cm_retries, 15)?,
         path_mtu: mtu_code(request.path_mtu),
         pkey,
+        srq: local.srq,
         primary_path: PathInfo {
-            local_lid: local.lid,
+            local_lid: addr.lid,
             remote_lid: request.remote_lid,
-            local_gid: local.gid,
+            local_gid: addr.gid,
             remote_gid: request.remote_gid.unwrap_or([0; 16]),
             hop_limit: 0xff,
             subnet_local: request.remote_gid.is_none(),
@@ -1057,39 +1455,51 @@ pub fn connect(
         lid: request.remote_lid,
         gid: request.remote_gid.unwrap_or([0; 16]),
     };
-    let cep = create(al, None, |_| {
+    Ok((req, peer))
+}
+
+/// A new active-side CEP (bound or CM-only), not started.
+fn new_active_cep(
+    al: &Arc<AlInstance>,
+    port_use: PortUse,
+    handler: CmHandler,
+    port: u8,
+    cm_only: bool,
+) -> Result<Arc<Obj<Cep>>> {
+    create(al, None, |_| {
         Ok(Cep {
             port: port_use,
             handler,
             state: Mutex::new(CepState {
-                port: request.port,
+                port,
+                cm_only,
                 ..CepState::default()
             }),
         })
-    })?;
-    let h = cep.handle();
-    binding::bind_and_start(
-        qp.cid(),
-        h.raw(),
-        || {
-            qp_to_init(&qp, request.port, request.access)?;
-            // Held across the agent call: a teardown (AL close, QP destroy)
-            // either ran before (closed) or finds the connection's id.
-            let mut st = cep.state.lock();
-            if st.closed {
-                return Err(cep_destroyed(&cep));
-            }
-            let conn = start_connect(&cep, ConnectParams::new(peer, req), h)?;
-            st.conn = Some(conn);
-            st.qp = Some(qp.clone());
-            st.req = Some(req);
-            st.peer = Some(peer);
-            Ok(())
-        },
-        destroy_cep,
-    )
-    .map_err(|e| bind_error(&qp, e))?;
-    Ok(h)
+    })
+}
+
+/// Send the REQ of a new active CEP and record it, with the bound `qp` if
+/// any. The state lock is held across the agent call: a teardown (AL
+/// close, QP destroy, the user's destroy) either ran before (closed) or
+/// finds the connection's id.
+fn start_active(
+    cep: &Obj<Cep>,
+    h: Handle<Cep>,
+    req: Req,
+    peer: PeerAddr,
+    qp: Option<Arc<Obj<Qp>>>,
+) -> Result<()> {
+    let mut st = cep.state.lock();
+    if st.closed {
+        return Err(cep_destroyed(cep));
+    }
+    let conn = start_connect(cep, ConnectParams::new(peer, req), h)?;
+    st.conn = Some(conn);
+    st.qp = qp;
+    st.req = Some(req);
+    st.peer = Some(peer);
+    Ok(())
 }
 
 /// Send the REQ, the CEP's route published before it can leave.
@@ -1244,21 +1654,7 @@ fn accept_claimed(
     reply: &AcceptReply,
     private_data: PrivateData<196>,
 ) -> Result<()> {
-    let expected = match req.transport_service_type {
-        TransportType::Rc => hca::QpType::Rc,
-        TransportType::Uc => hca::QpType::Uc,
-        other => {
-            return Err(Error::invalid_state(format!(
-                "the request asks for {other:?}, which accept cannot serve"
-            )))
-        }
-    };
-    if qp.qp_type() != expected {
-        return Err(Error::invalid_parameter(format!(
-            "the request asks for a {expected:?} QP, not {:?}",
-            qp.qp_type()
-        )));
-    }
+    check_transport(req, qp.qp_type())?;
     let before = qp.query()?;
     if !matches!(before.state, QpState::Reset | QpState::Init | QpState::Err) {
         return Err(Error::invalid_state(format!(
@@ -1267,31 +1663,11 @@ fn accept_claimed(
         )));
     }
     let port = c.port.0.agent.port();
-    let responder_resources = reply.responder_resources.min(req.initiator_depth);
-    let initiator_depth = reply.initiator_depth.min(req.responder_resources);
-    let rep = Rep {
-        local_qpn: qp.qpn(),
-        local_qkey: 0,
-        starting_psn: psn_seed(qp.qpn()),
-        responder_resources,
-        initiator_depth,
-        target_ack_delay: spec_bounded("target_ack_delay", reply.target_ack_delay, 31)?,
-        end_to_end_flow_control: false,
-        rnr_retry_count: spec_bounded("rnr_retry_count", reply.rnr_retry_count, 7)?,
-        srq: qp.has_srq(),
-        private_data,
-        ..Rep::default()
-    };
+    let rep = build_rep(req, &LocalQpAttrs::of(qp, "accept")?, reply, private_data)?;
+    let rtr = ConnectionAttrs::negotiated(port, PathEnd::Passive, req, &rep).rtr();
     let start = || {
         qp_to_init(qp, port, reply.access)?;
-        qp.modify(&rtr_attrs(
-            port,
-            req,
-            PathEnd::Passive,
-            req.local_qpn,
-            req.starting_psn,
-            responder_resources,
-        ))?;
+        qp.modify(&rtr)?;
         let mut st = c.state.lock();
         if st.closed {
             return Err(cep_destroyed(c));
@@ -1321,6 +1697,72 @@ fn accept_claimed(
     })
 }
 
+/// A CM-only accept: answer the connection request of `cep` for a QP the
+/// caller owns (`local` says what the REP carries from it) and send the
+/// REP. Nothing is bound. Before calling it, move the QP to INIT and RTR
+/// with [`accept_attrs`] (same `local` and `reply`): the peer may send as
+/// soon as the REP is in. On [`Event::Established`] move it to RTS
+/// ([`ConnectionAttrs::rts`]); on `Rejected`, `Timeout`,
+/// `DisconnectRequest`, `Disconnected`, `StaleConnection`, and when the
+/// CEP is destroyed, to ERR: the CEP never touches it.
+///
+/// Fails as [`accept`] does, by the same claim: `e.is_gone(Kind::CEP)`
+/// means the CEP is gone or going; any other error changes nothing (the
+/// request is still waiting, and may be accepted, bound or CM-only,
+/// rejected or destroyed). A request accepted CM-only cannot be accepted
+/// again, on a QP or CM-only.
+pub fn accept_unbound(
+    al: &AlInstance,
+    cep: Handle<Cep>,
+    local: &LocalQpAttrs,
+    reply: &AcceptReply,
+) -> Result<()> {
+    let c = al.resolve(cep)?.to_arc();
+    let local = local.checked("accept_unbound")?;
+    let private_data = PrivateData::new(&reply.private_data)
+        .map_err(|e| Error::invalid_parameter(e.to_string()))?;
+    let (conn, req) = c.claim_for_accept().map_err(|e| {
+        if c.core().is_destroying() {
+            cep_destroyed(&c)
+        } else {
+            e
+        }
+    })?;
+    let result = accept_unbound_claimed(&c, conn, &req, &local, reply, private_data);
+    c.state.lock().accepting = false;
+    match result {
+        Ok(()) => Ok(()),
+        Err(_) if c.core().is_destroying() => Err(cep_destroyed(&c)),
+        Err(e) => Err(e),
+    }
+}
+
+/// The body of [`accept_unbound`], with the CEP claimed: [`accept_claimed`]
+/// with no QP to bind or move.
+fn accept_unbound_claimed(
+    c: &Obj<Cep>,
+    conn: ConnId,
+    req: &Req,
+    local: &LocalQpAttrs,
+    reply: &AcceptReply,
+    private_data: PrivateData<196>,
+) -> Result<()> {
+    check_transport(req, local.qp_type)?;
+    let rep = build_rep(req, local, reply, private_data)?;
+    let mut st = c.state.lock();
+    if st.closed {
+        return Err(cep_destroyed(c));
+    }
+    st.cm_only = true;
+    st.rep = Some(rep);
+    drop(st);
+    c.port.0.agent.accept(conn, rep).inspect_err(|_| {
+        let mut st = c.state.lock();
+        st.cm_only = false;
+        st.rep = None;
+    })
+}
+
 /// Put back the state a failed accept found `qp` in (RESET, INIT with its
 /// port, P_Key index and access, or ERR).
 fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
@@ -1342,16 +1784,19 @@ fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
 }
 
 /// Active side, after the reply: move the QP to RTR and RTS from the REP,
-/// and send the RTU.
+/// and send the RTU. A CM-only CEP ([`connect_unbound`]) only sends the
+/// RTU: its caller moves its own QP first ([`connection_attrs`]).
 pub fn rtu(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()> {
     let c = al.resolve(cep)?.to_arc();
     let conn = c.conn()?;
-    let (qp, req, port) = {
+    let (qp, req, port, cm_only, passive) = {
         let st = c.state.lock();
-        (st.qp.clone(), st.req, st.port)
+        (st.qp.clone(), st.req, st.port, st.cm_only, st.passive)
     };
-    let (Some(qp), Some(req)) = (qp, req) else {
-        return Err(Error::invalid_state("the CEP has no bound QP and REQ"));
+    let Some(req) = req.filter(|_| !passive && (qp.is_some() || cm_only)) else {
+        return Err(Error::invalid_state(
+            "rtu answers the reply of an active CEP (bound by connect, or connect_unbound)",
+        ));
     };
     let rep = match c.port.0.agent.state(conn) {
         Some(crate::proto::State::RepRcvd) | Some(crate::proto::State::MraRepSent) => c
@@ -1365,20 +1810,11 @@ pub fn rtu(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()>
             )))
         }
     };
-    qp.modify(&rtr_attrs(
-        port,
-        &req,
-        PathEnd::Active,
-        rep.local_qpn,
-        rep.starting_psn,
-        rep.initiator_depth,
-    ))?;
-    qp.modify(&rts_attrs(
-        req.starting_psn,
-        &req,
-        rep.rnr_retry_count,
-        rep.responder_resources,
-    ))?;
+    if let Some(qp) = qp {
+        let attrs = ConnectionAttrs::negotiated(port, PathEnd::Active, &req, &rep);
+        qp.modify(&attrs.rtr())?;
+        qp.modify(&attrs.rts())?;
+    }
     c.port.0.agent.send_rtu(conn, private_data)
 }
 

@@ -440,3 +440,150 @@ fn cm_al_close_vs_connect() {
         assert_eq!(cm::active_ports(), 0, "a port user outlived the AL");
     });
 }
+
+// ----------------------------------------------------------- CM-only CEPs --
+
+/// The QP attributes a CM-only consumer gives: numbers of QPs the CM never
+/// sees (none exists here: a CM-only CEP never touches one).
+fn cm_only_local(qpn: u32) -> cm::LocalQpAttrs {
+    cm::LocalQpAttrs::new(QpType::Rc, qpn, 0x100)
+}
+
+impl World {
+    /// A CM-only connect from A whose REQ reached B's listen.
+    fn requested_cm_only(&self) -> (Handle<Cep>, Handle<Cep>) {
+        let active = cm::connect_unbound(
+            self.al.instance(),
+            self.ca_a,
+            &ConnectRequest::new(SERVICE, 2),
+            &cm_only_local(0x4242),
+            self.handler(),
+        )
+        .unwrap();
+        cm::poll(&self.al, self.port_b).unwrap();
+        self.al.run_callbacks();
+        (active, self.seen.request())
+    }
+
+    /// Every connection either agent still holds has ended: TIMEWAIT
+    /// (which never expires under loom) or a listener. A CEP whose
+    /// teardown did not end its connection leaves it in an earlier state.
+    fn assert_connections_ended(&self) {
+        for port in [self.port_a, self.port_b] {
+            let conns = self.al.resolve(port).unwrap().connections();
+            assert!(
+                conns.iter().all(|(_, s)| matches!(
+                    s,
+                    cep::proto::State::Timewait | cep::proto::State::Listen
+                )),
+                "a connection outlived its CEP: {conns:?}"
+            );
+        }
+    }
+}
+
+/// A CM-only accept racing the user destroying the same passive CEP: the
+/// accept succeeds or says the CEP is gone; either way the CEP goes once,
+/// no QP is touched (there is none: no CID slot to race), and every
+/// connection of both agents ends (REJ, or DREQ after the RTU), so no id
+/// is held past timewait. The active CM-only CEP goes the same way.
+#[test]
+fn cm_only_accept_vs_cep_destroy() {
+    model("cm_only_accept_vs_cep_destroy", || {
+        let w = World::new(OnRequest::Keep);
+        let (active, passive) = w.requested_cm_only();
+        let acceptor = {
+            let al = w.al.clone();
+            thread::spawn(move || {
+                cm::accept_unbound(
+                    al.instance(),
+                    passive,
+                    &cm_only_local(0x4343),
+                    &AcceptReply::default(),
+                )
+            })
+        };
+        let _ = w.al.destroy(passive, None);
+        let r = acceptor.join().unwrap();
+        if let Err(e) = &r {
+            assert!(
+                e.is_gone(Kind::CEP),
+                "only the CEP's end can fail this accept: {e:?}"
+            );
+        }
+        w.quiesce();
+        assert!(w.al.resolve(passive).is_err());
+        // The active side heard the REJ, or got the REP (and answers it).
+        if w.seen.count(active, "ReplyReceived") == 1 {
+            let _ = cm::rtu(w.al.instance(), active, &[]);
+        }
+        let _ = w.al.destroy(active, None);
+        w.quiesce();
+        assert_eq!(w.cid(w.qp_a), CidState::Unbound, "no QP is ever bound");
+        assert_eq!(w.cid(w.qp_b), CidState::Unbound, "no QP is ever bound");
+        w.assert_connections_ended();
+        w.finish(&[]);
+    });
+}
+
+/// The user destroying a CM-only active CEP while the exchange runs on
+/// another thread (B polled: the REQ accepted CM-only, the REP sent; A
+/// polled: the REP delivered): the CEP goes once and its connection ends
+/// whatever the order (REJ before or after the REP).
+#[test]
+fn cm_only_destroy_vs_exchange() {
+    model("cm_only_destroy_vs_exchange", || {
+        let w = World::new(OnRequest::Keep);
+        let (active, passive) = w.requested_cm_only();
+        cm::accept_unbound(
+            w.al.instance(),
+            passive,
+            &cm_only_local(0x4343),
+            &AcceptReply::default(),
+        )
+        .unwrap();
+        let exchange = {
+            let (al, port_a) = (w.al.clone(), w.port_a);
+            thread::spawn(move || {
+                cm::poll(&al, port_a).unwrap();
+                al.run_callbacks();
+            })
+        };
+        w.al.destroy(active, None).unwrap();
+        exchange.join().unwrap();
+        w.quiesce();
+        assert!(w.al.resolve(active).is_err());
+        // B's CEP heard the end (REJ or DREQ); the user lets it go.
+        let _ = w.al.destroy(passive, None);
+        w.quiesce();
+        w.assert_connections_ended();
+        w.finish(&[]);
+    });
+}
+
+/// AL close racing a CM-only connect: the close reclaims the CEP whatever
+/// the order, and every port user is gone.
+#[test]
+fn cm_only_al_close_vs_connect() {
+    model("cm_only_al_close_vs_connect", || {
+        let w = World::new(OnRequest::Keep);
+        let connector = {
+            let (al, ca, handler) = (w.al.clone(), w.ca_a, w.handler());
+            thread::spawn(move || {
+                let _ = cm::connect_unbound(
+                    al.instance(),
+                    ca,
+                    &ConnectRequest::new(SERVICE, 2),
+                    &cm_only_local(0x4242),
+                    handler,
+                );
+            })
+        };
+        w.al.instance().close_async(None).unwrap();
+        connector.join().unwrap();
+        w.al.run_callbacks();
+        let stats = w.al.stats();
+        assert!(stats.is_clean(), "AL close left {stats}");
+        assert_eq!(cm::active_ports(), 0, "a port user outlived the AL");
+    });
+}
