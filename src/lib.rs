@@ -327,6 +327,21 @@ pub mod cm {
         SidrReplyParams, State, TimedOut,
     };
     pub use cep::wire;
+
+    pub mod ip {
+        //! Addressing by IP address and port, rdma_cm style, over the same
+        //! CEPs: [`IpConnect`] (a REQ to `ip:port` with rdma_cm's header in
+        //! its private data and timers for a LAN, [`LAN_TIMERS`]), listen
+        //! on an address ([`listen`]), and [`request_info`] to read a
+        //! received request's addresses. Also methods:
+        //! `qp.connect_ip(..)`, `ca.listen_ip(..)`. `docs/cm.md`,
+        //! "Addressing by IP".
+        pub use cep::ip::{
+            address_of, connect, listen, port_of, request_info, IpConnect, IpRequestInfo, Timers,
+            LAN_TIMERS,
+        };
+        pub use cep::wire::ip_cm::{gid_of, ip_of_gid, parse_service_id, service_id, PortSpace};
+    }
 }
 
 #[cfg(feature = "async")]

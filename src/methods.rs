@@ -16,7 +16,9 @@ use cep::cm::{
     self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen,
     ListenHandler, LocalQpAttrs,
 };
+use cep::ip::IpConnect;
 use cep::proto::{LapParams, SidrParams, SidrReplyParams};
+use cep::wire::ip_cm::PortSpace;
 use cep::wire::{ApStatus, RejectReason};
 use hca::any::AnyProvider;
 use hca::provider::{Access, AvAttr, CqArm, DeviceAttr, QpAttr, QpModify, RecvWr, SendWr};
@@ -24,6 +26,7 @@ use hca::provider::{PortAttr, SrqInit, Wc};
 use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Mr, Pd, Srq};
 use hca::{verbs::Cq, RawRegion, RegisteredBuffer};
 use qp::{Qp, QpCreate};
+use std::net::SocketAddr;
 
 use al::sync::Arc;
 
@@ -103,6 +106,17 @@ pub trait CaMethods {
         local: &LocalQpAttrs,
         handler: CmHandler,
     ) -> Result<Handle<Cep>>;
+    /// Listen rdma_cm style on `addr` (the address of one of this CA's
+    /// RoCEv2 ports, or unspecified for port 1; the port number in the TCP
+    /// port space). [`crate::cm::ip::request_info`] reads each request's
+    /// addresses and user data ([`cep::ip::listen`]).
+    fn listen_ip(
+        self,
+        al: &Arc<AlInstance>,
+        addr: SocketAddr,
+        on_request: ListenHandler,
+        handler: CmHandler,
+    ) -> Result<Handle<Listen>>;
 }
 
 impl CaMethods for Handle<Ca> {
@@ -157,6 +171,15 @@ impl CaMethods for Handle<Ca> {
         handler: CmHandler,
     ) -> Result<Handle<Cep>> {
         cm::connect_unbound(al, self, request, local, handler)
+    }
+    fn listen_ip(
+        self,
+        al: &Arc<AlInstance>,
+        addr: SocketAddr,
+        on_request: ListenHandler,
+        handler: CmHandler,
+    ) -> Result<Handle<Listen>> {
+        cep::ip::listen(al, self, addr, PortSpace::Tcp, on_request, handler)
     }
 }
 
@@ -298,6 +321,16 @@ pub trait QpMethods {
         request: &ConnectRequest,
         handler: CmHandler,
     ) -> Result<Handle<Cep>>;
+    /// Connect rdma_cm style to `request.remote` (an IP address and port)
+    /// from port `port` of the QP's CA: the REQ carries rdma_cm's header
+    /// and then the request's private data ([`cep::ip::connect`]).
+    fn connect_ip(
+        self,
+        al: &Arc<AlInstance>,
+        port: u8,
+        request: &IpConnect,
+        handler: CmHandler,
+    ) -> Result<Handle<Cep>>;
 }
 
 impl QpMethods for Handle<Qp> {
@@ -320,6 +353,15 @@ impl QpMethods for Handle<Qp> {
         handler: CmHandler,
     ) -> Result<Handle<Cep>> {
         cm::connect(al, self, request, handler)
+    }
+    fn connect_ip(
+        self,
+        al: &Arc<AlInstance>,
+        port: u8,
+        request: &IpConnect,
+        handler: CmHandler,
+    ) -> Result<Handle<Cep>> {
+        cep::ip::connect(al, self, port, request, handler)
     }
 }
 

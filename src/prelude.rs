@@ -19,6 +19,7 @@ pub use cep::cm::{
     AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen, ListenHandler,
     LocalQpAttrs,
 };
+pub use cep::ip::{IpConnect, IpRequestInfo};
 pub use cep::proto::LapParams;
 pub use cep::proto::{Event, PeerAddr, SidrParams, SidrReplyParams, TimedOut};
 pub use cep::wire::{ApStatus, RejectReason};

@@ -276,6 +276,69 @@ fn cm_connects_by_gid_over_roce_ports() -> Result<()> {
 }
 
 #[test]
+fn cm_connects_by_ip_address_rdma_cm_style() -> Result<()> {
+    use ibal::cm::ip::{request_info, IpRequestInfo};
+    let al = Al::open()?;
+    let provider = provider();
+    let (a, b) = (end(&al, &provider, 0xa1, 64)?, end(&al, &provider, 0xb1, 64)?);
+    let (seen_tx, seen) = mpsc::channel::<IpRequestInfo>();
+    let (inst, qp_b) = (Arc::clone(&al), b.qp);
+    let on_request: ListenHandler = Arc::new(move |_l, cep, ev| {
+        if let Event::ConnectRequest { req, .. } = ev {
+            let _ = seen_tx.send(request_info(req).expect("rdma_cm addressing"));
+            cep.accept(&inst, qp_b, &AcceptReply::default())
+                .expect("accept");
+        }
+    });
+    let passive: CmHandler = Arc::new(|_, _| {});
+    let listen_at: SocketAddr = "127.0.0.2:7471".parse().unwrap();
+    b.ca.listen_ip(&al, listen_at, on_request, passive)?;
+
+    let (tx, events) = mpsc::channel();
+    let inst = Arc::clone(&al);
+    let active: CmHandler = Arc::new(move |cep, ev| {
+        if let Event::ReplyReceived { .. } = ev {
+            cep.rtu(&inst, &[]).expect("rtu");
+        }
+        let _ = tx.send(ev.name());
+    });
+    let request = IpConnect::new(listen_at).private_data(b"hello by address");
+    let cep = a.qp.connect_ip(&al, 1, &request, active.clone())?;
+    let info = seen.recv_timeout(DEADLINE).expect("the listener saw the REQ");
+    assert_eq!(info.source.ip(), "127.0.0.1".parse::<std::net::IpAddr>().unwrap());
+    assert_eq!(info.destination, listen_at);
+    assert_eq!(&info.user_data[..16], b"hello by address");
+    let established = Instant::now() + DEADLINE;
+    while events.recv_timeout(DEADLINE).expect("events") != "Established" {
+        assert!(Instant::now() < established);
+    }
+    cep.disconnect(&al, &[])?;
+
+    // Nobody listens on 7472: Linux's answer, REJ with invalid service ID.
+    let other = pd_qp(&al, a.ca)?;
+    let (tx, refused) = mpsc::channel();
+    let handler: CmHandler = Arc::new(move |_, ev| {
+        if let Event::Rejected { reason, .. } = ev {
+            let _ = tx.send(*reason);
+        }
+    });
+    let nobody = IpConnect::new("127.0.0.2:7472".parse().unwrap());
+    other.connect_ip(&al, 1, &nobody, handler)?;
+    assert_eq!(
+        refused.recv_timeout(DEADLINE).expect("a REJ"),
+        RejectReason::InvalidServiceId
+    );
+    let stats = al.close()?;
+    assert!(stats.is_clean(), "{stats:?}");
+    Ok(())
+}
+
+fn pd_qp(al: &Al, ca: Handle<Ca>) -> Result<Handle<Qp>> {
+    let cq = ca.create_cq(al, 8)?;
+    ca.alloc_pd(al)?.create_qp(al, QpCreate::new(QpType::Rc, cq))
+}
+
+#[test]
 fn soft_and_roce_cas_live_in_one_al() -> Result<()> {
     let al = Al::open()?;
     let fabric = Fabric::new();
