@@ -280,12 +280,16 @@ fn cm_connects_by_ip_address_rdma_cm_style() -> Result<()> {
     use ibal::cm::ip::{request_info, IpRequestInfo};
     let al = Al::open()?;
     let provider = provider();
-    let (a, b) = (end(&al, &provider, 0xa1, 64)?, end(&al, &provider, 0xb1, 64)?);
-    let (seen_tx, seen) = mpsc::channel::<IpRequestInfo>();
+    let (a, b) = (
+        end(&al, &provider, 0xa1, 64)?,
+        end(&al, &provider, 0xb1, 64)?,
+    );
+    let (seen_tx, seen) = mpsc::channel::<(IpRequestInfo, PathInfo)>();
     let (inst, qp_b) = (Arc::clone(&al), b.qp);
     let on_request: ListenHandler = Arc::new(move |_l, cep, ev| {
         if let Event::ConnectRequest { req, .. } = ev {
-            let _ = seen_tx.send(request_info(req).expect("rdma_cm addressing"));
+            let info = request_info(req).expect("rdma_cm addressing");
+            let _ = seen_tx.send((info, req.primary_path));
             cep.accept(&inst, qp_b, &AcceptReply::default())
                 .expect("accept");
         }
@@ -304,8 +308,19 @@ fn cm_connects_by_ip_address_rdma_cm_style() -> Result<()> {
     });
     let request = IpConnect::new(listen_at).private_data(b"hello by address");
     let cep = a.qp.connect_ip(&al, 1, &request, active.clone())?;
-    let info = seen.recv_timeout(DEADLINE).expect("the listener saw the REQ");
-    assert_eq!(info.source.ip(), "127.0.0.1".parse::<std::net::IpAddr>().unwrap());
+    let (info, path) = seen
+        .recv_timeout(DEADLINE)
+        .expect("the listener saw the REQ");
+    // The primary path as Linux's CM writes it on RoCE: permissive LIDs,
+    // both GIDs, hop limit 64, routed (not subnet-local).
+    assert_eq!((path.local_lid, path.remote_lid), (0xFFFF, 0xFFFF));
+    assert_eq!(path.local_gid, a.gid);
+    assert_eq!(path.remote_gid, b.gid);
+    assert_eq!((path.hop_limit, path.subnet_local), (64, false));
+    assert_eq!(
+        info.source.ip(),
+        "127.0.0.1".parse::<std::net::IpAddr>().unwrap()
+    );
     assert_eq!(info.destination, listen_at);
     assert_eq!(&info.user_data[..16], b"hello by address");
     let established = Instant::now() + DEADLINE;
@@ -335,7 +350,8 @@ fn cm_connects_by_ip_address_rdma_cm_style() -> Result<()> {
 
 fn pd_qp(al: &Al, ca: Handle<Ca>) -> Result<Handle<Qp>> {
     let cq = ca.create_cq(al, 8)?;
-    ca.alloc_pd(al)?.create_qp(al, QpCreate::new(QpType::Rc, cq))
+    ca.alloc_pd(al)?
+        .create_qp(al, QpCreate::new(QpType::Rc, cq))
 }
 
 #[test]

@@ -366,7 +366,7 @@ fn dispatch_request(listen: Handle<Listen>, cep: Handle<Cep>, ev: Event) -> Opti
     // one else can name it yet.
     if let (Event::ConnectRequest { req, peer, .. }, Ok(c)) = (&ev, Cep::table().get(cep.raw())) {
         let mut st = c.state.lock();
-        st.req = Some(**req);
+        st.req = Some(req_from_packet(req, peer));
         st.peer = Some(*peer);
     }
     post_callback(&l, move |l| {
@@ -1260,6 +1260,12 @@ pub struct ConnectRequest {
     pub access: Access,
     /// Up to 92 bytes.
     pub private_data: Vec<u8>,
+    /// GRH of the path when routing by GID: flow label (20 bits).
+    pub flow_label: u32,
+    /// GRH traffic class (RoCEv2: the IP header's DSCP and ECN byte).
+    pub traffic_class: u8,
+    /// GRH hop limit (RoCEv2: the IP TTL).
+    pub hop_limit: u8,
 }
 
 impl ConnectRequest {
@@ -1283,6 +1289,10 @@ impl ConnectRequest {
                 .union(Access::REMOTE_READ)
                 .union(Access::REMOTE_ATOMIC),
             private_data: Vec::new(),
+            flow_label: 0,
+            traffic_class: 0,
+            // Linux's IPv4 default TTL, and what its CM puts in a RoCE path.
+            hop_limit: 64,
         }
     }
 }
@@ -1338,6 +1348,14 @@ impl ConnectRequest {
     /// Private data of the REQ (up to 92 bytes).
     pub fn private_data(mut self, data: &[u8]) -> Self {
         self.private_data = data.to_vec();
+        self
+    }
+    /// The GRH fields of a GID-routed path: flow label (20 bits), traffic
+    /// class, hop limit. The REQ carries them and both QPs use them.
+    pub fn grh(mut self, flow_label: u32, traffic_class: u8, hop_limit: u8) -> Self {
+        self.flow_label = flow_label;
+        self.traffic_class = traffic_class;
+        self.hop_limit = hop_limit;
         self
     }
 }
@@ -1406,6 +1424,29 @@ pub fn connect_unbound(
     }
 }
 
+/// The REQ as the passive side uses it: on a GID-routed path (RoCE) the
+/// peer's GID is the one the REQ's packet came from (its GRH, or on
+/// RoCEv2 its IP source), which the agent read, rather than the GID the
+/// REQ claims; Linux's CM builds its address from the packet too. What
+/// the handler receives in the event is the REQ as sent.
+fn req_from_packet(req: &Req, peer: &PeerAddr) -> Req {
+    let mut r = *req;
+    if !r.primary_path.subnet_local && peer.gid != [0; 16] {
+        r.primary_path.local_gid = peer.gid;
+    }
+    r
+}
+
+/// A flow label fits 20 bits: refused otherwise (never masked).
+fn bounded_flow_label(label: u32) -> Result<u32> {
+    if label > 0xF_FFFF {
+        return Err(Error::invalid_parameter(format!(
+            "flow_label {label:#x} does not fit 20 bits"
+        )));
+    }
+    Ok(label)
+}
+
 /// The REQ of `request` for the QP `local`, and the peer it goes to.
 fn build_req(
     request: &ConnectRequest,
@@ -1416,6 +1457,19 @@ fn build_req(
     // (P_Key index 0, `AgentConfig::default()`): no port query per REQ.
     let addr = port_use.0.agent.local_addr();
     let pkey = port_use.0.agent.pkey();
+    // A RoCE port has no LID (0): Linux's CM then writes the permissive
+    // LID (0xFFFF) at both ends of the path, and a packet rate from the
+    // link (10 Gb/s, code 3, for a path we cannot measure).
+    let roce = addr.lid == 0 && request.remote_gid.is_some();
+    let (local_lid, remote_lid, packet_rate) = if roce {
+        (0xFFFF, 0xFFFF, 3)
+    } else {
+        (
+            addr.lid,
+            request.remote_lid,
+            PathInfo::default().packet_rate,
+        )
+    };
     let req = Req {
         service_id: request.service_id,
         local_qpn: local.qpn,
@@ -1438,11 +1492,14 @@ fn build_req(
         pkey,
         srq: local.srq,
         primary_path: PathInfo {
-            local_lid: addr.lid,
-            remote_lid: request.remote_lid,
+            local_lid,
+            remote_lid,
             local_gid: addr.gid,
             remote_gid: request.remote_gid.unwrap_or([0; 16]),
-            hop_limit: 0xff,
+            flow_label: bounded_flow_label(request.flow_label)?,
+            traffic_class: request.traffic_class,
+            hop_limit: request.hop_limit,
+            packet_rate,
             subnet_local: request.remote_gid.is_none(),
             local_ack_timeout: spec_bounded("local_ack_timeout", request.local_ack_timeout, 31)?,
             ..PathInfo::default()

@@ -944,6 +944,18 @@ impl Endpoint {
         Disposition::Handled
     }
 
+    /// The configuration, for tests that change the port afterwards.
+    #[cfg(test)]
+    pub(super) fn config_mut(&mut self) -> &mut EndpointConfig {
+        &mut self.config
+    }
+
+    /// Whether this endpoint's port can load alternate paths (LAP/APR):
+    /// not a RoCE port (LID 0, routed by GID only).
+    fn alternate_paths(&self) -> bool {
+        !matches!(self.config.local_port, Some(p) if p.lid == 0)
+    }
+
     fn on_lap(&mut self, tid: u64, lap: Lap) -> Disposition {
         let Some(c) = self.lookup(lap.remote_comm_id, lap.local_comm_id) else {
             return Disposition::Ignored("LAP for an unknown comm id");
@@ -955,6 +967,24 @@ impl Endpoint {
         match c.state {
             State::Established if tid == c.lap_tid && c.lap_tid != 0 => {
                 self.resend_reply(id, "APR")
+            }
+            State::Established if !self.alternate_paths() => {
+                // RoCE: no alternate path can be loaded. The APR says so
+                // (status 2, "unsupported") and the connection stays as it
+                // is; a duplicate LAP gets the same APR again (above).
+                let apr = Apr {
+                    local_comm_id: c.id,
+                    remote_comm_id: c.remote_comm_id,
+                    additional_info_length: 0,
+                    ap_status: ApStatus::Unsupported,
+                    additional_info: [0; 72],
+                    private_data: PrivateData::zeroed(),
+                };
+                if let Some(c) = self.conns.get_mut(id) {
+                    c.lap_tid = tid;
+                }
+                self.send_reply(id, CmMad::new(tid, apr));
+                Disposition::Handled
             }
             State::Established => {
                 if let Some(c) = self.conns.get_mut(id) {
@@ -1427,6 +1457,11 @@ impl Endpoint {
     /// Proposes an alternate path (ESTABLISHED -> LAP_SENT), retried until
     /// an APR, an MRA or a REJ answers it.
     pub fn lap(&mut self, now: Nanos, conn: ConnId, params: LapParams) -> Result<(), ProtoError> {
+        if !self.alternate_paths() {
+            return Err(ProtoError::InvalidParam(
+                "LAP: a RoCE port has no alternate paths to load (Linux's CM refuses LAP on RoCE too)",
+            ));
+        }
         let c = self.user_conn(conn)?;
         if c.state != State::Established {
             return Err(wrong_state(c, "lap"));

@@ -1260,6 +1260,39 @@ fn lap_apr() {
 }
 
 #[test]
+fn roce_ports_refuse_lap_and_answer_one_with_apr_unsupported() {
+    let (mut sim, a, b) = connected();
+    let roce = Some(LocalPort {
+        lid: 0,
+        lmc: 0,
+        gid: [7; 16],
+    });
+    // Our own LAP on a RoCE port: refused before anything is sent.
+    sim.eps[0].config_mut().local_port = roce;
+    assert!(matches!(
+        sim.eps[0].lap(sim.now, a, alt_path()),
+        Err(ProtoError::InvalidParam(_))
+    ));
+    assert_eq!(count(&sim.sent_kinds(0), |k| *k == "LAP"), 0);
+    // A peer's LAP to a RoCE port: APR "unsupported", no LapReceived, and
+    // the connection stays established on both sides.
+    sim.eps[0].config_mut().local_port = None;
+    sim.eps[1].config_mut().local_port = roce;
+    sim.eps[0].lap(sim.now, a, alt_path()).unwrap();
+    sim.pump(&mut noop);
+    assert!(!sim
+        .events(1, b)
+        .iter()
+        .any(|e| matches!(e, Event::LapReceived { .. })));
+    match sim.events(0, a).last().unwrap() {
+        Event::AprReceived { status, .. } => assert_eq!(*status, ApStatus::Unsupported),
+        e => panic!("unexpected {e:?}"),
+    }
+    assert_eq!(sim.eps[0].state(a), Some(State::Established));
+    assert_eq!(sim.eps[1].state(b), Some(State::Established));
+}
+
+#[test]
 fn lap_timeout_keeps_connection() {
     let (mut sim, a, b) = connected();
     sim.drop_rule = Some(Box::new(|_, m| m.message_kind() == "LAP"));
