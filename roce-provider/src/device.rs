@@ -118,27 +118,32 @@ impl HeldAcks {
         true
     }
 
-    /// Moves the ACKs held for socket `sock` into `bytes`/`msgs`.
+    /// Moves the ACKs held for socket `sock` that `pick` selects into
+    /// `bytes`/`msgs`; returns how many.
     fn take_for(
         &self,
         sock: usize,
+        pick: impl Fn(u32) -> bool,
         bytes: &mut Vec<u8>,
         msgs: &mut Vec<(SocketAddr, usize, usize)>,
-    ) {
+    ) -> usize {
         if self.is_empty() {
-            return;
+            return 0;
         }
+        let mut taken = 0;
         let mut list = self.list.lock();
         list.retain(|h| {
-            if h.sock != sock {
+            if h.sock != sock || !pick(h.qpn) {
                 return true;
             }
             let start = bytes.len();
             bytes.extend_from_slice(&h.bytes[..h.len]);
             msgs.push((h.to, start, h.len));
+            taken += 1;
             false
         });
         self.any.store(!list.is_empty(), Ordering::Release);
+        taken
     }
 
     /// The socket indexes that have ACKs held.
@@ -268,10 +273,28 @@ impl<'p> TxBatch<'p> {
     /// socket.
     fn send(&mut self, with_held: bool) {
         if with_held && !self.port.held.is_empty() {
+            // Held ACKs of other QPs leave before this batch: a packet of
+            // another QP (a DREQ on QP1) must not overtake the ACK of a
+            // request the application already saw complete. Those on other
+            // sockets go first by their own sockets, those on this one
+            // lead this batch. This QP's own held ACK rides behind its
+            // packets (the two flows do not depend on each other, and the
+            // peer waits for the packets).
+            for sock in self.port.held.sockets() {
+                if sock != self.sock {
+                    self.port.send_held_on(sock);
+                }
+            }
             self.scratch();
+            let qpn = self.qpn;
+            let first =
+                self.port
+                    .held
+                    .take_for(self.sock, |q| q != qpn, &mut self.bytes, &mut self.msgs);
+            self.msgs.rotate_right(first);
             self.port
                 .held
-                .take_for(self.sock, &mut self.bytes, &mut self.msgs);
+                .take_for(self.sock, |q| q == qpn, &mut self.bytes, &mut self.msgs);
         }
         if self.msgs.is_empty() {
             return;
@@ -379,8 +402,17 @@ impl PortShared {
             return;
         }
         for sock in self.held.sockets() {
-            self.batch_on(sock, 0).send(true);
+            self.send_held_on(sock);
         }
+    }
+
+    /// Sends the ACKs held for send socket `sock`.
+    fn send_held_on(&self, sock: usize) {
+        let mut b = self.batch_on(sock, u32::MAX);
+        b.scratch();
+        self.held
+            .take_for(sock, |_| true, &mut b.bytes, &mut b.msgs);
+        b.send(false);
     }
 
     fn attr(&self) -> PortAttr {
@@ -892,6 +924,9 @@ impl RoceDevice {
 /// calling thread: a hook running on a driver thread may close the
 /// device; that thread then ends by itself when the hook returns).
 fn stop_driver(shared: &DevShared, stop: &AtomicBool, threads: Vec<JoinHandle<()>>) {
+    for p in &shared.ports {
+        p.flush_held();
+    }
     stop.store(true, Ordering::Release);
     shared.timers.wake();
     for p in &shared.ports {
@@ -1371,11 +1406,12 @@ mod held_ack_tests {
         );
         assert_eq!(held.sockets(), vec![0, 1]);
         let (mut bytes, mut msgs) = (Vec::new(), Vec::new());
-        held.take_for(0, &mut bytes, &mut msgs);
+        assert_eq!(held.take_for(0, |_| true, &mut bytes, &mut msgs), 1);
         assert_eq!(msgs, vec![(to, 0, 20)]);
         assert_eq!(bytes, vec![2; 20], "only the newest ACK of QP 7 goes");
         assert!(!held.is_empty(), "socket 1's ACK stays");
-        held.take_for(1, &mut bytes, &mut msgs);
+        assert_eq!(held.take_for(1, |q| q != 8, &mut bytes, &mut msgs), 0);
+        held.take_for(1, |q| q == 8, &mut bytes, &mut msgs);
         assert_eq!(&bytes[20..], &[3; 20]);
         assert!(held.is_empty());
     }

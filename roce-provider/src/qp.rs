@@ -261,6 +261,10 @@ impl QpInner {
     // ----- modify -----
 
     pub(crate) fn modify(&self, m: &QpModify) -> Result<()> {
+        // ACKs held for this QP's peer leave before the QP changes (a move
+        // to ERR would otherwise strand them: its peer's last request
+        // would stay unacknowledged and end flushed).
+        self.flush_held_acks();
         let mut d = Deferred::default();
         let r = {
             let mut core = self.core.lock();
@@ -893,7 +897,16 @@ impl QpInner {
     }
 
     /// The QP's end: queued requests end with it (no completions).
+    /// Sends the ACKs held on this QP's port ([`crate::device::HeldAcks`]).
+    fn flush_held_acks(&self) {
+        let port = self.core.lock().attr.port;
+        if let Some(p) = self.dev.port(port) {
+            p.flush_held();
+        }
+    }
+
     pub(crate) fn destroy(&self) {
+        self.flush_held_acks();
         let mut core = self.core.lock();
         core.t = None;
         self.release_responding(&mut core);

@@ -68,3 +68,132 @@ fn an_ack_held_by_a_poller_that_stops_polling_still_goes() {
         );
     }
 }
+
+#[test]
+fn a_device_closed_right_after_its_poller_took_a_send_still_acks_it() {
+    let (a, b) = devices();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (cq(&a), cq(&b));
+    let (qa, qb) = (qp(&a, &pa, &ca, None), qp(&b, &pb, &cb, None));
+    let (na, nb) = (a.query_qp(&qa).unwrap().qpn, b.query_qp(&qb).unwrap().qpn);
+    connect_with_timeout(&a, &qa, &b, nb, 20);
+    connect(&b, &qb, &a, na);
+    let (ba, bb) = (RegisteredBuffer::new(64), RegisteredBuffer::new(64));
+    let ma = a.register_mr(&pa, &ba, 0, 64, 0, ALL).unwrap();
+    let mb = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();
+    let (la, lb) = (a.mr_keys(&ma).0, b.mr_keys(&mb).0);
+    let sge = |lkey| {
+        [Sge {
+            addr: 0,
+            length: 64,
+            lkey,
+        }]
+    };
+    b.post_recv(
+        &qb,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &sge(lb),
+        }],
+    )
+    .unwrap();
+    // B polls long enough for its receive thread to leave it the socket.
+    let quiet = Instant::now() + Duration::from_millis(150);
+    let mut none = [provider::Wc::default(); 1];
+    while Instant::now() < quiet {
+        assert_eq!(b.poll_cq(&cb, &mut none).unwrap(), 0);
+        std::thread::yield_now();
+    }
+    let start = Instant::now();
+    a.post_send::<()>(&qa, &[SendWr::new(1, SendOp::Send, &sge(la))], &|_| None)
+        .unwrap();
+    assert_eq!(wait(&b, &cb, 1)[0].status, WcStatus::Success);
+    // B's application is done: everything of B goes at once.
+    drop((qb, mb, cb, pb, bb));
+    drop(b);
+    let sent = wait(&a, &ca, 1);
+    assert_eq!(sent[0].status, WcStatus::Success);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn a_held_ack_leaves_before_the_next_packet_of_another_qp() {
+    // B takes A's SEND on QP 1 by polling (its ACK held), then sends on
+    // QP 2: A must see the ACK first (its SEND completes before QP 2's
+    // message arrives, on A's one CQ), as it would if the ACK had gone at
+    // once. A DREQ on QP1 after a request is the case this protects.
+    let (a, b) = devices();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (cq(&a), cq(&b));
+    let qa = [qp(&a, &pa, &ca, None), qp(&a, &pa, &ca, None)];
+    let qb = [qp(&b, &pb, &cb, None), qp(&b, &pb, &cb, None)];
+    for i in 0..2 {
+        let (na, nb) = (
+            a.query_qp(&qa[i]).unwrap().qpn,
+            b.query_qp(&qb[i]).unwrap().qpn,
+        );
+        connect_with_timeout(&a, &qa[i], &b, nb, 20);
+        connect(&b, &qb[i], &a, na);
+    }
+    let (ba, bb) = (RegisteredBuffer::new(64), RegisteredBuffer::new(64));
+    let ma = a.register_mr(&pa, &ba, 0, 64, 0, ALL).unwrap();
+    let mb = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();
+    let (la, lb) = (a.mr_keys(&ma).0, b.mr_keys(&mb).0);
+    let sge = |lkey| {
+        [Sge {
+            addr: 0,
+            length: 64,
+            lkey,
+        }]
+    };
+    let recv = |wr_id| RecvWr {
+        wr_id,
+        sg_list: Box::leak(Box::new(sge(la))),
+    };
+    b.post_recv(
+        &qb[0],
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &sge(lb),
+        }],
+    )
+    .unwrap();
+    a.post_recv(&qa[1], &[recv(2)]).unwrap();
+    for round in 0..3 {
+        let quiet = Instant::now() + Duration::from_millis(150);
+        let mut none = [provider::Wc::default(); 1];
+        while Instant::now() < quiet {
+            assert_eq!(b.poll_cq(&cb, &mut none).unwrap(), 0);
+            std::thread::yield_now();
+        }
+        a.post_send::<()>(&qa[0], &[SendWr::new(10, SendOp::Send, &sge(la))], &|_| {
+            None
+        })
+        .unwrap();
+        assert_eq!(wait(&b, &cb, 1)[0].wr_id, 1);
+        b.post_send::<()>(&qb[1], &[SendWr::new(20, SendOp::Send, &sge(lb))], &|_| {
+            None
+        })
+        .unwrap();
+        let got = wait(&a, &ca, 2);
+        assert_eq!(
+            (got[0].wr_id, got[1].wr_id),
+            (10, 2),
+            "round {round}: A's SEND must complete (its ACK) before QP 2's message lands"
+        );
+        wait(&b, &cb, 1);
+        b.post_recv(
+            &qb[0],
+            &[RecvWr {
+                wr_id: 1,
+                sg_list: &sge(lb),
+            }],
+        )
+        .unwrap();
+        a.post_recv(&qa[1], &[recv(2)]).unwrap();
+    }
+}
