@@ -16,4 +16,5 @@ pub mod pingpong;
 pub mod pingpong_ip;
 pub mod qp_exchange;
 pub mod relay;
+pub mod rping;
 pub mod stress;

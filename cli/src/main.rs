@@ -85,6 +85,52 @@ enum Command {
     /// A UDP relay between two RoCEv2 ports that drops, duplicates,
     /// reorders and delays datagrams (the fault tests' network). A sends to
     /// NEAR_A, B to NEAR_B; each datagram is re-signed for its new flow.
+    /// librdmacm's rping over RoCEv2 (same flags as rping): as client it
+    /// pings `rping -s` (Linux or ibal), as server it answers `rping -c`.
+    #[command(disable_version_flag = true)]
+    Rping {
+        /// Server side.
+        #[arg(
+            short = 's',
+            conflicts_with = "client",
+            required_unless_present = "client"
+        )]
+        server: bool,
+        /// Client side.
+        #[arg(short = 'c')]
+        client: bool,
+        /// Address: the server's (our RoCEv2 port's, as server).
+        #[arg(short = 'a', value_name = "ADDR")]
+        addr: std::net::IpAddr,
+        /// rdma_cm port.
+        #[arg(short = 'p', default_value_t = ibal_cli::rping::DEFAULT_PORT)]
+        port: u16,
+        /// Client: our RoCEv2 port's address [default: the route's source;
+        /// on loopback the next 127.x address].
+        #[arg(short = 'I', value_name = "ADDR")]
+        source: Option<std::net::IpAddr>,
+        /// Pings (client).
+        #[arg(short = 'C', default_value_t = 10)]
+        count: u32,
+        /// Ping data size (client).
+        #[arg(short = 'S', default_value_t = 64)]
+        size: usize,
+        /// Print the ping data.
+        #[arg(short = 'v')]
+        verbose: bool,
+        /// Check the data that came back (client).
+        #[arg(short = 'V')]
+        validate: bool,
+        /// UDP port our RoCEv2 port binds.
+        #[arg(long, default_value_t = 4791)]
+        udp_port: u16,
+        /// UDP port of the peer's RoCEv2 port.
+        #[arg(long, default_value_t = 4791)]
+        peer_udp_port: u16,
+        /// Seconds to wait for the peer at any step.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
     Relay {
         /// Where A sends (tell A that B's GID is here).
         #[arg(long, value_name = "IP:PORT")]
@@ -453,6 +499,41 @@ fn main() -> ExitCode {
             Ok(())
         })(),
         Command::Overview => overview(),
+        Command::Rping {
+            server,
+            client: _,
+            addr,
+            port,
+            source,
+            count,
+            size,
+            verbose,
+            validate,
+            udp_port,
+            peer_udp_port,
+            timeout,
+        } => {
+            let mut cfg = ibal_cli::rping::RpingConfig::new(server, addr);
+            cfg.port = port;
+            cfg.local = source;
+            cfg.count = count;
+            cfg.size = size;
+            cfg.verbose = verbose;
+            cfg.validate = validate;
+            cfg.udp_port = udp_port;
+            cfg.peer_udp_port = peer_udp_port;
+            cfg.timeout = std::time::Duration::from_secs(timeout.max(1));
+            ibal_cli::rping::run(&cfg, &mut |line| out!("{line}")).map(|r| {
+                if !verbose {
+                    out!(
+                        "{} pings {} {}",
+                        r.pings,
+                        if server { "served for" } else { "to" },
+                        r.peer
+                    );
+                }
+            })
+        }
         Command::Relay {
             near_a,
             near_b,
@@ -895,6 +976,8 @@ fn overview() -> Result<(), String> {
     out!("Commands:");
     out!("  ibal [pingpong --loopback] [--iterations N] [--size S] [--json] [--capture FILE]");
     out!("                                                the main job: connect through the CM, WRITE+SEND ping-pong, disconnect, leak check");
+    out!("  ibal rping -s|-c -a ADDR [-p PORT] [-C N] [-S SIZE] [-v] [-V]");
+    out!("                                                librdmacm's rping exchange over RoCEv2, against Linux's rping or another ibal");
     out!("  ibal pingpong --listen IP[:PORT] | --connect IP[:PORT] [--local IP]");
     out!("                                                the same job between two processes or hosts over RoCEv2 (rdma_cm addressing)");
     out!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");

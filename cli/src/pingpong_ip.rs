@@ -519,7 +519,7 @@ fn decode_reply(b: &[u8]) -> Result<(u64, u32), String> {
 }
 
 /// CM events of one CEP, as a channel.
-fn event_channel() -> (CmHandler, mpsc::Receiver<Event>) {
+pub(crate) fn event_channel() -> (CmHandler, mpsc::Receiver<Event>) {
     let (tx, rx) = mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
     let h: CmHandler = Arc::new(move |_cep, ev| {
@@ -528,7 +528,7 @@ fn event_channel() -> (CmHandler, mpsc::Receiver<Event>) {
     (h, rx)
 }
 
-fn wait_event(
+pub(crate) fn wait_event(
     rx: &mpsc::Receiver<Event>,
     deadline: Instant,
     what: &str,
@@ -665,12 +665,12 @@ fn connect_on(
 
 /// How long the CM tries before it reports a REQ timed out: every try
 /// waits the response timeout (and the packet lifetime, not counted).
-fn cm_give_up(cm_response_timeout: u8, max_cm_retries: u8) -> Duration {
+pub(crate) fn cm_give_up(cm_response_timeout: u8, max_cm_retries: u8) -> Duration {
     let one = Duration::from_nanos(4096u64 << cm_response_timeout.min(31));
     one * (u32::from(max_cm_retries) + 1) + Duration::from_secs(1)
 }
 
-fn reject_text(private: &[u8]) -> String {
+pub(crate) fn reject_text(private: &[u8]) -> String {
     let text: String = private
         .iter()
         .take_while(|&&b| b != 0)
