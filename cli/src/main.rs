@@ -402,6 +402,11 @@ enum PerfCommand {
         /// thread does all the work, so this is the one to profile) or threaded.
         #[arg(long, value_enum, default_value_t = ConnModeArg::Both)]
         mode: ConnModeArg,
+        /// `soft`: two soft HCAs, against a MAD round trip through the fabric.
+        /// `udp`: two RoCEv2 ports on 127.0.0.1 and 127.0.0.2 over real UDP
+        /// sockets, against a UDP round trip between the same addresses.
+        #[arg(long, value_enum, default_value_t = Transport::Soft)]
+        transport: Transport,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -854,10 +859,11 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             in_flight,
             batches,
             mode,
+            transport,
             json,
         } => {
             use ibal_cli::perf::conn::ConnModes;
-            let report = ibal_cli::perf::conn::run(&ibal_cli::perf::conn::ConnRateConfig {
+            let cfg = ibal_cli::perf::conn::ConnRateConfig {
                 connections,
                 in_flight,
                 batches,
@@ -866,8 +872,17 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
                     ConnModeArg::Polled => ConnModes::Polled,
                     ConnModeArg::Threaded => ConnModes::Threaded,
                 },
-            })?;
-            print_report(json, report.to_json(), report.to_text());
+            };
+            match transport {
+                Transport::Soft => {
+                    let report = ibal_cli::perf::conn::run(&cfg)?;
+                    print_report(json, report.to_json(), report.to_text());
+                }
+                Transport::Udp => {
+                    let report = ibal_cli::perf::conn::udp::run(&cfg)?;
+                    print_report(json, report.to_json(), report.to_text());
+                }
+            }
             Ok(())
         }
     }
@@ -984,7 +999,8 @@ fn overview() -> Result<(), String> {
     out!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     out!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
     out!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
-    out!("  ibal perf conn-rate [--mode M] [--json]       CM connect latency and rate vs a 256-byte MAD round trip");
+    out!("  ibal perf conn-rate [--mode M] [--transport soft|udp] [--json]");
+    out!("                                                CM connect latency and rate vs a 256-byte MAD round trip (udp: RoCEv2 on lo vs a UDP round trip)");
     out!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P]");
     out!("                                                random API races with CM fault injection; fails on any leak");
     out!("  ibal qp-exchange --listen PORT|--connect HOST --local IP [--mode rc|ud] [--write]");

@@ -106,6 +106,36 @@ pub struct ConnectionReport {
     /// DREQ sent to DREP received (connecting side), or last SEND to DREP
     /// sent (listener), microseconds.
     pub disconnect_us: f64,
+    /// What the CM negotiated for this end (`cm::connection_attrs`): our
+    /// QPN and starting PSN (the REQ's or the REP's), the peer's.
+    pub qp: QpNumbers,
+}
+
+/// QPNs and starting PSNs of one end of a connection, as the REQ and REP
+/// carried them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpNumbers {
+    /// Our QPN.
+    pub local_qpn: u32,
+    /// Our starting PSN (our QP's send PSN).
+    pub local_psn: u32,
+    /// The peer's QPN.
+    pub peer_qpn: u32,
+    /// The peer's starting PSN.
+    pub peer_psn: u32,
+}
+
+impl QpNumbers {
+    fn of(al: &Al, cep: Handle<Cep>) -> Result<QpNumbers, String> {
+        let a = cm::connection_attrs(al.instance(), cep)
+            .map_err(|e| format!("the connection's attributes: {e}"))?;
+        Ok(QpNumbers {
+            local_qpn: a.local_qpn,
+            local_psn: a.local_starting_psn,
+            peer_qpn: a.peer_qpn,
+            peer_psn: a.peer_starting_psn,
+        })
+    }
 }
 
 /// The run's results.
@@ -156,14 +186,19 @@ impl IpPingPongReport {
             .map(|c| {
                 format!(
                     "{{\"peer\":\"{}\",\"iterations\":{},\"size\":{},\"connect_us\":{:.1},\
-                     \"rtt_median_us\":{:.2},\"rtt_p99_us\":{:.2},\"disconnect_us\":{:.1}}}",
+                     \"rtt_median_us\":{:.2},\"rtt_p99_us\":{:.2},\"disconnect_us\":{:.1},\
+                     \"local_qpn\":{},\"local_psn\":{},\"peer_qpn\":{},\"peer_psn\":{}}}",
                     c.peer,
                     c.iterations,
                     c.size,
                     c.connect_us,
                     c.rtt_median_us,
                     c.rtt_p99_us,
-                    c.disconnect_us
+                    c.disconnect_us,
+                    c.qp.local_qpn,
+                    c.qp.local_psn,
+                    c.qp.peer_qpn,
+                    c.qp.peer_psn
                 )
             })
             .collect();
@@ -620,6 +655,7 @@ fn connect_on(
         return Err(e);
     }
     let connect_us = t.elapsed().as_secs_f64() * 1e6;
+    let qp = QpNumbers::of(al, cep)?;
     let peer_buf = peer_buf.expect("set with the reply");
     let deadline = || Instant::now() + cfg.timeout;
     let mut rtts = Vec::with_capacity(cfg.iterations as usize);
@@ -660,6 +696,7 @@ fn connect_on(
         rtt_median_us: median,
         rtt_p99_us: p99,
         disconnect_us,
+        qp,
     })
 }
 
@@ -804,6 +841,7 @@ fn serve_on(
         &AcceptReply::default().private_data(&encode_reply(side.rkey)),
     )
     .map_err(|e| format!("accept: {e}"))?;
+    let qp = QpNumbers::of(al, cep)?;
     // The QP is in RTR now; the peer sends only after our REP reached it.
     side.post_seq_recv(al, 0)?;
     let deadline = || Instant::now() + cfg.timeout;
@@ -872,6 +910,7 @@ fn serve_on(
         rtt_median_us: median,
         rtt_p99_us: p99,
         disconnect_us,
+        qp,
     })
 }
 

@@ -78,7 +78,9 @@ use std::time::{Duration, Instant};
 
 use al::{Al, AlConfig, AlInstance, ExecutorMode, Handle};
 use cep::cm::{self, AcceptReply, Cep, CmDrive, CmHandler, CmPort, ConnectRequest, ListenHandler};
+use cep::ip::IpConnect;
 use cep::proto::Event;
+use cep::wire::ip_cm::PortSpace;
 use cep::wire::{self, CmMad, CmMessage, PathInfo, Rep, Req, Rtu, TransportType};
 use hca::provider::{
     Access, AvAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
@@ -86,11 +88,17 @@ use hca::provider::{
 use hca::verbs::{self, Av, Ca, Cq, Pd};
 use hca::{RegisteredBuffer, SoftProvider};
 use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
+use roce_provider::RoceProvider;
 
 use crate::devinfo;
 
 pub use super::BenchResult;
 use super::{al_err, json_f64, poll_one};
+
+/// `perf conn-rate --transport udp`: the same measurement between two
+/// RoCEv2 ports on real UDP sockets.
+#[path = "conn_udp.rs"]
+pub mod udp;
 
 /// The service the passive side listens on.
 pub const SERVICE_ID: u64 = 0x0000_0000_1ba1_0c01;
@@ -611,11 +619,72 @@ fn active_handler(inst: StdArc<AlInstance>, track: StdArc<Tracker>, slot: usize)
 
 // ------------------------------------------------------------------ bench --
 
+/// The listen's handlers: the request callback accepts on the passive QP
+/// reserved for the requesting active QP; the passive handler stamps
+/// `Established` and answers a DREQ.
+fn listen_handlers(
+    inst: &StdArc<AlInstance>,
+    track: &StdArc<Tracker>,
+) -> (ListenHandler, CmHandler) {
+    let (i, t) = (inst.clone(), track.clone());
+    let on_request: ListenHandler = StdArc::new(move |_l, cep, ev| {
+        let now = Instant::now();
+        let Event::ConnectRequest { req, .. } = ev else {
+            return;
+        };
+        let found = t.with(|s| {
+            let found = s.reserved.get(&req.local_qpn).copied();
+            if let Some((slot, _)) = found {
+                s.slots[slot].request = Some(now);
+                s.passive.insert(cep, slot);
+            }
+            found
+        });
+        match found {
+            Some((slot, qp)) => {
+                if let Err(e) = cm::accept(&i, cep, qp, &AcceptReply::default()) {
+                    t.error(format!("connection {slot}: accept failed: {e}"));
+                }
+            }
+            None => t.error(format!("a REQ from unknown QPN {:#x}", req.local_qpn)),
+        }
+    });
+    let (i, t) = (inst.clone(), track.clone());
+    let passive: CmHandler = StdArc::new(move |cep, ev| {
+        let now = Instant::now();
+        match ev {
+            Event::Established { .. } => {
+                if let Some(slot) = t.with(|s| s.passive.get(&cep).copied()) {
+                    t.established(slot, false, now);
+                }
+            }
+            Event::DisconnectRequest { .. } => {
+                let _ = cm::disconnect_reply(&i, cep, &[]);
+            }
+            _ => {}
+        }
+    });
+    (on_request, passive)
+}
+
+/// Which network a [`Bench`] runs on.
+enum Net {
+    /// Two soft HCAs of the embedded fabric (LIDs 1 and 2).
+    Soft(SoftProvider),
+    /// Two RoCEv2 devices of one provider on real UDP sockets
+    /// (`udp::ADDRS`); the CAs, for their port counters.
+    Udp {
+        /// Kept until the AL has closed (its directory names the ports).
+        _provider: RoceProvider,
+        cas: [Handle<Ca>; 2],
+    },
+}
+
 /// The AL, both CAs with the CM attached, the listen, and per-HCA PD + CQ.
 struct Bench {
     drive: CmDrive,
     al: Al,
-    provider: SoftProvider,
+    net: Net,
     pds: [Handle<Pd>; 2],
     cqs: [Handle<Cq>; 2],
     ports: Vec<Handle<CmPort>>,
@@ -628,7 +697,14 @@ impl Bench {
     /// A fresh fabric (so the ports are new and take `drive`), an AL whose
     /// executor is a thread (threaded CM) or manual (polled CM).
     fn open(drive: CmDrive) -> BenchResult<Bench> {
-        let provider = devinfo::default_provider();
+        Bench::open_on(drive, false)
+    }
+
+    /// [`Bench::open`] on the soft fabric, or (`udp`) on two RoCEv2
+    /// devices of one provider bound to `udp::ADDRS` (ephemeral UDP ports,
+    /// found through the provider's directory), with an rdma_cm-style
+    /// listen (`cep::ip`) on the second.
+    fn open_on(drive: CmDrive, udp: bool) -> BenchResult<Bench> {
         let executor = match drive {
             CmDrive::Thread => ExecutorMode::Thread,
             CmDrive::Poll => ExecutorMode::Manual,
@@ -642,8 +718,23 @@ impl Bench {
         let mut pds = Vec::new();
         let mut cqs = Vec::new();
         let mut ports = Vec::new();
-        for guid in devinfo::DEFAULT_NODE_GUIDS {
-            let ca = verbs::open_ca(al.instance(), &provider, guid).map_err(al_err("open_ca"))?;
+        let (soft, roce) = if udp {
+            (None, Some(udp::provider()))
+        } else {
+            (Some(devinfo::default_provider()), None)
+        };
+        let guids = if udp {
+            udp::GUIDS
+        } else {
+            devinfo::DEFAULT_NODE_GUIDS
+        };
+        for guid in guids {
+            let ca = match (&soft, &roce) {
+                (Some(p), _) => verbs::open_ca(al.instance(), p, guid),
+                (_, Some(p)) => verbs::open_ca(al.instance(), p, guid),
+                _ => unreachable!("one provider"),
+            }
+            .map_err(al_err("open_ca"))?;
             ports.extend(
                 cm::attach_ca_with(al.instance(), ca, drive).map_err(al_err("attach the CM"))?,
             );
@@ -655,50 +746,32 @@ impl Bench {
             cas.push(ca);
         }
         let track = StdArc::new(Tracker::default());
-        let (inst, t) = (al.instance().clone(), track.clone());
-        let on_request: ListenHandler = StdArc::new(move |_l, cep, ev| {
-            let now = Instant::now();
-            let Event::ConnectRequest { req, .. } = ev else {
-                return;
-            };
-            let found = t.with(|s| {
-                let found = s.reserved.get(&req.local_qpn).copied();
-                if let Some((slot, _)) = found {
-                    s.slots[slot].request = Some(now);
-                    s.passive.insert(cep, slot);
-                }
-                found
-            });
-            match found {
-                Some((slot, qp)) => {
-                    if let Err(e) = cm::accept(&inst, cep, qp, &AcceptReply::default()) {
-                        t.error(format!("connection {slot}: accept failed: {e}"));
-                    }
-                }
-                None => t.error(format!("a REQ from unknown QPN {:#x}", req.local_qpn)),
-            }
-        });
-        let (inst, t) = (al.instance().clone(), track.clone());
-        let passive: CmHandler = StdArc::new(move |cep, ev| {
-            let now = Instant::now();
-            match ev {
-                Event::Established { .. } => {
-                    if let Some(slot) = t.with(|s| s.passive.get(&cep).copied()) {
-                        t.established(slot, false, now);
-                    }
-                }
-                Event::DisconnectRequest { .. } => {
-                    let _ = cm::disconnect_reply(&inst, cep, &[]);
-                }
-                _ => {}
-            }
-        });
-        cm::listen(al.instance(), cas[1], 1, SERVICE_ID, on_request, passive)
-            .map_err(al_err("listen"))?;
+        let (on_request, passive) = listen_handlers(al.instance(), &track);
+        if udp {
+            cep::ip::listen(
+                al.instance(),
+                cas[1],
+                udp::listen_addr(),
+                PortSpace::Tcp,
+                on_request,
+                passive,
+            )
+        } else {
+            cm::listen(al.instance(), cas[1], 1, SERVICE_ID, on_request, passive)
+        }
+        .map_err(al_err("listen"))?;
+        let net = match (soft, roce) {
+            (Some(p), _) => Net::Soft(p),
+            (_, Some(p)) => Net::Udp {
+                _provider: p,
+                cas: [cas[0], cas[1]],
+            },
+            _ => unreachable!("one provider"),
+        };
         let mut bench = Bench {
             drive,
             al,
-            provider,
+            net,
             pds: [pds[0], pds[1]],
             cqs: [cqs[0], cqs[1]],
             ports,
@@ -707,6 +780,25 @@ impl Bench {
         };
         bench.idle_connections = bench.live_connections();
         Ok(bench)
+    }
+
+    /// Datagrams dropped for want of a receive buffer: the soft fabric's
+    /// count, or the RoCEv2 ports' `rx_no_receive` (QP1 included).
+    fn dropped_no_recv(&self) -> u64 {
+        match &self.net {
+            Net::Soft(p) => p.fabric().stats().dropped_no_recv,
+            Net::Udp { cas, .. } => cas
+                .iter()
+                .filter_map(|ca| {
+                    let ca = self.al.resolve(*ca).ok()?;
+                    match ca.device() {
+                        hca::any::AnyDevice::Roce(d) => d.port_counters(1).map(|c| c.rx_no_receive),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    }
+                })
+                .sum(),
+        }
     }
 
     /// Polled CM: serve both ports, then run the callbacks that produced.
@@ -793,11 +885,34 @@ impl Bench {
         Ok((slot, active))
     }
 
-    /// Stamp the start and send the REQ.
+    /// Stamp the start and send the REQ: for the listened service, or
+    /// (`listened` false) for one nobody listens on (answered by a REJ).
+    /// Over UDP an rdma_cm-style connect to the listen's address (the REQ
+    /// is built before the start is stamped, as on the soft fabric).
     #[inline(never)]
-    fn connect(&self, slot: usize, qp: Handle<Qp>, service_id: u64) -> BenchResult<()> {
+    fn connect(&self, slot: usize, qp: Handle<Qp>, listened: bool) -> BenchResult<()> {
         let handler = active_handler(self.al.instance().clone(), self.track.clone(), slot);
-        let req = ConnectRequest::new(service_id, devinfo::DEFAULT_LIDS[1]);
+        let req = match &self.net {
+            Net::Soft(_) => ConnectRequest::new(
+                if listened {
+                    SERVICE_ID
+                } else {
+                    UNLISTENED_SERVICE_ID
+                },
+                devinfo::DEFAULT_LIDS[1],
+            ),
+            Net::Udp { .. } => {
+                let qpn = self.al.resolve(qp).map_err(al_err("resolving a QP"))?.qpn();
+                let to = if listened {
+                    udp::listen_addr()
+                } else {
+                    udp::unlistened_addr()
+                };
+                IpConnect::new(to)
+                    .to_request(udp::ADDRS[0], 1, qpn)
+                    .map_err(al_err("building the REQ"))?
+            }
+        };
         self.track
             .with(|s| s.slots[slot].start = Some(Instant::now()));
         cm::connect(self.al.instance(), qp, &req, handler).map_err(al_err("connect"))?;
@@ -833,9 +948,9 @@ impl Bench {
     }
 
     fn close(self) -> BenchResult<()> {
-        let Bench { al, provider, .. } = self;
+        let Bench { al, net, .. } = self;
         let stats = al.close().map_err(al_err("closing the AL"))?;
-        drop(provider);
+        drop(net);
         if stats.is_clean() {
             Ok(())
         } else {
@@ -1143,6 +1258,30 @@ struct Floor {
 }
 
 impl Floor {
+    /// Empty samples and the echo thread (it ends when `ping` is dropped).
+    fn start() -> BenchResult<(Floor, std::thread::JoinHandle<()>)> {
+        let (ping_tx, ping_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
+        let (pong_tx, pong_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
+        let echo = std::thread::Builder::new()
+            .name("ibal-perf-echo".into())
+            .spawn(move || {
+                while let Ok(m) = ping_rx.recv() {
+                    if pong_tx.send(m).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| format!("spawning the echo thread: {e}"))?;
+        let floor = Floor {
+            mad: Vec::new(),
+            echo: Vec::new(),
+            bare: Vec::new(),
+            ping: ping_tx,
+            pong: pong_rx,
+        };
+        Ok((floor, echo))
+    }
+
     fn echo_rtt(&self) -> BenchResult<Duration> {
         let t0 = Instant::now();
         self.ping
@@ -1167,8 +1306,40 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
     if got[MAD_SIZE + GRH_SIZE..] != ud.bufs[0].to_vec()[..MAD_SIZE] {
         return Err("the UD SEND did not deliver its 256 bytes".into());
     }
+    let figures = run_rounds(cfg, &bench, |bench, qps, n| {
+        for _ in 0..n * MAD_RTTS_PER_CONNECTION {
+            floor.mad.push(us(ud.round_trip(&bench.al, &mut wc)?));
+        }
+        for _ in 0..n {
+            floor.echo.push(us(floor.echo_rtt()?));
+        }
+        for _ in 0..n {
+            let pair = [bench.rc_qp(0)?, bench.rc_qp(1)?];
+            qps.extend(pair);
+            floor
+                .bare
+                .push(us(ud.bare_connect(&bench.al, pair, &mut wc)?));
+        }
+        Ok(())
+    })?;
+    drop(ud);
+    bench.close()?;
+    Ok(figures)
+}
+
+/// The rounds of one drive mode on an open bench: serial connects, each
+/// round followed by as many REQ -> REJ probes and then `per_round(bench,
+/// qps, n)` (the run's floor samples for `n` connections; QPs it creates go
+/// into `qps`, destroyed at the round's teardown), then the throughput
+/// batches. The bench stays open.
+fn run_rounds(
+    cfg: &ConnRateConfig,
+    bench: &Bench,
+    mut per_round: impl FnMut(&Bench, &mut Vec<Handle<Qp>>, usize) -> BenchResult<()>,
+) -> BenchResult<ModeFigures> {
+    let drive = bench.drive;
     let mads_before = bench.mads_sent();
-    let drops = || bench.provider.fabric().stats().dropped_no_recv;
+    let drops = || bench.dropped_no_recv();
     let drops_before = drops();
     let mut drops_timed = 0;
 
@@ -1187,7 +1358,7 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
         }
         for &(slot, qp) in &pairs {
             let d0 = drops();
-            bench.connect(slot, qp, SERVICE_ID)?;
+            bench.connect(slot, qp, true)?;
             bench.wait("both sides ESTABLISHED", |s| {
                 s.slots[slot].established().is_some()
             })?;
@@ -1209,7 +1380,7 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
             legs[3].push(us(a.saturating_duration_since(rep)));
         }
         for &(slot, qp) in &probes {
-            bench.connect(slot, qp, UNLISTENED_SERVICE_ID)?;
+            bench.connect(slot, qp, false)?;
             bench.wait("the REJ", |s| s.slots[slot].rejected.is_some())?;
             let t = bench.times(slot);
             match (t.start, t.rejected) {
@@ -1217,19 +1388,7 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
                 _ => return Err(format!("probe {slot}: a callback left no time")),
             }
         }
-        for _ in 0..n * MAD_RTTS_PER_CONNECTION {
-            floor.mad.push(us(ud.round_trip(&bench.al, &mut wc)?));
-        }
-        for _ in 0..n {
-            floor.echo.push(us(floor.echo_rtt()?));
-        }
-        for _ in 0..n {
-            let pair = [bench.rc_qp(0)?, bench.rc_qp(1)?];
-            qps.extend(pair);
-            floor
-                .bare
-                .push(us(ud.bare_connect(&bench.al, pair, &mut wc)?));
-        }
+        per_round(bench, &mut qps, n)?;
         bench.teardown(&mut qps)?;
         done += n;
     }
@@ -1246,7 +1405,7 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
         let d0 = drops();
         let t0 = Instant::now();
         for &(slot, qp) in &batch {
-            bench.connect(slot, qp, SERVICE_ID)?;
+            bench.connect(slot, qp, true)?;
         }
         bench.wait("a batch ESTABLISHED", |s| s.completed >= target)?;
         drops_timed += drops() - d0;
@@ -1263,8 +1422,6 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
 
     let cm_mads_sent = bench.mads_sent() - mads_before;
     let dropped_no_recv = drops() - drops_before;
-    drop(ud);
-    bench.close()?;
     let k = (cfg.batches * cfg.in_flight) as f64;
     let [l0, l1, l2, l3] = legs;
     Ok(ModeFigures {
@@ -1301,26 +1458,7 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
 /// fresh fabric, with the floor sampled in both.
 pub fn run(cfg: &ConnRateConfig) -> BenchResult<ConnRateReport> {
     cfg.validate()?;
-    // The echo thread.
-    let (ping_tx, ping_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
-    let (pong_tx, pong_rx) = mpsc::channel::<[u8; MAD_SIZE]>();
-    let echo = std::thread::Builder::new()
-        .name("ibal-perf-echo".into())
-        .spawn(move || {
-            while let Ok(m) = ping_rx.recv() {
-                if pong_tx.send(m).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(|e| format!("spawning the echo thread: {e}"))?;
-    let mut floor = Floor {
-        mad: Vec::new(),
-        echo: Vec::new(),
-        bare: Vec::new(),
-        ping: ping_tx,
-        pong: pong_rx,
-    };
+    let (mut floor, echo) = Floor::start()?;
     let polled = if cfg.modes.polled() {
         Some(measure(cfg, CmDrive::Poll, &mut floor)?)
     } else {
