@@ -328,8 +328,10 @@ fn a_cm_only_pair_connects_qps_the_consumer_moves_itself() {
     let (qa, qb) = (a.qp.query(&al).unwrap(), b.qp.query(&al).unwrap());
     assert_eq!((qa.state, qb.state), (QpState::Rts, QpState::Rts));
     assert_eq!((qa.dest_qpn, qb.dest_qpn), (b.qpn, a.qpn));
-    assert_eq!((qa.sq_psn, qa.rq_psn), (PSN_A, PSN_B));
-    assert_eq!((qb.sq_psn, qb.rq_psn), (PSN_B, PSN_A));
+    // Each side's StartingPSN is the PSN it receives from (IBTA, and what
+    // Linux's CM does): A receives from PSN_A and sends from B's PSN_B.
+    assert_eq!((qa.sq_psn, qa.rq_psn), (PSN_B, PSN_A));
+    assert_eq!((qb.sq_psn, qb.rq_psn), (PSN_A, PSN_B));
     // REQ 3/2, reply 2/3: B accepts min(2, 2) reads from A and may have
     // min(3, 3) outstanding at A.
     assert_eq!((qb.max_dest_rd_atomic, qb.max_rd_atomic), (2, 3));
@@ -490,7 +492,7 @@ fn a_cm_only_active_side_connects_to_a_bound_passive_side() {
     let passive = log.passive.lock().unwrap().unwrap();
     assert_eq!(cid(&al, a.qp), CidState::Unbound);
     assert_eq!(cid(&al, b.qp), CidState::Bound(passive.raw()));
-    assert_eq!(b.qp.query(&al).unwrap().rq_psn, PSN_A);
+    assert_eq!(b.qp.query(&al).unwrap().sq_psn, PSN_A);
     send(&al, &a, &b, b"unbound to bound");
     write(&al, &b, &a);
     cep.disconnect(&al, &[]).unwrap();
@@ -527,7 +529,7 @@ fn a_bound_active_side_connects_to_a_cm_only_passive_side() {
     log.assert_no_errors();
     assert_eq!(cid(&al, a.qp), CidState::Bound(cep.raw()));
     assert_eq!(cid(&al, b.qp), CidState::Unbound);
-    assert_eq!(a.qp.query(&al).unwrap().rq_psn, PSN_B);
+    assert_eq!(a.qp.query(&al).unwrap().sq_psn, PSN_B);
     // The bound side's attributes read back the same way.
     let attrs = cep.connection_attrs(&al).unwrap();
     assert_eq!((attrs.peer_qpn, attrs.peer_starting_psn), (b.qpn, PSN_B));

@@ -814,8 +814,9 @@ pub enum PathEnd {
 }
 
 /// RTR attributes of a connected QP on `port` toward its peer on the REQ's
-/// primary path, with the REQ's path MTU and what the peer sent: its QPN,
-/// its starting PSN (our receive PSN), and the RDMA READ/atomic requests
+/// primary path, with the REQ's path MTU, the peer's QPN, our receive PSN
+/// (the StartingPSN *we* advertised: each side names the PSN it expects to
+/// receive, as IBTA and Linux's CM read the field), and the RDMA READ/atomic requests
 /// we accept from it. A path that is not subnet-local (routed by GID, as
 /// every RoCE path is) gives the address vector a GRH with the peer's GID
 /// and the path's flow label, traffic class and hop limit. [`accept`]
@@ -853,7 +854,7 @@ pub fn rtr_attrs(
         .min_rnr_timer(12)
 }
 
-/// RTS attributes of a connected QP: our starting PSN, the REQ's ACK
+/// RTS attributes of a connected QP: our send PSN (the peer's StartingPSN), the REQ's ACK
 /// timeout and retry count, the RNR retries the peer asked for, and the
 /// RDMA READ/atomic requests we may have outstanding. [`rtu`] (active) and
 /// the passive side's RTU handling apply these.
@@ -887,8 +888,9 @@ pub struct LocalQpAttrs {
     pub qp_type: hca::QpType,
     /// The QP number (24 bits; not 0 or 1).
     pub qpn: u32,
-    /// The first PSN the QP sends (24 bits): its SQ PSN in RTS, the peer's
-    /// RQ PSN.
+    /// The StartingPSN this side puts in its REQ or REP (24 bits): the
+    /// first PSN the QP receives, its RQ PSN in RTR, and the peer's SQ PSN
+    /// (IBTA and Linux's CM: each side names the PSN it expects).
     pub starting_psn: u32,
     /// The QP takes its receives from a shared receive queue.
     pub srq: bool,
@@ -897,7 +899,7 @@ pub struct LocalQpAttrs {
 }
 
 impl LocalQpAttrs {
-    /// A `qp_type` (RC or UC) QP `qpn` that sends from `starting_psn`, with
+    /// A `qp_type` (RC or UC) QP `qpn` that receives from `starting_psn`, with
     /// no SRQ and no end-to-end flow control.
     pub fn new(qp_type: hca::QpType, qpn: u32, starting_psn: u32) -> Self {
         LocalQpAttrs {
@@ -976,11 +978,11 @@ pub struct ConnectionAttrs {
     pub end: PathEnd,
     /// Our QP number, as the REQ (active) or REP (passive) carried it.
     pub local_qpn: u32,
-    /// Our starting PSN: the QP's SQ PSN in RTS.
+    /// Our StartingPSN (in our REQ or REP): the QP's RQ PSN in RTR.
     pub local_starting_psn: u32,
     /// The peer's QP number: the QP's destination QPN.
     pub peer_qpn: u32,
-    /// The peer's starting PSN: the QP's RQ PSN in RTR.
+    /// The peer's StartingPSN: the QP's SQ PSN in RTS.
     pub peer_starting_psn: u32,
     /// RDMA READ/atomic requests we accept from the peer
     /// (`max_dest_rd_atomic`, our responder resources).
@@ -1070,7 +1072,9 @@ impl ConnectionAttrs {
             &self.req,
             self.end,
             self.peer_qpn,
-            self.peer_starting_psn,
+            // A side's StartingPSN is where its own receive queue starts
+            // (`../shared/reference/cm-wire.md`, "PSN and resources").
+            self.local_starting_psn,
             self.responder_resources,
         )
     }
@@ -1078,7 +1082,8 @@ impl ConnectionAttrs {
     /// RTR -> RTS ([`rts_attrs`]).
     pub fn rts(&self) -> QpModify {
         rts_attrs(
-            self.local_starting_psn,
+            // ... and the peer's is where our sends start.
+            self.peer_starting_psn,
             &self.req,
             self.rnr_retry_count,
             self.initiator_depth,

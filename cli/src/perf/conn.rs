@@ -1175,6 +1175,8 @@ impl UdPair {
         };
         let passive = al.resolve_live(qps[1]).map_err(al_err("resolving a QP"))?;
         cm::qp_to_init(&passive, 1, access).map_err(al_err("passive QP to INIT"))?;
+        // Each side's StartingPSN is its own receive PSN.
+        let passive_psn = passive.qpn() & 0xff_ffff;
         modify(
             &passive,
             &cm::rtr_attrs(
@@ -1182,7 +1184,7 @@ impl UdPair {
                 &req,
                 cm::PathEnd::Passive,
                 req.local_qpn,
-                req.starting_psn,
+                passive_psn,
                 req.initiator_depth,
             ),
         )?;
@@ -1190,7 +1192,7 @@ impl UdPair {
             local_comm_id: 2,
             remote_comm_id: req.local_comm_id,
             local_qpn: passive.qpn(),
-            starting_psn: passive.qpn() & 0xff_ffff,
+            starting_psn: passive_psn,
             responder_resources: req.initiator_depth,
             initiator_depth: req.responder_resources,
             target_ack_delay: 10,
@@ -1209,14 +1211,14 @@ impl UdPair {
                 &req,
                 cm::PathEnd::Active,
                 rep.local_qpn,
-                rep.starting_psn,
+                req.starting_psn,
                 rep.initiator_depth,
             ),
         )?;
         modify(
             &active,
             &cm::rts_attrs(
-                req.starting_psn,
+                rep.starting_psn,
                 &req,
                 rep.rnr_retry_count,
                 rep.responder_resources,
@@ -1235,7 +1237,7 @@ impl UdPair {
         modify(
             &passive,
             &cm::rts_attrs(
-                rep.starting_psn,
+                req.starting_psn,
                 &req,
                 req.rnr_retry_count,
                 rep.initiator_depth.min(req.responder_resources),
