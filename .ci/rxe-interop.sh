@@ -12,6 +12,9 @@
 #   5. ibal --connect --rdma-bulk 1M -> .ci/rxe-peer/rdma_peer in the guest (tcp 18520): one
 #      RDMA WRITE of 1 MiB into the guest's buffer and one RDMA READ of 1 MiB from it (1024
 #      packets each way at MTU 1024), the READ checked by ibal, the WRITE by rdma_peer
+#   6-9. ibal rping -c -> the guest's rping -s; the guest's rping -c -> ibal rping -s; a REQ to
+#      a port nobody listens on (Linux's REJ reported); our first RTU dropped (Linux's REP
+#      retry answered): ibal's CM against Linux's ib_cm/rdma_cm (issue 15, deliver 6)
 # 1-4 each 1000 iterations with every message checked by ibal and the ibv tool's own summary
 # required, while tshark captures tap0; then checks the capture. The VM is stopped on exit.
 # Traffic goes only to 192.168.77.0/24 inside the harness's namespace and VM.
@@ -64,6 +67,14 @@ if [ ! -f /usr/include/infiniband/verbs.h ] || ! command -v gcc >/dev/null; then
         apt-get update >/dev/null 2>&1
         apt-get install -y --no-install-recommends libibverbs-dev gcc >"$OUT/apt.log" 2>&1
     } || { echo "rxe-interop: cannot install libibverbs-dev (see $OUT/apt.log)" >&2; exit 2; }
+fi
+# iptables: the lost-RTU run (9) and BULK_LOSS drop packets in the namespace with it.
+if ! command -v iptables >/dev/null; then
+    say "installing iptables"
+    apt-get install -y --no-install-recommends iptables >"$OUT/apt-iptables.log" 2>&1 || {
+        apt-get update >/dev/null 2>&1
+        apt-get install -y --no-install-recommends iptables >"$OUT/apt-iptables.log" 2>&1
+    } || say "iptables could not be installed (see $OUT/apt-iptables.log): run 9 will be skipped"
 fi
 mkdir -p "$OUT/www"
 gcc -O2 -Wall -Wextra -Werror -o "$OUT/www/rdma_peer" "$ROOT/.ci/rxe-peer/rdma_peer.c" -libverbs
@@ -329,6 +340,87 @@ ibal->rxe, $(drops INPUT) rxe->ibal]" /tmp/rdma_peer_loss.log
     fi
 fi
 
+# ---- 6-9. rping through the CMs: ibal's CM and rdma_cm addressing against Linux's ib_cm and
+# rdma_cm (issue 15, deliver 6). The guest's default rping server (port 7174) re-arms after
+# each client. After each run ibal's AL closed with nothing live (ibal checks it and fails
+# otherwise) and the guest holds no connection to us (rdma res: only its LISTEN id).
+guest_conns() { # connections (cm ids not listening) the guest holds towards us
+    guest "rdma res show cm_id" 2>/dev/null | grep -v LISTEN | grep -c "$HOST_IP" || true
+}
+no_guest_conns() {
+    for _ in $(seq 20); do [ "$(guest_conns)" = 0 ] && return 0; sleep 0.5; done
+    return 1
+}
+RPING=${RPING:-10}
+T=rping-client
+say "$T: ibal rping -c -a $GUEST_IP -C $RPING -S 64 -V (the guest's rping -s, port 7174; its buffers are 64 bytes)"
+if ip netns exec "$NS" timeout 60 "$BIN" rping -c -a "$GUEST_IP" -I "$HOST_IP" -C $RPING -S 64 \
+        -V -v --timeout 20 >"$OUT/$T.log" 2>"$OUT/$T.err" \
+        && [ "$(grep -c '^ping data: rdma-ping-' "$OUT/$T.log")" = "$RPING" ]; then
+    sleep 1
+    last=$((RPING - 1))
+    if guest "grep -q 'server ping data: rdma-ping-$last: ' /tmp/rping_srv.log" && no_guest_conns; then
+        say "$T: PASS ($RPING pings, Linux's server READ and WROTE each, ibal checked them; no connection left in the guest)"
+    else
+        fail $T "ibal finished but the guest's rping server did not log ping $last, or holds a connection ($(guest_conns))" /tmp/rping_srv.log
+    fi
+else
+    fail $T "ibal stopped: $(cat "$OUT/$T.err" | tr '\n' ' ' | cut -c1-400)" /tmp/rping_srv.log
+fi
+
+T=rping-server
+say "$T: rping -c -a $HOST_IP -C $RPING -S 1000 -V in the guest -> ibal rping -s"
+ip netns exec "$NS" timeout 90 "$BIN" rping -s -a "$HOST_IP" -v --timeout 60 \
+    >"$OUT/$T.log" 2>"$OUT/$T.err" &
+IBAL=$!; PIDS+=($IBAL)
+sleep 1
+GT=90 guest "rping -c -a $HOST_IP -C $RPING -S 1000 -V -v >/tmp/rping_cli.log 2>&1; echo exit=\$? >>/tmp/rping_cli.log" || true
+if wait "$IBAL" && [ "$(grep -c '^server ping data: rdma-ping-' "$OUT/$T.log")" = "$RPING" ]; then
+    if guest "grep -q exit=0 /tmp/rping_cli.log" && [ "$(guest "grep -c '^ping data: ' /tmp/rping_cli.log" | tr -d '\r')" = "$RPING" ] \
+            && no_guest_conns; then
+        say "$T: PASS (Linux's client validated $RPING pings of 1000 bytes that ibal READ and WROTE back)"
+    else
+        fail $T "ibal finished but the guest's rping client did not pass" /tmp/rping_cli.log
+    fi
+else
+    fail $T "ibal stopped: $(cat "$OUT/$T.err" | tr '\n' ' ' | cut -c1-400)" /tmp/rping_cli.log
+fi
+
+T=rping-refused
+say "$T: ibal rping -c -a $GUEST_IP -p 7999 (nobody listens): Linux's REJ, reported"
+if ip netns exec "$NS" timeout 30 "$BIN" rping -c -a "$GUEST_IP" -I "$HOST_IP" -p 7999 -C 1 \
+        --timeout 10 >"$OUT/$T.log" 2>"$OUT/$T.err"; then
+    fail $T "ibal connected to a port nobody listens on" /dev/null
+elif grep -q "connection refused.*invalid service ID" "$OUT/$T.err"; then
+    say "$T: PASS ($(tr -d '\n' <"$OUT/$T.err"))"
+else
+    fail $T "ibal failed, but not with the REJ: $(tr '\n' ' ' <"$OUT/$T.err")" /dev/null
+fi
+
+T=rping-rtu-lost
+if ip netns exec "$NS" iptables -L -n >/dev/null 2>&1; then
+    # Our first RTU is dropped on its way out (u32: the MAD attribute id 0x0014 at IP
+    # offset 64 = IP 20 + UDP 8 + BTH 12 + DETH 8 + MAD 16); Linux's CM sends its REP
+    # again, and ibal's CM must answer it with the RTU again.
+    ip netns exec "$NS" iptables -A OUTPUT -o tap0 -p udp --dport 4791 -m u32 --u32 "64>>16=0x14" \
+        -m statistic --mode nth --every 1000 --packet 0 -j DROP
+    say "$T: ibal rping -c with its first RTU dropped (Linux re-sends the REP)"
+    if ip netns exec "$NS" timeout 60 "$BIN" rping -c -a "$GUEST_IP" -I "$HOST_IP" -C 3 -V \
+            --timeout 20 >"$OUT/$T.log" 2>"$OUT/$T.err"; then
+        dropped=$(ip netns exec "$NS" iptables -L OUTPUT -v -n -x | awk '/DROP/ {print $1; exit}')
+        if [ "$dropped" = 1 ] && no_guest_conns; then
+            say "$T: PASS (1 RTU dropped; $(tail -1 "$OUT/$T.log"))"
+        else
+            fail $T "ibal passed but $dropped RTUs were dropped (expected 1) or the guest holds a connection" /tmp/rping_srv.log
+        fi
+    else
+        fail $T "ibal stopped: $(tr '\n' ' ' <"$OUT/$T.err" | cut -c1-400)" /tmp/rping_srv.log
+    fi
+    ip netns exec "$NS" iptables -F OUTPUT
+else
+    say "$T: SKIPPED (no iptables in the namespace: apt-get install iptables)"
+fi
+
 # ---- the capture: tshark decodes BTH opcodes and PSNs from both sides, and they match
 # what ibal reported (QPNs, first PSNs) for the RC client run and the UD client run.
 sleep 1
@@ -435,7 +527,7 @@ then
 fi
 
 if [ "$FAILED" = 0 ]; then
-    say "ALL PASSED (4 interop runs of $ITERS iterations, RDMA WRITE and READ of $BULK bytes, capture checked); outputs in $OUT"
+    say "ALL PASSED (4 interop runs of $ITERS iterations, RDMA WRITE and READ of $BULK bytes, rping both ways through the CMs, REJ and a lost RTU, capture checked); outputs in $OUT"
 else
     say "FAILED; outputs in $OUT"
 fi
