@@ -26,6 +26,58 @@ use crate::driver::{run_port, run_timers, Timers, RECV_TIMEOUT};
 use crate::mr::{MrInner, MrTable, Posted, RecvEntry};
 use crate::qp::{fresh_attr, QpCore, QpInner, SrqInner, GSI_KEY, NO_DEADLINE, QPN_MASK};
 
+/// [`BUSY_POLL_STREAK`] empty polls of a device's CQs, each this close
+/// behind the one before, mean an application busy-polls
+/// ([`DevShared::note_poll`]).
+const BUSY_POLL_GAP: Duration = Duration::from_micros(50);
+const BUSY_POLL_STREAK: u32 = 16;
+
+/// Tells an application that busy-polls a device's CQs from consumers
+/// that poll when woken.
+///
+/// Only a run of [`BUSY_POLL_STREAK`] polls that found nothing, each
+/// close behind the one before ([`BUSY_POLL_GAP`]), marks the device as
+/// busy-polled: an application spinning on its CQ does that all the time,
+/// while a consumer woken by a completion (the CM agent on QP1, which polls
+/// its receive and send CQs once each per round; an async CQ stream)
+/// drains its CQs and stops after a poll or two. Counting every poll made
+/// the receive threads nap after each CM message, and the next MAD waited
+/// out the nap (`ibal perf conn-rate --transport udp`: ~650 of ~700 us per
+/// connect).
+#[derive(Default)]
+struct PollWatch {
+    /// When (ns from the device's base) the device was last busy-polled.
+    busy_at: AtomicU64,
+    /// When a poll last found a CQ empty, and how many did in a row.
+    last_empty: AtomicU64,
+    streak: AtomicU32,
+}
+
+impl PollWatch {
+    /// A poll at `now` found `found` completions.
+    fn note(&self, now: u64, found: usize) {
+        if found > 0 {
+            return;
+        }
+        let before = self.last_empty.swap(now, Ordering::Relaxed);
+        let streak = if now.saturating_sub(before) < BUSY_POLL_GAP.as_nanos() as u64 {
+            self.streak.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.streak.store(1, Ordering::Relaxed);
+            1
+        };
+        if streak >= BUSY_POLL_STREAK {
+            self.busy_at.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the device was busy-polled within `window` of `now`.
+    fn busy_within(&self, now: u64, window: Duration) -> bool {
+        let at = self.busy_at.load(Ordering::Relaxed);
+        at != 0 && now.saturating_sub(at) < window.as_nanos() as u64
+    }
+}
+
 /// Identities unique in the process (devices and PDs), so an object of
 /// another device or PD is recognised by one compare.
 fn new_identity() -> u64 {
@@ -440,10 +492,9 @@ pub(crate) struct DevShared {
     pub(crate) qps: RwLock<HashMap<u32, Arc<QpInner>>>,
     next_qpn: AtomicU32,
     base: Instant,
-    /// When (ns from `base`) an application last polled one of the
-    /// device's CQs: while that is recent the receive threads leave the
-    /// sockets to the pollers (`driver::run_port`).
-    pub(crate) last_poll: AtomicU64,
+    /// Whether applications busy-poll the device's CQs: while they do the
+    /// receive threads leave the sockets to them (`driver::run_port`).
+    polls: PollWatch,
     pub(crate) directory: Arc<Directory>,
     pub(crate) timers: Timers,
     /// PDs, CQs, SRQs and AVs that exist now (against their limits).
@@ -500,15 +551,26 @@ impl DevShared {
     }
 
     /// An application is polling one of the device's CQs now.
-    pub(crate) fn note_poll(&self) {
+    ///
+    ///
+    /// Only a run of [`BUSY_POLL_STREAK`] polls that found nothing, each
+    /// close behind the one before ([`BUSY_POLL_GAP`]), marks the device as
+    /// busy-polled: an application spinning on its CQ does that all the
+    /// time, while a consumer woken by a completion (the CM agent on QP1,
+    /// which polls its receive and send CQs once each per round; an async
+    /// CQ stream) drains its CQs and stops after a poll or two. Counting
+    /// those made the receive threads nap after every CM message, and the
+    /// next MAD waited out the nap (`ibal perf conn-rate --transport udp`:
+    /// ~650 of ~700 us per connect).
+    pub(crate) fn note_poll(&self, found: usize) {
         let now = self.now().as_nanos() as u64;
-        self.last_poll.store(now, Ordering::Relaxed);
+        self.polls.note(now, found);
     }
 
     /// Whether an application polled within `window`.
     pub(crate) fn polled_within(&self, window: Duration) -> bool {
         let now = self.now().as_nanos() as u64;
-        now.saturating_sub(self.last_poll.load(Ordering::Relaxed)) < window.as_nanos() as u64
+        self.polls.busy_within(now, window)
     }
 
     /// Port `n` (1-based).
@@ -763,7 +825,7 @@ impl RoceDevice {
             qps: RwLock::new(HashMap::new()),
             next_qpn: AtomicU32::new(first_qpn),
             base: Instant::now(),
-            last_poll: AtomicU64::new(0),
+            polls: PollWatch::default(),
             directory,
             timers: Timers::default(),
             usage: Default::default(),
@@ -1203,7 +1265,6 @@ impl Device for RoceDevice {
     }
 
     fn poll_cq(&self, cq: &RoceCq, out: &mut [Wc]) -> Result<usize> {
-        self.shared.note_poll();
         let n = cq.inner.poll(out);
         if n > 0 || out.is_empty() {
             return Ok(n);
@@ -1211,10 +1272,13 @@ impl Device for RoceDevice {
         // Nothing yet: take what has already arrived on the ports on this
         // thread rather than wait for a receive thread to wake up
         // (`docs/roce-provider.md`, "Progress on the polling thread").
-        if crate::driver::progress(&self.shared) {
-            return Ok(cq.inner.poll(out));
-        }
-        Ok(0)
+        let n = if crate::driver::progress(&self.shared) {
+            cq.inner.poll(out)
+        } else {
+            0
+        };
+        self.shared.note_poll(n);
+        Ok(n)
     }
 
     fn register_mr(
@@ -1391,6 +1455,32 @@ impl Device for RoceDevice {
 #[cfg(test)]
 mod held_ack_tests {
     use super::*;
+
+    #[test]
+    fn only_a_run_of_close_empty_polls_counts_as_busy_polling() {
+        let us = |n: u64| n * 1000;
+        let w = PollWatch::default();
+        let window = Duration::from_micros(200);
+        // A consumer woken every 100 us that polls its two CQs (the CM
+        // agent's round), and one that drains with completions first.
+        for round in 1..200u64 {
+            let t = us(100 * round);
+            w.note(t, 3);
+            w.note(t + 1, 0);
+            w.note(t + 2, 0);
+            assert!(!w.busy_within(t + 3, window), "round {round}");
+        }
+        // A spinning application: empty polls microseconds apart.
+        let t0 = us(100_000);
+        for k in 0..BUSY_POLL_STREAK as u64 {
+            w.note(t0 + us(k), 0);
+        }
+        assert!(w.busy_within(t0 + us(20), window));
+        assert!(
+            !w.busy_within(t0 + us(300), window),
+            "busy ends with the polling"
+        );
+    }
 
     #[test]
     fn one_ack_per_qp_is_held_and_taken_by_its_socket_only() {
