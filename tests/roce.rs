@@ -348,6 +348,125 @@ fn cm_connects_by_ip_address_rdma_cm_style() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn sidr_over_roce_finds_a_ud_service_by_address_and_a_datagram_reaches_it() -> Result<()> {
+    use ibal::cm::ip::{gid_of, service_id, PortSpace};
+    use ibal::cm::wire::ip_cm::IpCmHeader;
+    use ibal::cm::wire::SidrStatus;
+    const QKEY: u32 = 0x0011_2233;
+    let al = Al::open()?;
+    let provider = provider();
+    let (a, b) = (
+        end(&al, &provider, 0xa1, 64)?,
+        end(&al, &provider, 0xb1, 64)?,
+    );
+    // B's UD service: a UD QP in RTS with its Q_Key.
+    let ud = |ca: Handle<Ca>| -> Result<(Handle<Pd>, Handle<Cq>, Handle<Qp>)> {
+        let pd = ca.alloc_pd(&al)?;
+        let cq = ca.create_cq(&al, 8)?;
+        let qp = pd.create_qp(&al, QpCreate::new(QpType::Ud, cq))?;
+        qp.modify(
+            &al,
+            &QpModify::to(QpState::Init).pkey_index(0).port(1).qkey(QKEY),
+        )?;
+        qp.modify(&al, &QpModify::to(QpState::Rtr))?;
+        qp.modify(&al, &QpModify::to(QpState::Rts).sq_psn(0))?;
+        Ok((pd, cq, qp))
+    };
+    let (pd_a, cq_a, qp_a) = ud(a.ca)?;
+    let (pd_b, cq_b, qp_b) = ud(b.ca)?;
+    let qpn_b = qp_b.query(&al)?.qpn;
+    // The SIDR_REQ names rdma_cm's UDP port space and carries its header.
+    let sid = service_id(PortSpace::Udp, 7000);
+    let (seen_tx, seen) = mpsc::channel();
+    let inst = Arc::clone(&al);
+    let on_request: ListenHandler = Arc::new(move |_l, cep, ev| {
+        if let Event::SidrRequest { req, .. } = ev {
+            let hdr = IpCmHeader::decode(req.private_data.as_bytes()).map(|h| h.0);
+            let _ = seen_tx.send(hdr);
+            let reply = SidrReplyParams {
+                status: SidrStatus::Success,
+                qpn: qpn_b,
+                qkey: QKEY,
+                ..SidrReplyParams::default()
+            };
+            cep.sidr_reply(&inst, reply).expect("SIDR reply");
+        }
+    });
+    b.ca.listen(&al, 1, sid, on_request, Arc::new(|_, _| {}))?;
+    let header = IpCmHeader {
+        src: "127.0.0.1".parse().unwrap(),
+        src_port: 50_000,
+        dst: "127.0.0.2".parse().unwrap(),
+    };
+    let (tx, replies) = mpsc::channel();
+    let handler: CmHandler = Arc::new(move |_, ev| {
+        if let Event::SidrReply { rep, .. } = ev {
+            let _ = tx.send((rep.status, rep.qpn, rep.qkey));
+        }
+    });
+    let params = SidrParams {
+        private_data: header.private_data::<216>(b"which qp?").expect("fits"),
+        ..SidrParams::new(sid, PeerAddr { lid: 0, gid: b.gid })
+    };
+    a.ca.sidr_request(&al, params, 1, handler)?;
+    let got = seen.recv_timeout(DEADLINE).expect("the SIDR_REQ arrived");
+    assert_eq!(got.expect("rdma_cm header"), header);
+    let (status, qpn, qkey) = replies.recv_timeout(DEADLINE).expect("a SIDR_REP");
+    assert_eq!((status, qpn, qkey), (SidrStatus::Success, qpn_b, QKEY));
+
+    // A datagram to the QPN and Q_Key the SIDR_REP named, by GID.
+    let buf_a = RegisteredBuffer::new(64);
+    let buf_b = RegisteredBuffer::new(64 + GRH_SIZE);
+    let access = Access::LOCAL_WRITE;
+    let (la, _) = pd_a.register(&al, &buf_a, access)?.keys(&al)?;
+    let (lb, _) = pd_b.register(&al, &buf_b, access)?.keys(&al)?;
+    let rsge = [Sge {
+        addr: 0,
+        length: (64 + GRH_SIZE) as u32,
+        lkey: lb,
+    }];
+    qp_b.post_recv(
+        &al,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &rsge,
+        }],
+    )?;
+    let mut av = AvAttr::lid(1, 0);
+    av.grh = Some(GrhAttr {
+        dgid: gid_of("127.0.0.2".parse().unwrap()),
+        sgid_index: 0,
+        flow_label: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+    });
+    let av = pd_a.create_av(&al, av)?;
+    buf_a.write(0, b"found you by SIDR")?;
+    let ssge = [Sge {
+        addr: 0,
+        length: 17,
+        lkey: la,
+    }];
+    let dest = UdDest {
+        av: &av,
+        remote_qpn: qpn,
+        remote_qkey: qkey,
+        pkey_index: 0,
+    };
+    qp_a.post_send(&al, &[SendWr::new(2, SendOp::Send, &ssge).to(dest)])?;
+    completion(&al, cq_a);
+    let wc = completion(&al, cq_b);
+    assert_eq!(wc.byte_len as usize, GRH_SIZE + 17);
+    let mut got = [0u8; 17];
+    buf_b.read(GRH_SIZE, &mut got)?;
+    assert_eq!(&got, b"found you by SIDR");
+    let _ = (a.qp, b.qp);
+    let stats = al.close()?;
+    assert!(stats.is_clean(), "{stats:?}");
+    Ok(())
+}
+
 fn pd_qp(al: &Al, ca: Handle<Ca>) -> Result<Handle<Qp>> {
     let cq = ca.create_cq(al, 8)?;
     ca.alloc_pd(al)?
