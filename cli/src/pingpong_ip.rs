@@ -606,54 +606,19 @@ fn connect_on(
     let request = IpConnect::new(remote)
         .path_mtu(cfg.mtu)
         .private_data(&encode_hello(cfg.iterations, cfg.size, side.rkey));
-    let (handler, events) = event_channel();
     let t = Instant::now();
-    let cep = ip::connect(inst, side.qp, 1, &request, handler)
-        .map_err(|e| format!("connect to {remote}: {e}"))?;
-    let timers = request.timers;
-    let cm_wait = cm_give_up(timers.cm_response_timeout, timers.max_cm_retries);
     let mut peer_buf = None;
-    let r = wait_event(
-        &events,
-        t + cfg.timeout.max(cm_wait),
-        "the peer's reply",
-        |ev| {
-            match ev {
-            Event::ReplyReceived { rep, .. } => {
-                Some(decode_reply(rep.private_data.as_bytes()).and_then(|b| {
-                    peer_buf = Some(b);
-                    side.post_seq_recv(al, 0)?;
-                    cm::rtu(inst, cep, &[]).map_err(|e| format!("RTU: {e}"))
-                }))
-            }
-            Event::Rejected { reason, .. } if *reason == RejectReason::InvalidServiceId => {
-                Some(Err(format!(
-                    "connection refused by {remote}: nobody listens on port {} there (REJ: invalid service ID)",
-                    remote.port()
-                )))
-            }
-            Event::Rejected { reason, rej, .. } => Some(Err(format!(
-                "{remote} rejected the connection: {reason:?}{}",
-                reject_text(rej.private_data.as_bytes())
-            ))),
-            Event::Timeout {
-                message: TimedOut::Req,
-                ..
-            } => Some(Err(format!(
-                "no answer from {remote}: the CM request was sent {} times over {:.1} s; \
-                 is `ibal pingpong --listen` running there, and does UDP {} reach it?",
-                u32::from(timers.max_cm_retries) + 1,
-                cm_wait.as_secs_f64(),
-                cfg.peer_udp_port
-            ))),
-            _ => None,
-        }
+    let (cep, events) = connect_and_answer(
+        al,
+        side.qp,
+        &request,
+        cfg.timeout,
+        (cfg.peer_udp_port, "ibal pingpong --listen"),
+        |rep| {
+            peer_buf = Some(decode_reply(rep.private_data.as_bytes())?);
+            side.post_seq_recv(al, 0)
         },
-    );
-    if let Err(e) = r {
-        let _ = al.destroy_sync(cep);
-        return Err(e);
-    }
+    )?;
     let connect_us = t.elapsed().as_secs_f64() * 1e6;
     let qp = QpNumbers::of(al, cep)?;
     let peer_buf = peer_buf.expect("set with the reply");
@@ -702,6 +667,71 @@ fn connect_on(
 
 /// How long the CM tries before it reports a REQ timed out: every try
 /// waits the response timeout (and the packet lifetime, not counted).
+/// Connects `qp` to `request.remote` and answers the reply: on the REP,
+/// `on_reply` (what must be ready before the RTU: receives posted, the
+/// peer's buffer read) and then the RTU. A REJ or a REQ that ran out of
+/// tries becomes an error in plain words (`peer`: the peer's UDP port and
+/// the program that should listen there). Returns the CEP and its events;
+/// on an error the CEP is destroyed.
+pub(crate) fn connect_and_answer(
+    al: &Al,
+    qp: Handle<Qp>,
+    request: &IpConnect,
+    timeout: Duration,
+    peer: (u16, &str),
+    mut on_reply: impl FnMut(&cep::wire::Rep) -> Result<(), String>,
+) -> Result<(Handle<Cep>, mpsc::Receiver<Event>), String> {
+    let inst = al.instance();
+    let remote = request.remote;
+    let (handler, events) = event_channel();
+    let t = Instant::now();
+    let cep = ip::connect(inst, qp, 1, request, handler)
+        .map_err(|e| format!("connect to {remote}: {e}"))?;
+    let timers = request.timers;
+    let cm_wait = cm_give_up(timers.cm_response_timeout, timers.max_cm_retries);
+    let r = wait_event(
+        &events,
+        t + timeout.max(cm_wait),
+        "the peer's reply",
+        |ev| {
+            match ev {
+        Event::ReplyReceived { rep, .. } => Some(
+            on_reply(rep).and_then(|_| cm::rtu(inst, cep, &[]).map_err(|e| format!("RTU: {e}"))),
+        ),
+        Event::Rejected { reason, .. } if *reason == RejectReason::InvalidServiceId => {
+            Some(Err(format!(
+                "connection refused by {remote}: nobody listens on port {} there (REJ: invalid service ID)",
+                remote.port()
+            )))
+        }
+        Event::Rejected { reason, rej, .. } => Some(Err(format!(
+            "{remote} rejected the connection: {reason:?}{}",
+            reject_text(rej.private_data.as_bytes())
+        ))),
+        Event::Timeout {
+            message: TimedOut::Req,
+            ..
+        } => Some(Err(format!(
+            "no answer from {remote}: the CM request was sent {} times over {:.1} s; \
+             is `{}` running there, and does UDP {} reach it?",
+            u32::from(timers.max_cm_retries) + 1,
+            cm_wait.as_secs_f64(),
+            peer.1,
+            peer.0
+        ))),
+        _ => None,
+    }
+        },
+    );
+    match r {
+        Ok(()) => Ok((cep, events)),
+        Err(e) => {
+            let _ = al.destroy_sync(cep);
+            Err(e)
+        }
+    }
+}
+
 pub(crate) fn cm_give_up(cm_response_timeout: u8, max_cm_retries: u8) -> Duration {
     let one = Duration::from_nanos(4096u64 << cm_response_timeout.min(31));
     one * (u32::from(max_cm_retries) + 1) + Duration::from_secs(1)

@@ -22,16 +22,15 @@ use std::time::{Duration, Instant};
 use al::{Al, Handle};
 use cep::cm::{self, AcceptReply, Cep, CmHandler, ListenHandler};
 use cep::ip::{self, IpConnect};
-use cep::proto::{Event, TimedOut};
+use cep::proto::Event;
 use cep::wire::ip_cm::PortSpace;
-use cep::wire::RejectReason;
 use hca::provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
 use hca::RegisteredBuffer;
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 use roce_provider::{DeviceConfig, PortConfig, RoceProvider};
 
-use crate::pingpong_ip::{cm_give_up, event_channel, local_address_for, reject_text, wait_event};
+use crate::pingpong_ip::{connect_and_answer, local_address_for, wait_event};
 
 /// rping's default port.
 pub const DEFAULT_PORT: u16 = 7174;
@@ -417,50 +416,16 @@ fn ping_on(
     let inst = al.instance();
     // rping's connection parameters: one READ each way, retries 7.
     let request = IpConnect::new(server).rdma_depth(1, 1);
-    let (handler, events) = event_channel();
-    let t = Instant::now();
-    let cep = ip::connect(inst, c.qp, 1, &request, handler)
-        .map_err(|e| format!("connect to {server}: {e}"))?;
-    let timers = request.timers;
-    let cm_wait = cm_give_up(timers.cm_response_timeout, timers.max_cm_retries);
-    let mut posted = Ok(());
-    let r = wait_event(
-        &events,
-        t + cfg.timeout.max(cm_wait),
-        "the server's reply",
-        |ev| {
-            match ev {
-            Event::ReplyReceived { .. } => {
-                // Both receives before the RTU: the server may send as
-                // soon as it is established.
-                posted = c.post_recv(al).and_then(|_| c.post_recv(al));
-                Some(cm::rtu(inst, cep, &[]).map_err(|e| format!("RTU: {e}")))
-            }
-            Event::Rejected { reason, .. } if *reason == RejectReason::InvalidServiceId => {
-                Some(Err(format!(
-                    "connection refused by {server}: nobody listens on port {} (REJ: invalid service ID)",
-                    server.port()
-                )))
-            }
-            Event::Rejected { reason, rej, .. } => Some(Err(format!(
-                "{server} rejected the connection: {reason:?}{}",
-                reject_text(rej.private_data.as_bytes())
-            ))),
-            Event::Timeout {
-                message: TimedOut::Req,
-                ..
-            } => Some(Err(format!(
-                "no answer from {server} (the CM request was sent {} times)",
-                u32::from(timers.max_cm_retries) + 1
-            ))),
-            _ => None,
-        }
-        },
-    );
-    if let Err(e) = r.and(posted) {
-        let _ = al.destroy_sync(cep);
-        return Err(e);
-    }
+    let (cep, events) = connect_and_answer(
+        al,
+        c.qp,
+        &request,
+        cfg.timeout,
+        (cfg.peer_udp_port, "rping -s"),
+        // Both receives before the RTU: the server may send as soon as
+        // it is established.
+        |_| c.post_recv(al).and_then(|_| c.post_recv(al)),
+    )?;
     let deadline = || Instant::now() + cfg.timeout;
     let size = cfg.size;
     let (start_at, sink_at) = (c.lay.start(), RDMA);
