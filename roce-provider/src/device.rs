@@ -1365,7 +1365,10 @@ mod held_ack_tests {
         assert!(held.hold(7, 0, to, &[1; 20]));
         assert!(held.hold(7, 0, to, &[2; 20]), "the newer ACK of QP 7");
         assert!(held.hold(8, 1, to, &[3; 20]));
-        assert!(!held.hold(9, 1, to, &[4; HELD_ACK_MAX + 1]), "too long to hold");
+        assert!(
+            !held.hold(9, 1, to, &[4; HELD_ACK_MAX + 1]),
+            "too long to hold"
+        );
         assert_eq!(held.sockets(), vec![0, 1]);
         let (mut bytes, mut msgs) = (Vec::new(), Vec::new());
         held.take_for(0, &mut bytes, &mut msgs);
