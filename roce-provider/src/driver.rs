@@ -20,6 +20,7 @@ use std::time::Duration;
 use roce::{DecodeError, Endpoints, Packet};
 
 use crate::device::{DevShared, PortShared};
+use crate::mmsg::RecvBatch;
 use crate::qp::{QpInner, GSI_KEY, NO_DEADLINE};
 
 /// How long a receive thread blocks before it looks at its stop flag
@@ -33,8 +34,9 @@ const IDLE_SLEEP: Duration = Duration::from_millis(100);
 /// right after its timer ran must not make the thread spin).
 const MIN_SLEEP: Duration = Duration::from_micros(10);
 
-/// Receive buffer: larger than any valid packet, so an oversized
-/// datagram is seen as such (the kernel truncates to the buffer).
+/// Receive buffer of one datagram: larger than any valid packet, so an
+/// oversized datagram is seen as such (the kernel truncates to the
+/// buffer and says so).
 const RX_BUF: usize = 8192;
 
 /// The largest packet a port of MTU `mtu` takes: payload, the longest
@@ -110,22 +112,23 @@ pub(crate) fn run_timers(dev: Arc<DevShared>, stop: Arc<AtomicBool>) {
 
 /// Most datagrams one turn of a receive thread (or of a poller's
 /// [`progress`]) takes before it lets the QPs they reached answer.
-const RX_BATCH: usize = 32;
+const RX_BATCH: usize = crate::mmsg::MAX_BATCH;
 
 /// A device whose CQs were polled this recently has active pollers.
 const POLLERS_ACTIVE: Duration = Duration::from_micros(200);
 
 /// The receive loop of port `idx` until `stop` is set.
 ///
-/// A turn blocks for one datagram, then takes whatever else is already
-/// queued without blocking (up to [`RX_BATCH`]) and only then lets each
-/// QP the datagrams reached send and complete (`QpInner::drive`): a burst
-/// of requests is acknowledged by one coalesced ACK, and its completions
-/// land together, instead of one ACK datagram and one CQ update per
-/// packet. A lone datagram is answered at once, as before.
+/// A turn blocks for one datagram and takes whatever else is already
+/// queued (up to [`RX_BATCH`]) in the same `recvmmsg` (`MSG_WAITFORONE`),
+/// and only then lets each QP the datagrams reached send and complete
+/// (`QpInner::drive`): a burst of requests is acknowledged by one
+/// coalesced ACK, and its completions land together, instead of one ACK
+/// datagram and one CQ update per packet. A lone datagram is answered at
+/// once, as before.
 pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
     let port = &dev.ports[idx];
-    let mut buf = vec![0u8; RX_BUF];
+    let mut batch = RecvBatch::new(RX_BATCH, RX_BUF);
     let mut reached: Vec<Arc<QpInner>> = Vec::with_capacity(RX_BATCH);
     loop {
         // While an application polls the device's CQs, the pollers take
@@ -149,42 +152,47 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
         let _feeding = port.rx_lock.lock();
-        let got = port.socket.recv_from(&mut buf);
+        let n = batch.recv(&port.socket, RX_BATCH, true);
         if stop.load(Ordering::Acquire) {
             break;
         }
-        let Ok((n, src)) = got else { continue };
-        handle_datagram(&dev, port, &buf[..n], src, &mut reached);
-        drain_queued(&dev, port, &mut buf, &mut reached, RX_BATCH - 1);
+        feed(&dev, port, &batch, n, &mut reached);
         for qp in reached.drain(..) {
             qp.drive_now();
         }
     }
 }
 
-/// Feeds up to `max` datagrams already queued on `port` to their QPs.
-/// Returns how many there were.
-fn drain_queued(
+/// Feeds the `n` datagrams of `batch` to their QPs.
+fn feed(
     dev: &DevShared,
     port: &PortShared,
-    buf: &mut [u8],
+    batch: &RecvBatch,
+    n: usize,
     reached: &mut Vec<Arc<QpInner>>,
-    max: usize,
-) -> usize {
-    let mut taken = 0;
-    while taken < max {
-        let Some((n, src)) = recv_queued(&port.socket, buf) else {
-            break;
-        };
-        handle_datagram(dev, port, &buf[..n], src, reached);
-        taken += 1;
+) {
+    for d in (0..n).filter_map(|i| batch.get(i)) {
+        let c = &port.counters;
+        match d.from {
+            _ if d.truncated => {
+                // Longer than the buffer: longer than any packet.
+                c.add(&c.rx_datagrams, 1);
+                c.add(&c.rx_bytes, d.bytes.len() as u64);
+                c.add(&c.rx_oversized, 1);
+            }
+            Some(src) => handle_datagram(dev, port, d.bytes, src, reached),
+            None => {
+                c.add(&c.rx_datagrams, 1);
+                c.add(&c.rx_decode_error, 1);
+            }
+        }
     }
-    taken
 }
 
 std::thread_local! {
-    /// A polling thread's receive buffer for [`progress`].
-    static RX_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A polling thread's receive buffers for [`progress`].
+    static RX_SCRATCH: std::cell::RefCell<Option<RecvBatch>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Progress on the calling thread (a poller of an empty CQ): whatever has
@@ -201,13 +209,13 @@ pub(crate) fn progress(dev: &DevShared) -> bool {
         let Some(_feeding) = port.rx_lock.try_lock() else {
             continue;
         };
-        // The scratch buffer is released before the QPs are driven: a CQ
-        // hook run by the drive may poll (and so come back here).
-        let taken = RX_SCRATCH.with_borrow_mut(|buf| {
-            if buf.len() < RX_BUF {
-                buf.resize(RX_BUF, 0);
-            }
-            drain_queued(dev, port, buf, &mut reached, RX_BATCH)
+        // The scratch buffers are released before the QPs are driven: a
+        // CQ hook run by the drive may poll (and so come back here).
+        let taken = RX_SCRATCH.with_borrow_mut(|slot| {
+            let batch = slot.get_or_insert_with(|| RecvBatch::new(RX_BATCH, RX_BUF));
+            let n = batch.recv(&port.socket, RX_BATCH, false);
+            feed(dev, port, batch, n, &mut reached);
+            n
         });
         any |= taken > 0;
         // The positive ACKs these drives produce are held: the caller's
@@ -220,18 +228,6 @@ pub(crate) fn progress(dev: &DevShared) -> bool {
         });
     }
     any
-}
-
-/// A datagram already queued on `socket`, without blocking (`MSG_DONTWAIT`
-/// on this call only: the socket stays blocking for the next turn).
-fn recv_queued(socket: &std::net::UdpSocket, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
-    use rustix::net::{recvfrom, RecvFlags};
-    match recvfrom(socket, &mut *buf, RecvFlags::DONTWAIT) {
-        // `n` is what fit in `buf`; a longer datagram is cut to it, as
-        // std's recv_from does, and then refused as oversized.
-        Ok((n, _full_len, Some(from))) => SocketAddr::try_from(from).ok().map(|src| (n, src)),
-        _ => None,
-    }
 }
 
 /// One datagram from `src`: checked, decoded, delivered or dropped and

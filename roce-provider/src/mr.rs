@@ -400,6 +400,13 @@ impl roce_transport::Memory for DevMem<'_> {
             .ok_or(MemError::BadKey)
     }
 
+    /// A long SEND or WRITE is read from its MRs as it is sent: its
+    /// bytes are in flight (writes there refused) until the transport
+    /// gives them back (`QpInner::drive` releases them).
+    fn lease(&mut self, sges: &[Sge]) -> bool {
+        self.mrs.hold(sges)
+    }
+
     fn invalidate(&mut self, _rkey: u32) -> std::result::Result<(), MemError> {
         // Memory windows and invalidation are not implemented: a SEND
         // with Invalidate is refused (NAK invalid request).

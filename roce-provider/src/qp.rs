@@ -359,6 +359,7 @@ impl QpInner {
     }
 
     fn reset(&self, core: &mut QpCore) {
+        self.release_leases(core);
         core.t = None;
         self.release_responding(core);
         for h in core.held.drain(..) {
@@ -707,6 +708,16 @@ impl QpInner {
         r
     }
 
+    /// Gives back the bytes of every send the transport reads as it sends
+    /// ([`Memory::lease`]), before the transport goes.
+    fn release_leases(&self, core: &mut QpCore) {
+        if let Some(t) = core.t.as_mut() {
+            for sg in t.take_leases() {
+                self.dev.mrs.release(&sg);
+            }
+        }
+    }
+
     fn release_responding(&self, core: &mut QpCore) {
         for p in core.responding.drain(..) {
             if p.leased {
@@ -745,6 +756,11 @@ impl QpInner {
             batch.flush();
         } else {
             while t.poll_transmit(now, &mut mem).is_some() {}
+        }
+        // Sends read from memory as they went have left: their bytes are
+        // the application's again, before it can see their completions.
+        while let Some(sg) = t.poll_released() {
+            self.dev.mrs.release(&sg);
         }
         while let Some(wc) = t.poll_completion() {
             match wc.opcode {
@@ -908,6 +924,7 @@ impl QpInner {
     pub(crate) fn destroy(&self) {
         self.flush_held_acks();
         let mut core = self.core.lock();
+        self.release_leases(&mut core);
         core.t = None;
         self.release_responding(&mut core);
         for h in core.held.drain(..) {

@@ -50,6 +50,11 @@ pub struct Region {
 pub struct TestMem {
     /// The regions, in registration order.
     pub regions: Vec<Region>,
+    /// Grant leases ([`Memory::lease`]): long sends are then gathered
+    /// packet by packet as they are sent.
+    pub leasing: bool,
+    /// The gather lists leased and not yet given back.
+    pub leased: Vec<Vec<Sge>>,
 }
 
 impl TestMem {
@@ -208,6 +213,25 @@ impl Memory for TestMem {
     }
     fn invalidate(&mut self, _rkey: u32) -> Result<(), MemError> {
         Ok(())
+    }
+    fn lease(&mut self, sges: &[Sge]) -> bool {
+        if self.leasing {
+            self.leased.push(sges.to_vec());
+        }
+        self.leasing
+    }
+}
+
+impl TestMem {
+    /// Takes back a lease the transport released (panics if it was not
+    /// held: test use only).
+    pub fn release(&mut self, sges: &[Sge]) {
+        let i = self
+            .leased
+            .iter()
+            .position(|l| l == sges)
+            .expect("a lease the memory gave");
+        self.leased.swap_remove(i);
     }
 }
 

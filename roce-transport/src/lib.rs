@@ -33,7 +33,7 @@ pub use config::{Config, Error};
 pub use memory::{AtomicOp, MemError, Memory};
 pub use requester::{ACKREQ_EVERY, MAX_UNACKED_PSNS};
 pub use responder::{grh_bytes, pkey_match};
-pub use transport::{Counters, Payload, Source, Transmit, Transport};
+pub use transport::{Counters, Payload, Source, Transmit, Transport, LEASE_MIN};
 
 /// Largest message (2^31 bytes, IBTA's limit for a RETH DMA length).
 pub const MAX_MSG: u32 = 1 << 31;

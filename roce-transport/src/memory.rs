@@ -83,4 +83,16 @@ pub trait Memory {
 
     /// Invalidates `rkey` (an incoming SEND with Invalidate).
     fn invalidate(&mut self, rkey: u32) -> Result<(), MemError>;
+
+    /// Asks the memory to keep the bytes `sges` name for the transport
+    /// until it gives them back ([`crate::Transport::poll_released`]), so
+    /// that a long SEND or WRITE is read packet by packet as it is sent
+    /// (and re-read for a retransmission) instead of copied whole at post.
+    /// Returns whether it did; the default (`false`) keeps the copy at
+    /// post. The memory should refuse the application's writes there
+    /// meanwhile: the bytes are in flight, as on a hardware HCA.
+    fn lease(&mut self, sges: &[Sge]) -> bool {
+        let _ = sges;
+        false
+    }
 }

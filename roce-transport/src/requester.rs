@@ -66,7 +66,11 @@ fn imm_of(op: &SendOp) -> Option<u32> {
 impl<R: Clone> Transport<R> {
     /// The next requester packet, if the window, the READ/atomic limit and
     /// the RNR pause allow one.
-    pub(crate) fn requester_transmit(&mut self, now: Duration) -> Option<Transmit<R>> {
+    pub(crate) fn requester_transmit<M: crate::Memory>(
+        &mut self,
+        now: Duration,
+        mem: &mut M,
+    ) -> Option<Transmit<R>> {
         if self.state != QpState::Rts {
             return None;
         }
@@ -109,7 +113,32 @@ impl<R: Clone> Transport<R> {
                 return None;
             }
         }
-        let t = Self::build(&self.cfg, self.mtu, &mut self.sq.since_ackreq, w, k, p);
+        // A leased message is read from memory now, packet by packet.
+        let gathered = if w.leased {
+            let mtu = self.mtu as usize;
+            let len = w.len as usize;
+            let at = (k as usize * mtu).min(len);
+            let mut bytes = vec![0; (at + mtu).min(len) - at];
+            if let Err(e) = mem.gather(&w.sges, at as u64, &mut bytes) {
+                // The memory went away under the request (its MR was
+                // deregistered): it fails when it reaches the head, as a
+                // request failing its checks at post does.
+                self.sq.wqes[self.sq.tx_idx].failed = Some(e.local_status());
+                return None;
+            }
+            Some(Payload::Owned(bytes))
+        } else {
+            None
+        };
+        let t = Self::build(
+            &self.cfg,
+            self.mtu,
+            &mut self.sq.since_ackreq,
+            w,
+            k,
+            p,
+            gathered,
+        );
         let last_of_msg = match w.op {
             SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => true,
             _ => k + 1 >= w.npkts,
@@ -164,6 +193,7 @@ impl<R: Clone> Transport<R> {
         w: &SendWqe<R>,
         k: u32,
         p: u32,
+        gathered: Option<Payload>,
     ) -> Transmit<R> {
         let mtu = mtu as usize;
         let qt = cfg.qp_type;
@@ -216,7 +246,7 @@ impl<R: Clone> Transport<R> {
             ref op => {
                 let at = (k as usize * mtu).min(w.data.len());
                 let to = (at + mtu).min(w.data.len());
-                let payload = Payload::Shared(w.data.clone(), at..to);
+                let payload = gathered.unwrap_or_else(|| Payload::Shared(w.data.clone(), at..to));
                 let position = pos(k, w.npkts);
                 let rc = rc_opcode(op, position);
                 let opcode = match qt {

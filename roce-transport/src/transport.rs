@@ -136,6 +136,10 @@ pub(crate) struct SendWqe<R> {
     pub read_base: u32,
     /// Failed at post time with this status (completed in order).
     pub failed: Option<WcStatus>,
+    /// Not copied at post: the memory leased `sges` ([`Memory::lease`])
+    /// and each packet gathers its bytes when it is sent; the lease is
+    /// given back when the request leaves the queue.
+    pub leased: bool,
 }
 
 impl<R> SendWqe<R> {
@@ -202,7 +206,16 @@ pub(crate) struct SendSide<R> {
     /// Message buffers of completed sends, for the next posts to gather
     /// into ([`Transport::recycle`]).
     pub spare: Vec<Vec<u8>>,
+    /// Gather lists of leased requests that left the queue, for the
+    /// provider to release ([`Transport::poll_released`]).
+    pub released: VecDeque<Vec<Sge>>,
 }
+
+/// SEND and WRITE messages of at least this many bytes are not copied at
+/// post when the memory leases their bytes ([`Memory::lease`]): each
+/// packet is gathered as it is sent. Shorter ones are copied (a lease
+/// costs more than copying a few packets).
+pub const LEASE_MIN: u64 = 16 << 10;
 
 /// Buffers shorter than this come cheaply from the allocator and are not
 /// kept.
@@ -251,6 +264,7 @@ impl<R: Clone> Transport<R> {
                 retrans_at: None,
                 rnr_until: None,
                 spare: Vec::new(),
+                released: VecDeque::new(),
             },
             resp: Responder::new(&cfg),
             completions: VecDeque::new(),
@@ -336,6 +350,7 @@ impl<R: Clone> Transport<R> {
             resp_pkts: 0,
             read_base: 0,
             failed: None,
+            leased: false,
         };
         if self.state == QpState::Err {
             wqe.failed = Some(WcStatus::WrFlushError);
@@ -383,6 +398,10 @@ impl<R: Clone> Transport<R> {
             _ => {
                 if self.is_datagram() && len > u64::from(self.mtu) {
                     return Err(WcStatus::LocalLengthError);
+                }
+                if !self.is_datagram() && len >= LEASE_MIN && mem.lease(&wqe.sges) {
+                    wqe.leased = true;
+                    return Ok(());
                 }
                 let mut data = self.message_buffer(len as usize);
                 mem.gather(&wqe.sges, 0, &mut data)
@@ -562,6 +581,9 @@ impl<R: Clone> Transport<R> {
     /// Pushes the completion of a send (errors always, success when
     /// signaled).
     pub(crate) fn complete_send(&mut self, w: &SendWqe<R>, status: WcStatus) {
+        if w.leased {
+            self.sq.released.push_back(w.sges.clone());
+        }
         if status == WcStatus::Success && !w.signaled {
             return;
         }
@@ -578,6 +600,28 @@ impl<R: Clone> Transport<R> {
             qp_num: self.cfg.qpn,
             ..Wc::default()
         });
+    }
+
+    /// The gather list of a send whose bytes the memory leased
+    /// ([`Memory::lease`]) and which has now left the queue (completed,
+    /// failed or flushed): the memory may release it.
+    pub fn poll_released(&mut self) -> Option<Vec<Sge>> {
+        self.sq.released.pop_front()
+    }
+
+    /// Every lease the transport holds (those [`Transport::poll_released`]
+    /// would give, and those of requests still queued), for a provider
+    /// about to drop the transport (RESET, destroy). Queued requests are
+    /// not sent after this.
+    pub fn take_leases(&mut self) -> Vec<Vec<Sge>> {
+        let mut out: Vec<Vec<Sge>> = self.sq.released.drain(..).collect();
+        for w in &mut self.sq.wqes {
+            if std::mem::take(&mut w.leased) {
+                out.push(std::mem::take(&mut w.sges));
+                w.failed.get_or_insert(WcStatus::WrFlushError);
+            }
+        }
+        out
     }
 
     /// The earliest time [`Transport::handle_timeout`] has work to do.
@@ -597,6 +641,6 @@ impl<R: Clone> Transport<R> {
         if self.state == QpState::Err {
             return None;
         }
-        self.requester_transmit(now)
+        self.requester_transmit(now, mem)
     }
 }

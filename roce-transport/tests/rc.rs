@@ -81,6 +81,90 @@ fn kept_message_buffers_carry_each_new_message_exactly() {
     assert!(net.sides[0].t.counters().message_buffers_reused >= 4);
 }
 
+/// Long SENDs and WRITEs whose bytes the memory leases are gathered
+/// packet by packet as they go (and again when retransmitted): every byte
+/// lands, through loss, duplication, reordering and corruption, and every
+/// lease comes back once its request has left the queue.
+#[test]
+fn leased_messages_are_gathered_as_sent_and_given_back() {
+    for (seed, mtu) in [(21, Mtu::Mtu256), (22, Mtu::Mtu1024), (23, Mtu::Mtu4096)] {
+        let mut net = Net::rc_pair(mtu, seed);
+        net.sides[0].mem.leasing = true;
+        net.faults = Faults::all(50);
+        let lease_min = roce_transport::LEASE_MIN as u32;
+        let m = mtu.bytes() as u32;
+        let w = Workload::new(
+            &mut net,
+            &[
+                (Kind::Write, lease_min),
+                (Kind::Send, lease_min - 1), // copied at post
+                (Kind::SendImm, lease_min + 3 * m + 5),
+                (Kind::WriteImm, lease_min + 40 * m + 1),
+                (Kind::Read, lease_min),
+                (Kind::Send, 100_003),
+            ],
+        );
+        w.post(&mut net);
+        let leased = net.sides[0].mem.leased.len();
+        assert!(leased >= 4, "{leased} leases at MTU {m}");
+        assert!(w.run(&mut net, Duration::from_secs(60)), "seed {seed}");
+        w.check(&mut net);
+        assert!(net.sides[0].t.counters().retries > 0, "faults exercised");
+        assert!(
+            net.sides[0].mem.leased.is_empty(),
+            "leases given back: {:?}",
+            net.sides[0].mem.leased
+        );
+    }
+}
+
+/// The memory under a leased request goes away while it is being sent
+/// (its MR deregistered): the request completes with LOC_PROT_ERR, the QP
+/// goes to ERR and what follows is flushed, and the lease comes back.
+#[test]
+fn a_leased_message_whose_memory_goes_fails_locally() {
+    use provider::WcStatus::*;
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 24);
+    net.sides[0].mem.leasing = true;
+    let w = Workload::new(
+        &mut net,
+        &[
+            (Kind::Send, 100),
+            (Kind::Write, 200 << 10),
+            (Kind::Send, 100),
+        ],
+    );
+    w.post(&mut net);
+    // The first window leaves; then the source region disappears.
+    net.run_until(Duration::from_secs(1), |n| n.sent >= 20);
+    let src = net.sides[0].mem.regions.remove(0);
+    assert_eq!(src.access, provider::Access::NONE, "the source region");
+    assert!(w.run(&mut net, Duration::from_secs(10)));
+    let statuses: Vec<_> = net.sides[0].wcs.iter().map(|w| w.status).collect();
+    assert_eq!(statuses, [Success, LocalProtectionError, WrFlushError]);
+    assert_eq!(net.sides[0].t.state(), provider::QpState::Err);
+    assert!(net.sides[0].mem.leased.is_empty());
+}
+
+/// A provider dropping its transport (RESET) takes every lease back,
+/// those of requests still queued included.
+#[test]
+fn take_leases_returns_queued_and_released_leases() {
+    let mut net = Net::rc_pair(Mtu::Mtu4096, 25);
+    net.sides[0].mem.leasing = true;
+    let w = Workload::new(&mut net, &[(Kind::Write, 64 << 10), (Kind::Send, 1 << 20)]);
+    w.post(&mut net);
+    assert_eq!(net.sides[0].mem.leased.len(), 2);
+    let side = &mut net.sides[0];
+    let leases = side.t.take_leases();
+    assert_eq!(leases.len(), 2);
+    for l in &leases {
+        side.mem.release(l);
+    }
+    assert!(side.mem.leased.is_empty());
+    assert!(side.t.take_leases().is_empty(), "nothing twice");
+}
+
 #[test]
 fn lossy_network_every_message_once() {
     for (seed, mtu) in [(3, Mtu::Mtu256), (4, Mtu::Mtu1024), (5, Mtu::Mtu4096)] {

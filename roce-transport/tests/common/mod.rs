@@ -181,6 +181,9 @@ impl Net {
                 }
             }
             let s = &mut self.sides[i];
+            while let Some(sg) = s.t.poll_released() {
+                s.mem.release(&sg);
+            }
             while let Some(wc) = s.t.poll_completion() {
                 s.wcs.push(wc);
             }
