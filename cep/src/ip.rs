@@ -22,8 +22,8 @@
 //! Timers: [`IpConnect::new`] starts from [`LAN_TIMERS`], values for an
 //! Ethernet LAN (`docs/cm.md`, "Addressing by IP"), each one settable.
 
+use al::sync::Arc;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use al::{AlInstance, Error, Handle, Result};
 use hca::verbs::Ca;
