@@ -79,6 +79,11 @@ enum Command {
         /// Seconds to wait for the peer at any step.
         #[arg(long, default_value_t = 30)]
         timeout: u64,
+        /// Keep each connection up this many seconds after the ping-pong:
+        /// the connecting side before it sends its DREQ, the listener
+        /// before it answers the peer's DREQ (tests kill a peer there).
+        #[arg(long, default_value_t = 0.0, value_name = "SECS")]
+        hold: f64,
     },
     /// Print what this build contains and run a quick self-check.
     Overview,
@@ -461,6 +466,7 @@ fn main() -> ExitCode {
         mtu: 1024,
         count: 1,
         timeout: 30,
+        hold: 0.0,
     }) {
         Command::Pingpong {
             listen: None,
@@ -481,6 +487,7 @@ fn main() -> ExitCode {
             mtu,
             count,
             timeout,
+            hold,
             iterations,
             size,
             json,
@@ -499,6 +506,10 @@ fn main() -> ExitCode {
             cfg.mtu = mtu_of(mtu)?;
             cfg.count = count;
             cfg.timeout = std::time::Duration::from_secs(timeout.max(1));
+            if !(0.0..=3600.0).contains(&hold) {
+                return Err("--hold must be between 0 and 3600 seconds".to_string());
+            }
+            cfg.hold = std::time::Duration::from_secs_f64(hold);
             cfg.iterations = iterations;
             cfg.size = size;
             let report = ibal_cli::pingpong_ip::run(&cfg)?;
