@@ -79,6 +79,11 @@ enum Command {
         /// Seconds to wait for the peer at any step.
         #[arg(long, default_value_t = 30)]
         timeout: u64,
+        /// Keep each connection up this many seconds after the ping-pong:
+        /// the connecting side before it sends its DREQ, the listener
+        /// before it answers the peer's DREQ (tests kill a peer there).
+        #[arg(long, default_value_t = 0.0, value_name = "SECS")]
+        hold: f64,
     },
     /// Print what this build contains and run a quick self-check.
     Overview,
@@ -213,9 +218,15 @@ enum Command {
         /// Seed of the workers, the callbacks and the faults.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Soft HCAs on the fabric (one port each).
-        #[arg(long, default_value_t = 4)]
-        hcas: usize,
+        /// HCAs (one port each): soft HCAs on the fabric (default 4), or
+        /// RoCEv2 devices on 127.0.0.1, 127.0.0.2, ... (default 2).
+        #[arg(long)]
+        hcas: Option<usize>,
+        /// `soft`: soft HCAs on one fabric with CM fault injection. `udp`:
+        /// RoCEv2 ports of one RoCE provider on loopback (ephemeral UDP
+        /// ports), every MAD through the kernel; no fault injection.
+        #[arg(long, default_value = "soft", value_parser = ["soft", "udp"])]
+        transport: String,
         /// Listen on every service once, before the workers start, instead of at random.
         #[arg(long)]
         static_listens: bool,
@@ -455,6 +466,7 @@ fn main() -> ExitCode {
         mtu: 1024,
         count: 1,
         timeout: 30,
+        hold: 0.0,
     }) {
         Command::Pingpong {
             listen: None,
@@ -475,6 +487,7 @@ fn main() -> ExitCode {
             mtu,
             count,
             timeout,
+            hold,
             iterations,
             size,
             json,
@@ -493,6 +506,10 @@ fn main() -> ExitCode {
             cfg.mtu = mtu_of(mtu)?;
             cfg.count = count;
             cfg.timeout = std::time::Duration::from_secs(timeout.max(1));
+            if !(0.0..=3600.0).contains(&hold) {
+                return Err("--hold must be between 0 and 3600 seconds".to_string());
+            }
+            cfg.hold = std::time::Duration::from_secs_f64(hold);
             cfg.iterations = iterations;
             cfg.size = size;
             let report = ibal_cli::pingpong_ip::run(&cfg)?;
@@ -583,10 +600,11 @@ fn main() -> ExitCode {
             delay,
             seed,
             hcas,
+            transport,
             static_listens,
             max_objects,
             json,
-        } => ibal_cli::stress::main(
+        } => ibal_cli::stress::main_on(
             &ibal_cli::stress::StressConfig {
                 seconds,
                 threads,
@@ -595,9 +613,14 @@ fn main() -> ExitCode {
                 reorder,
                 delay,
                 seed,
-                hcas,
+                hcas: hcas.unwrap_or(if transport == "udp" { 2 } else { 4 }),
                 static_listens,
                 max_objects,
+            },
+            if transport == "udp" {
+                ibal_cli::stress::Transport::Udp
+            } else {
+                ibal_cli::stress::Transport::Soft
             },
             json,
         ),
@@ -1001,8 +1024,8 @@ fn overview() -> Result<(), String> {
     out!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
     out!("  ibal perf conn-rate [--mode M] [--transport soft|udp] [--json]");
     out!("                                                CM connect latency and rate vs a 256-byte MAD round trip (udp: RoCEv2 on lo vs a UDP round trip)");
-    out!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P]");
-    out!("                                                random API races with CM fault injection; fails on any leak");
+    out!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P] [--transport soft|udp]");
+    out!("                                                random API races with CM fault injection (udp: RoCEv2 on lo, no faults); fails on any leak");
     out!("  ibal qp-exchange --listen PORT|--connect HOST --local IP [--mode rc|ud] [--write]");
     out!("                                                two-process ping-pong over RoCEv2; peers may be ibv_rc/ud_pingpong");
     out!("  ibal --help                                   everything else");

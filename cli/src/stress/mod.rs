@@ -51,7 +51,7 @@ mod workers;
 pub use checker::Checker;
 pub use ops::{error_name, says_cep_gone, Op};
 pub use report::StressReport;
-pub use run::{main, run};
+pub use run::{main, main_on, run, run_on};
 pub use workers::STUCK_LIMIT;
 
 use checker::SidrState;
@@ -71,12 +71,14 @@ use cep::proto::Event;
 use cep::proto::{PeerAddr, SidrParams, SidrReplyParams, TimedOut};
 use cep::wire::RejectReason;
 use cep::wire::{PrivateData, SidrStatus};
+use hca::any::{AnyDevice, AnyProvider};
 use hca::provider::{Access, QpType};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
 use hca::QpState;
 use hca::{Fabric, FaultConfig, HcaConfig, RegisteredBuffer, SoftProvider};
 use qp::CidState;
 use qp::{create_qp, Qp, QpCreate};
+use roce_provider::{DeviceConfig, PortConfig, RoceDevice, RoceProvider};
 
 /// How long closing one AL may take before the run calls it hung.
 pub const CLOSE_LIMIT: Duration = Duration::from_secs(30);
@@ -117,6 +119,90 @@ pub fn fabric(n: usize, max_objects: Option<u32>) -> Fabric {
     }
     fabric
 }
+
+// -------------------------------------------------------------- transport --
+
+/// What the HCAs of a run are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// Soft HCAs on one [`Fabric`], with its CM fault injection.
+    #[default]
+    Soft,
+    /// RoCEv2 ports of one [`RoceProvider`] on loopback: HCA `i` is a
+    /// device with one port on 127.0.0.(i + 1), ephemeral UDP port; every
+    /// CM MAD and packet goes through the kernel's UDP. No fault injection
+    /// (the fabric's faults are soft-only), no device limits.
+    Udp,
+}
+
+impl Transport {
+    /// `soft` or `udp`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Soft => "soft",
+            Transport::Udp => "udp",
+        }
+    }
+}
+
+/// The address of HCA `i`'s RoCEv2 port ([`Transport::Udp`]).
+pub fn udp_addr(i: usize) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 1 + i as u8))
+}
+
+/// The GID a connect or SIDR request of the run names HCA `i` by (soft:
+/// none, the LID does; udp: its port's address).
+pub fn gid_of_hca(transport: Transport, i: usize) -> Option<[u8; 16]> {
+    (transport == Transport::Udp).then(|| roce_provider::gid_of(udp_addr(i)))
+}
+
+/// A [`RoceProvider`] whose devices are opened once and shared: a RoCE
+/// device refuses a second open (it owns its UDP socket), while the stress
+/// opens every HCA in many ALs at once, as the soft provider allows. Each
+/// `open_ca` gets a handle to the one open device (the CM keys its agents
+/// by device instance, so the CAs of one HCA share one agent, as with soft
+/// HCAs). The devices stay open until the provider is dropped.
+pub struct SharedRoce {
+    inner: RoceProvider,
+    open: Mutex<HashMap<u64, RoceDevice>>,
+}
+
+impl SharedRoce {
+    /// `n` devices ([`node_guid`]) with one port each on [`udp_addr`].
+    pub fn new(n: usize) -> SharedRoce {
+        let devices = (0..n)
+            .map(|i| {
+                let port = PortConfig::new(std::net::SocketAddr::new(udp_addr(i), 0));
+                DeviceConfig::new(format!("stress-roce{i}"), node_guid(i), vec![port])
+            })
+            .collect();
+        SharedRoce {
+            inner: RoceProvider::new(devices),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The open device of HCA `i`, if any CA opened it.
+    pub fn device(&self, i: usize) -> Option<RoceDevice> {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.get(&node_guid(i)).cloned()
+    }
+}
+
+impl AnyProvider for SharedRoce {
+    fn open_any(&self, guid: u64) -> al::Result<AnyDevice> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = open.get(&guid) {
+            return Ok(d.clone().into());
+        }
+        let d = hca::provider::Provider::open(&self.inner, guid)?;
+        open.insert(guid, d.clone());
+        Ok(d.into())
+    }
+}
+
+/// The provider the workers open CAs from.
+pub type AnyShared = Arc<dyn AnyProvider + Send + Sync>;
 
 // ------------------------------------------------------------- randomness --
 

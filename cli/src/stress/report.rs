@@ -6,6 +6,8 @@ use super::*;
 #[derive(Clone, Debug)]
 pub struct StressReport {
     pub config: StressConfig,
+    /// Soft HCAs or RoCEv2 ports.
+    pub transport: Transport,
     pub elapsed_s: f64,
     /// Operation -> outcome ("ok" or the error variant) -> count. Calls
     /// made from CM callbacks are prefixed `cb:`.
@@ -51,10 +53,14 @@ impl StressReport {
     pub fn to_text(&self) -> String {
         let c = &self.config;
         let mut out = format!(
-            "ibal stress: {} threads for {:.1} s on {} soft HCAs, seed {}, faults drop {} dup {} reorder {} delay {}{}\n\n",
+            "ibal stress: {} threads for {:.1} s on {} {}, seed {}, faults drop {} dup {} reorder {} delay {}{}\n\n",
             c.threads,
             self.elapsed_s,
             c.hcas,
+            match self.transport {
+                Transport::Soft => "soft HCAs",
+                Transport::Udp => "RoCEv2 ports (UDP on loopback)",
+            },
             c.seed,
             c.drop,
             c.duplicate,
@@ -171,7 +177,8 @@ impl StressReport {
             .collect();
         let f = &self.fabric;
         format!(
-            "{{\"job\":\"stress\",\"ok\":{},\"seconds\":{:.3},\"threads\":{},\"hcas\":{},\"seed\":{},\"drop\":{},\"dup\":{},\"reorder\":{},\"delay\":{},\"ops\":{{{}}},\"events\":{{{}}},\"objects\":{{{}}},\"live_after_close\":{},\"als_opened\":{},\"als_closed\":{},\"destroy_callbacks\":{},\"destroy_callbacks_twice\":{},\"destroy_callbacks_never\":{},\"callback_panics\":{},\"fabric\":{{\"delivered\":{},\"dropped\":{},\"duplicated\":{},\"reordered\":{},\"delayed\":{},\"ticks\":{}}},\"active_ports_after\":{},\"probes\":{{{}}},\"ports\":[{}],\"usage\":[{}],\"stuck_workers\":[{}],\"failure_count\":{},\"failures\":[{}]}}",
+            "{{\"job\":\"stress\",\"transport\":\"{}\",\"ok\":{},\"seconds\":{:.3},\"threads\":{},\"hcas\":{},\"seed\":{},\"drop\":{},\"dup\":{},\"reorder\":{},\"delay\":{},\"ops\":{{{}}},\"events\":{{{}}},\"objects\":{{{}}},\"live_after_close\":{},\"als_opened\":{},\"als_closed\":{},\"destroy_callbacks\":{},\"destroy_callbacks_twice\":{},\"destroy_callbacks_never\":{},\"callback_panics\":{},\"fabric\":{{\"delivered\":{},\"dropped\":{},\"duplicated\":{},\"reordered\":{},\"delayed\":{},\"ticks\":{}}},\"active_ports_after\":{},\"probes\":{{{}}},\"ports\":[{}],\"usage\":[{}],\"stuck_workers\":[{}],\"failure_count\":{},\"failures\":[{}]}}",
+            self.transport.name(),
             self.ok(),
             self.elapsed_s,
             c.threads,

@@ -12,7 +12,7 @@ use super::*;
 /// with the workers' use; the end check attaches it).
 fn keeper(
     checker: &Arc<Checker>,
-    provider: &SoftProvider,
+    provider: &dyn AnyProvider,
     hcas: usize,
     static_listens: bool,
 ) -> Result<Slot, String> {
@@ -55,7 +55,7 @@ fn keeper(
 }
 
 /// Open HCA `hca` in the keeper AL and attach the CM to it.
-fn attach(ctx: &Arc<AlCtx>, provider: &SoftProvider, hca: usize) -> Result<(), String> {
+fn attach(ctx: &Arc<AlCtx>, provider: &dyn AnyProvider, hca: usize) -> Result<(), String> {
     let err = |e: Error| format!("keeper AL on HCA {hca}: {e}");
     let ca = verbs::open_ca(&ctx.inst, provider, node_guid(hca)).map_err(err)?;
     let ports = cm::attach_ca(&ctx.inst, ca).map_err(err)?;
@@ -83,7 +83,7 @@ const PORT_SETTLE_LIMIT: Duration = Duration::from_secs(10);
 fn check_ports(
     checker: &Arc<Checker>,
     keeper: &Slot,
-    provider: &SoftProvider,
+    provider: &dyn AnyProvider,
     cfg: &StressConfig,
 ) -> Vec<String> {
     let ctx = &keeper.ctx;
@@ -207,10 +207,63 @@ fn check_usage(checker: &Arc<Checker>, fabric: &Fabric, hcas: usize) -> Vec<Stri
     lines
 }
 
-/// Run the stress test.
+/// The end check of the RoCE devices ([`Transport::Udp`]), with every AL
+/// closed: within [`USAGE_SETTLE_LIMIT`] no device may hold a QP (the CM
+/// agents' QP1 goes with their last user). The RoCE provider counts QPs
+/// only; the AL's own counts cover the rest.
+fn check_roce_usage(checker: &Arc<Checker>, roce: &SharedRoce, hcas: usize) -> Vec<String> {
+    let usage = || {
+        (0..hcas)
+            .map(|i| roce.device(i).map_or(0, |d| d.qp_count()))
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + USAGE_SETTLE_LIMIT;
+    let mut now = usage();
+    while now.iter().any(|&n| n != 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        now = usage();
+    }
+    let mut lines = Vec::new();
+    for (i, n) in now.into_iter().enumerate() {
+        let line = format!("HCA {i} ({}): {n} QPs", udp_addr(i));
+        if n != 0 {
+            checker.fail(format!(
+                "RoCE device resources leaked after every AL closed and {USAGE_SETTLE_LIMIT:?}: {line}"
+            ));
+        }
+        lines.push(line);
+    }
+    lines
+}
+
+/// Run the stress test on soft HCAs.
 pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
+    run_on(cfg, Transport::Soft)
+}
+
+/// Run the stress test on `transport`'s HCAs.
+pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, String> {
     if cfg.threads == 0 || cfg.hcas == 0 || cfg.hcas > 64 || cfg.seconds.is_nan() {
         return Err("--threads must be >= 1 and the HCAs 1..=64".into());
+    }
+    if transport == Transport::Udp {
+        if cfg.hcas > 16 {
+            return Err("--transport udp: at most 16 HCAs (127.0.0.1 to 127.0.0.16)".into());
+        }
+        if cfg.drop + cfg.duplicate + cfg.reorder + cfg.delay > 0.0 {
+            return Err(
+                "--transport udp: --drop, --dup, --reorder and --delay are the soft \
+                        fabric's fault injection and do not apply to RoCEv2 over UDP \
+                        (faults across processes: `ibal relay`, docs/two-process.md)"
+                    .into(),
+            );
+        }
+        if cfg.max_objects.is_some() {
+            return Err(
+                "--transport udp: --max-objects limits soft HCAs only (RoCE devices have fixed limits)"
+                    .into(),
+            );
+        }
     }
     for (name, p) in [
         ("--drop", cfg.drop),
@@ -224,7 +277,13 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
     }
     let t0 = Instant::now();
     let ports_before = cm::active_ports();
-    let fabric = fabric(cfg.hcas, cfg.max_objects);
+    // RoCE: an empty fabric (its stats stay 0), no ticker.
+    let soft_hcas = if transport == Transport::Soft {
+        cfg.hcas
+    } else {
+        0
+    };
+    let fabric = fabric(soft_hcas, cfg.max_objects);
     fabric.set_faults(Some(FaultConfig {
         seed: cfg.seed,
         drop: cfg.drop,
@@ -233,7 +292,11 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
         delay: cfg.delay,
         max_delay: 3,
     }));
-    let provider = SoftProvider::new(fabric.clone());
+    let roce = (transport == Transport::Udp).then(|| Arc::new(SharedRoce::new(cfg.hcas)));
+    let provider: AnyShared = match &roce {
+        Some(r) => r.clone(),
+        None => Arc::new(SoftProvider::new(fabric.clone())),
+    };
     let checker = Checker::new(cfg.seed);
 
     // While faults are on, every CM MAD waits in the fabric's queue until
@@ -245,7 +308,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
         std::thread::Builder::new()
             .name("ibal-stress-ticker".into())
             .spawn(move || {
-                while !stop.load(Ordering::Acquire) {
+                while soft_hcas > 0 && !stop.load(Ordering::Acquire) {
                     fabric.progress();
                     ticks.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_micros(100));
@@ -255,7 +318,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
     };
 
     let mut remaining: Vec<Slot> = Vec::new();
-    let keeper = keeper(&checker, &provider, cfg.hcas, cfg.static_listens)?;
+    let keeper = keeper(&checker, &*provider, cfg.hcas, cfg.static_listens)?;
     let mut opened = 1;
 
     let deadline = Instant::now() + Duration::from_secs_f64(cfg.seconds.max(0.0));
@@ -266,7 +329,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
             let status = statuses[id].clone();
             std::thread::Builder::new()
                 .name(format!("ibal-stress-{id}"))
-                .spawn(move || worker(id, status, checker, provider, cfg, deadline))
+                .spawn(move || worker(id, status, checker, (provider, transport), cfg, deadline))
         })
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
@@ -320,6 +383,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
         std::mem::forget(keeper);
         return Ok(StressReport {
             config: cfg.clone(),
+            transport,
             elapsed_s: t0.elapsed().as_secs_f64(),
             ops,
             events: checker
@@ -352,7 +416,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
     for (i, slot) in remaining.into_iter().enumerate() {
         if slot.ctx.inst.id() == keeper_id {
             // Last, after every worker AL: the port leak check first.
-            port_lines = check_ports(&checker, &slot, &provider, cfg);
+            port_lines = check_ports(&checker, &slot, &*provider, cfg);
         }
         let stats = checker.close_slot(slot, i % 2 == 0, CLOSE_LIMIT);
         *ops.entry(Op::CloseAl.name().to_string())
@@ -380,7 +444,13 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
             "{active_ports_after} CM agents still running after every AL closed"
         ));
     }
-    let usage_lines = check_usage(&checker, &fabric, cfg.hcas);
+    let usage_lines = match &roce {
+        Some(r) => check_roce_usage(&checker, r, cfg.hcas),
+        None => check_usage(&checker, &fabric, cfg.hcas),
+    };
+    // The RoCE devices close (their sockets and threads) with the provider.
+    drop(provider);
+    drop(roce);
     stop.store(true, Ordering::Release);
     let _ = ticker.join();
     fabric.set_faults(None);
@@ -412,6 +482,7 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
         .clone();
     Ok(StressReport {
         config: cfg.clone(),
+        transport,
         elapsed_s: t0.elapsed().as_secs_f64(),
         ops,
         events,
@@ -437,7 +508,12 @@ pub fn run(cfg: &StressConfig) -> Result<StressReport, String> {
 /// The `ibal stress` command: run, print the summary (or JSON), and fail
 /// when the run found anything wrong.
 pub fn main(cfg: &StressConfig, json: bool) -> Result<(), String> {
-    let report = run(cfg)?;
+    main_on(cfg, Transport::Soft, json)
+}
+
+/// `ibal stress --transport T`.
+pub fn main_on(cfg: &StressConfig, transport: Transport, json: bool) -> Result<(), String> {
+    let report = run_on(cfg, transport)?;
     if json {
         println!("{}", report.to_json());
     } else {

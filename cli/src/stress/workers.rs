@@ -95,7 +95,8 @@ struct Worker {
     status: Arc<WorkerStatus>,
     static_listens: bool,
     checker: Arc<Checker>,
-    provider: SoftProvider,
+    provider: AnyShared,
+    transport: Transport,
     hcas: usize,
     rng: XorShift,
     als: Vec<Slot>,
@@ -251,7 +252,7 @@ impl Worker {
                     return;
                 }
                 let hca = self.rng.below(self.hcas);
-                let r = verbs::open_ca(&inst, &self.provider, node_guid(hca));
+                let r = verbs::open_ca(&inst, &*self.provider, node_guid(hca));
                 self.count(Op::OpenCa, &r);
                 if let Ok(ca) = r {
                     ctx.objs().cas.push((ca, hca));
@@ -492,7 +493,14 @@ impl Worker {
         };
         let target = self.rng.below(self.hcas);
         let k = self.rng.below(SERVICES_PER_HCA as usize) as u64;
-        let mut req = ConnectRequest::new(service_id(target, k), lid(target));
+        let mut req = match gid_of_hca(self.transport, target) {
+            // RoCE routes by GID, LIDs mean nothing there; the port's MTU
+            // is Ethernet's 1024 (the request's default, 4096, is refused).
+            Some(gid) => ConnectRequest::new(service_id(target, k), 0)
+                .remote_gid(gid)
+                .path_mtu(hca::Mtu::Mtu1024),
+            None => ConnectRequest::new(service_id(target, k), lid(target)),
+        };
         // Response waits of a few ms, so retries and timeouts happen often.
         req.cm_response_timeout = 8 + self.rng.below(4) as u8;
         req.local_ack_timeout = 8 + self.rng.below(4) as u8;
@@ -524,9 +532,12 @@ impl Worker {
         let target = self.rng.below(self.hcas);
         let k = self.rng.below(SERVICES_PER_HCA as usize) as u64;
         let params = SidrParams {
-            peer: PeerAddr {
-                lid: lid(target),
-                gid: [0; 16],
+            peer: match gid_of_hca(self.transport, target) {
+                Some(gid) => PeerAddr { lid: 0, gid },
+                None => PeerAddr {
+                    lid: lid(target),
+                    gid: [0; 16],
+                },
             },
             service_id: service_id(target, k),
             pkey: 0xffff,
@@ -562,7 +573,7 @@ pub(super) fn worker(
     id: usize,
     status: Arc<WorkerStatus>,
     checker: Arc<Checker>,
-    provider: SoftProvider,
+    (provider, transport): (AnyShared, Transport),
     cfg: StressConfig,
     deadline: Instant,
 ) -> WorkerOut {
@@ -572,6 +583,7 @@ pub(super) fn worker(
         static_listens: cfg.static_listens,
         checker,
         provider,
+        transport,
         hcas: cfg.hcas,
         rng: XorShift::new(cfg.seed ^ mix(id as u64 + 1)),
         als: Vec::new(),
