@@ -75,9 +75,15 @@ impl RdmaProvider {
     }
 }
 
-/// A listing failure as "no devices", keeping the call and errno.
-fn no_devices(e: Error) -> Error {
-    Error::NotFound(format!("{NO_DEVICES}: {e}").into())
+/// A listing failure as "no devices", naming the call and the errno.
+fn no_devices(errno: i32) -> Error {
+    Error::NotFound(
+        format!(
+            "{NO_DEVICES}: {}",
+            convert::errno_text("ibv_get_device_list", errno)
+        )
+        .into(),
+    )
 }
 
 impl Provider for RdmaProvider {

@@ -10,8 +10,8 @@
 //!   interface's types and [`al::Error`]s. It needs no system library, so
 //!   the workspace builds and tests everywhere.
 //! * With `rdma` (the facade's and `ibal-cli`'s feature of the same name
-//!   turn it on) it links libibverbs and offers [`RdmaProvider`] and
-//!   [`RdmaDevice`]. Building needs rdma-core's development headers,
+//!   turn it on) it links libibverbs and offers `RdmaProvider` and
+//!   `RdmaDevice`. Building needs rdma-core's development headers,
 //!   pkg-config and libclang (rdma-sys runs bindgen); see
 //!   `docs/rdma-provider.md` for what was pinned and why.
 //!

@@ -45,16 +45,16 @@ pub(crate) struct DeviceList {
 impl DeviceList {
     /// Lists the devices. Fails with the errno when libibverbs cannot list
     /// (no kernel support: `ENOSYS`; no permission to sysfs: `EPERM`); an
-    /// empty list is a success.
-    pub(crate) fn get() -> Result<DeviceList> {
+    /// empty list is a success. The caller words the error: listing
+    /// nothing is "no devices", whatever the errno.
+    pub(crate) fn get() -> std::result::Result<DeviceList, i32> {
         let mut n: c_int = 0;
         // SAFETY: `ibv_get_device_list` only writes the count through the
         // valid pointer it is given and returns either NULL (errno set) or
         // a NULL-terminated array of `n` device pointers owned by us until
         // `ibv_free_device_list`.
         let list = unsafe { ffi::ibv_get_device_list(&mut n) };
-        let list =
-            NonNull::new(list).ok_or_else(|| errno_error("ibv_get_device_list", last_errno()))?;
+        let list = NonNull::new(list).ok_or_else(last_errno)?;
         Ok(DeviceList {
             list,
             len: usize::try_from(n).unwrap_or(0),
@@ -296,7 +296,7 @@ mod tests {
     fn listing_never_panics_and_an_error_names_the_call() {
         match DeviceList::get() {
             Ok(list) => assert_eq!(list.iter().count(), list.len()),
-            Err(e) => assert!(e.to_string().contains("ibv_get_device_list: "), "{e}"),
+            Err(errno) => assert!(errno > 0, "errno {errno}"),
         }
     }
 }
