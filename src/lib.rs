@@ -247,6 +247,18 @@ pub mod roce {
     };
 }
 
+#[cfg(feature = "rdma")]
+pub mod rdma {
+    //! Real RDMA devices through rdma-core's libibverbs (feature `rdma`):
+    //! InfiniBand HCAs, RoCE NICs, Linux rxe and siw. [`RdmaProvider`]
+    //! lists and opens them (`al.open_ca(&RdmaProvider::new(), guid)`)
+    //! and their device and port attributes query; their verbs objects
+    //! (PD, CQ, MR, SRQ, AV, QP) are not implemented yet and answer
+    //! `Unsupported`. With no device it says "no RDMA devices found".
+    //! See `docs/rdma-provider.md`.
+    pub use rdma_provider::{RdmaDevice, RdmaProvider, NO_DEVICES};
+}
+
 pub mod cm {
     //! The IBTA connection manager: listen, connect, accept and the rest
     //! (each also a method: [`crate::methods`]), SIDR, the events a CEP's

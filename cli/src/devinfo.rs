@@ -66,6 +66,21 @@ pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> roce_provider::RoceProvi
     roce_provider::RoceProvider::new(devices)
 }
 
+/// The machine's RDMA devices through libibverbs (feature `rdma`), opened
+/// and queried like any provider's. `Err` (`NotFound`, "no RDMA devices
+/// found: ibv_get_device_list: ... (errno N, NAME)") when libibverbs cannot
+/// list at all (no RDMA support in the kernel); an empty report when it
+/// lists none. Either way `ibal devinfo` says "no RDMA devices found" and
+/// exits as `ibv_devinfo` does then (255).
+#[cfg(feature = "rdma")]
+pub fn rdma_report() -> al::Result<DevinfoReport> {
+    let provider = rdma_provider::RdmaProvider::new();
+    // Listing through `list` first keeps the reason an empty `devices()`
+    // would hide.
+    provider.list()?;
+    query_all(&provider)
+}
+
 /// Several providers' reports as one JSON object:
 /// `{"providers":[{"provider":..,"devices":[..]},..]}`.
 pub fn reports_to_json(reports: &[DevinfoReport]) -> String {
@@ -220,7 +235,12 @@ impl DevinfoReport {
                     "\t\t\tlink_layer:\t\t{}\n",
                     link_layer(p.link_layer)
                 ));
+                // Unused (all-zero) entries are skipped, as ibv_devinfo
+                // does; the others keep their index.
                 for (i, g) in p.gid_table.iter().enumerate() {
+                    if g == &[0; 16] {
+                        continue;
+                    }
                     s.push_str(&format!("\t\t\tGID[{i:3}]:\t\t{}\n", port_gid(p, g)));
                 }
                 let pkeys: Vec<String> = p.pkey_table.iter().map(|k| format!("{k:#06x}")).collect();

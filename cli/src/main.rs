@@ -178,7 +178,10 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// List the devices and ports of the embedded soft fabric, like ibv_devinfo -v.
+    /// List the devices and ports of the embedded soft fabric and a RoCEv2
+    /// device, like ibv_devinfo -v; built with the `rdma` feature, also the
+    /// machine's RDMA devices (with none it says so and exits 255, as
+    /// ibv_devinfo does).
     Devinfo {
         /// Print one JSON object instead of text.
         #[arg(long)]
@@ -589,7 +592,10 @@ fn main() -> ExitCode {
             },
             idle_exit,
         ),
-        Command::Devinfo { json, roce } => devinfo(json, &roce),
+        Command::Devinfo { json, roce } => match devinfo(json, &roce) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Perf { bench } => perf(bench),
         Command::Stress {
             seconds,
@@ -919,7 +925,12 @@ fn print_report(json: bool, as_json: String, as_text: String) {
     }
 }
 
-fn devinfo(json: bool, roce: &[String]) -> Result<(), String> {
+/// Exit status 255: what `ibv_devinfo` returns (`-1`) when there is no
+/// device or libibverbs cannot list any.
+#[cfg(feature = "rdma")]
+const NO_RDMA_DEVICES_EXIT: u8 = 255;
+
+fn devinfo(json: bool, roce: &[String]) -> Result<ExitCode, String> {
     use ibal_cli::devinfo::{default_provider, query_all, reports_to_json, roce_provider};
     let addrs = if roce.is_empty() {
         vec!["127.0.0.1:0".parse().expect("a literal address")]
@@ -931,9 +942,41 @@ fn devinfo(json: bool, roce: &[String]) -> Result<(), String> {
     let soft = query_all(&default_provider()).map_err(|e| e.to_string())?;
     let roce = query_all(&roce_provider(&addrs))
         .map_err(|e| format!("cannot open a RoCEv2 port on {addrs:?}: {e}"))?;
-    let text = format!("{}{}", soft.to_text(), roce.to_text());
-    print_report(json, reports_to_json(&[soft, roce]), text);
-    Ok(())
+    #[allow(unused_mut)]
+    let mut text = format!("{}{}", soft.to_text(), roce.to_text());
+    #[allow(unused_mut)]
+    let mut reports = vec![soft, roce];
+    #[allow(unused_mut)]
+    let mut code = ExitCode::SUCCESS;
+    #[cfg(feature = "rdma")]
+    {
+        let none = |why: String| {
+            eprintln!("ibal: {why}");
+            ibal_cli::devinfo::DevinfoReport {
+                provider: "rdma".into(),
+                devices: Vec::new(),
+            }
+        };
+        let rdma = match ibal_cli::devinfo::rdma_report() {
+            Ok(r) if r.devices.is_empty() => none(format!(
+                "{} (ibv_get_device_list listed none)",
+                ibal::rdma::NO_DEVICES
+            )),
+            Ok(r) => r,
+            Err(e @ al::Error::NotFound(_)) => {
+                none(e.to_string().trim_start_matches("not found: ").into())
+            }
+            Err(e) => return Err(format!("cannot query the RDMA devices: {e}")),
+        };
+        if rdma.devices.is_empty() {
+            code = ExitCode::from(NO_RDMA_DEVICES_EXIT);
+        } else {
+            text.push_str(&rdma.to_text());
+        }
+        reports.push(rdma);
+    }
+    print_report(json, reports_to_json(&reports), text);
+    Ok(code)
 }
 
 /// `IP`, `IP:PORT`, `[IPv6]:PORT` or a bare IPv6 address; `default_port`

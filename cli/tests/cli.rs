@@ -26,6 +26,27 @@ fn ok(args: &[&str]) -> String {
     stdout(&out)
 }
 
+/// `ibal devinfo ARGS`: stdout. Built with the `rdma` feature on a machine
+/// without RDMA devices, devinfo lists the others and exits 255 saying
+/// "no RDMA devices found" (as ibv_devinfo does); that counts as success
+/// here. Otherwise it must exit 0.
+fn devinfo_ok(args: &[&str]) -> String {
+    let mut all = vec!["devinfo"];
+    all.extend_from_slice(args);
+    let out = ibal(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if cfg!(feature = "rdma") && out.status.code() == Some(255) {
+        assert!(stderr.contains("no RDMA devices found"), "{stderr}");
+        return stdout(&out);
+    }
+    assert!(
+        out.status.success(),
+        "ibal {all:?} exited with {:?}; stderr:\n{stderr}",
+        out.status
+    );
+    stdout(&out)
+}
+
 /// Check `s` is a single JSON object: it starts with `{`, ends with `}`,
 /// braces and brackets balance outside strings and the outermost object
 /// closes only at the end. Returns the top-level and nested keys seen.
@@ -125,7 +146,7 @@ fn overview_mentions_devinfo_and_the_benchmarks() {
 
 #[test]
 fn devinfo_lists_both_hcas() {
-    let out = ok(&["devinfo"]);
+    let out = devinfo_ok(&[]);
     for guid in ["0002:c903:00a0:0001", "0002:c903:00b0:0001"] {
         assert!(out.contains(&format!("node_guid:\t\t\t{guid}")), "{out}");
     }
@@ -151,15 +172,54 @@ fn devinfo_lists_both_hcas() {
     ] {
         assert!(out.contains(field), "missing {field}: {out}");
     }
-    // The two soft HCAs and the default RoCEv2 device on 127.0.0.1.
-    assert_eq!(out.matches("hca_id:").count(), 3);
+    // The two soft HCAs and the default RoCEv2 device on 127.0.0.1 (and,
+    // with the rdma feature, the machine's RDMA devices after them).
+    let hcas = out.matches("hca_id:").count();
+    if cfg!(feature = "rdma") {
+        assert!(hcas >= 3, "{out}");
+    } else {
+        assert_eq!(hcas, 3, "{out}");
+    }
     assert!(out.contains("link_layer:\t\tEthernet"), "{out}");
     assert!(out.contains("::ffff:127.0.0.1, RoCE v2"), "{out}");
 }
 
+/// With the rdma feature and no RDMA device (no kernel RDMA support here),
+/// devinfo still lists the soft and RoCEv2 devices, says plainly that there
+/// is no RDMA device, with the errno when libibverbs could not list, and
+/// exits 255 as ibv_devinfo does; the JSON has an empty "rdma" provider.
+#[cfg(feature = "rdma")]
+#[test]
+fn devinfo_says_when_there_is_no_rdma_device() {
+    if !ibal_rdma_devices_absent() {
+        eprintln!("SKIPPED: this machine has RDMA devices");
+        return;
+    }
+    let out = ibal(&["devinfo"]);
+    assert_eq!(out.status.code(), Some(255));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("ibal: no RDMA devices found"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stdout(&out).matches("hca_id:").count(), 3);
+    let json = stdout(&ibal(&["devinfo", "--json"]));
+    one_json_object(&json);
+    assert!(
+        json.contains("{\"provider\":\"rdma\",\"devices\":[]}"),
+        "{json}"
+    );
+}
+
+#[cfg(feature = "rdma")]
+fn ibal_rdma_devices_absent() -> bool {
+    !matches!(ibal::rdma::RdmaProvider::new().list(), Ok(d) if !d.is_empty())
+}
+
 #[test]
 fn devinfo_lists_the_roce_ports_asked_for() {
-    let out = ok(&["devinfo", "--roce", "127.0.0.3", "--roce", "127.0.0.4:0"]);
+    let out = devinfo_ok(&["--roce", "127.0.0.3", "--roce", "127.0.0.4:0"]);
     assert!(
         out.contains("hca_id:\troce0") && out.contains("hca_id:\troce1"),
         "{out}"
@@ -173,7 +233,7 @@ fn devinfo_lists_the_roce_ports_asked_for() {
 
 #[test]
 fn devinfo_json_is_one_object_with_both_guids() {
-    let out = ok(&["devinfo", "--json"]);
+    let out = devinfo_ok(&["--json"]);
     let keys = one_json_object(&out);
     has_keys(
         &keys,

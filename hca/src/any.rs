@@ -15,7 +15,9 @@
 //! `InvalidParameter`, never a panic.
 //!
 //! The enums are written once, by the `providers!` macro: adding a provider is one
-//! line there.
+//! line there. A provider behind a cargo feature is written `@cfg(feature = "..")`
+//! before its name, and every variant and arm of it is compiled only with the
+//! feature (the `rdma` provider is).
 
 use al::{Error, Result};
 
@@ -34,27 +36,29 @@ fn foreign(what: &str) -> Error {
 macro_rules! providers {
     ($(
         $(#[$doc:meta])*
+        $(@cfg($cfg:meta))?
         $var:ident => $dev:ty {
             pd: $pd:ty, cq: $cq:ty, mr: $mr:ty, srq: $srq:ty, av: $av:ty, qp: $qp:ty $(,)?
         }
     ),+ $(,)?) => {
         /// A device of any built-in provider.
         #[derive(Clone, Debug)]
-        pub enum AnyDevice { $( $(#[$doc])* $var($dev), )+ }
+        pub enum AnyDevice { $( $(#[$doc])* $( #[cfg($cfg)] )? $var($dev), )+ }
         /// A protection domain of an [`AnyDevice`].
-        pub enum AnyPd { $( #[allow(missing_docs)] $var($pd), )+ }
+        pub enum AnyPd { $( #[allow(missing_docs)] $( #[cfg($cfg)] )? $var($pd), )+ }
         /// A completion queue of an [`AnyDevice`].
-        pub enum AnyCq { $( #[allow(missing_docs)] $var($cq), )+ }
+        pub enum AnyCq { $( #[allow(missing_docs)] $( #[cfg($cfg)] )? $var($cq), )+ }
         /// A memory region of an [`AnyDevice`].
-        pub enum AnyMr { $( #[allow(missing_docs)] $var($mr), )+ }
+        pub enum AnyMr { $( #[allow(missing_docs)] $( #[cfg($cfg)] )? $var($mr), )+ }
         /// A shared receive queue of an [`AnyDevice`].
-        pub enum AnySrq { $( #[allow(missing_docs)] $var($srq), )+ }
+        pub enum AnySrq { $( #[allow(missing_docs)] $( #[cfg($cfg)] )? $var($srq), )+ }
         /// An address vector of an [`AnyDevice`].
-        pub enum AnyAv { $( #[allow(missing_docs)] $var($av), )+ }
+        pub enum AnyAv { $( #[allow(missing_docs)] $( #[cfg($cfg)] )? $var($av), )+ }
         /// A queue pair of an [`AnyDevice`].
-        pub enum AnyQp { $( #[allow(missing_docs)] $var($qp), )+ }
+        pub enum AnyQp { $( #[allow(missing_docs)] $( #[cfg($cfg)] )? $var($qp), )+ }
 
         $(
+            $( #[cfg($cfg)] )?
             impl From<$dev> for AnyDevice {
                 fn from(d: $dev) -> AnyDevice {
                     AnyDevice::$var(d)
@@ -65,7 +69,7 @@ macro_rules! providers {
         impl AnyDevice {
             /// The name of the provider the device comes from.
             pub fn provider_name(&self) -> &'static str {
-                match self { $( AnyDevice::$var(_) => stringify!($var), )+ }
+                match self { $( $( #[cfg($cfg)] )? AnyDevice::$var(_) => stringify!($var), )+ }
             }
         }
 
@@ -80,39 +84,39 @@ macro_rules! providers {
             type Qp = AnyQp;
 
             fn query(&self) -> DeviceAttr {
-                match self { $( AnyDevice::$var(d) => d.query(), )+ }
+                match self { $( $( #[cfg($cfg)] )? AnyDevice::$var(d) => d.query(), )+ }
             }
             fn query_port(&self, port: u8) -> Result<PortAttr> {
-                match self { $( AnyDevice::$var(d) => d.query_port(port), )+ }
+                match self { $( $( #[cfg($cfg)] )? AnyDevice::$var(d) => d.query_port(port), )+ }
             }
             fn alloc_pd(&self) -> Result<AnyPd> {
-                match self { $( AnyDevice::$var(d) => d.alloc_pd().map(AnyPd::$var), )+ }
+                match self { $( $( #[cfg($cfg)] )? AnyDevice::$var(d) => d.alloc_pd().map(AnyPd::$var), )+ }
             }
             fn dealloc_pd(&self, pd: AnyPd) -> Result<()> {
                 match (self, pd) {
-                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => d.dealloc_pd(p), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyPd::$var(p)) => d.dealloc_pd(p), )+
                     _ => Err(foreign("PD")),
                 }
             }
             fn create_cq(&self, init: CqInit) -> Result<AnyCq> {
-                match self { $( AnyDevice::$var(d) => d.create_cq(init).map(AnyCq::$var), )+ }
+                match self { $( $( #[cfg($cfg)] )? AnyDevice::$var(d) => d.create_cq(init).map(AnyCq::$var), )+ }
             }
             fn destroy_cq(&self, cq: AnyCq) -> Result<()> {
                 match (self, cq) {
-                    $( (AnyDevice::$var(d), AnyCq::$var(c)) => d.destroy_cq(c), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyCq::$var(c)) => d.destroy_cq(c), )+
                     _ => Err(foreign("CQ")),
                 }
             }
             fn arm_cq(&self, cq: &AnyCq, arm: CqArm) -> Result<()> {
                 match (self, cq) {
-                    $( (AnyDevice::$var(d), AnyCq::$var(c)) => d.arm_cq(c, arm), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyCq::$var(c)) => d.arm_cq(c, arm), )+
                     _ => Err(foreign("CQ")),
                 }
             }
             #[inline]
             fn poll_cq(&self, cq: &AnyCq, out: &mut [Wc]) -> Result<usize> {
                 match (self, cq) {
-                    $( (AnyDevice::$var(d), AnyCq::$var(c)) => d.poll_cq(c, out), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyCq::$var(c)) => d.poll_cq(c, out), )+
                     _ => Err(foreign("CQ")),
                 }
             }
@@ -126,7 +130,7 @@ macro_rules! providers {
                 access: Access,
             ) -> Result<AnyMr> {
                 match (self, pd) {
-                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => d
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyPd::$var(p)) => d
                         .register_mr(p, buf, offset, len, iova, access)
                         .map(AnyMr::$var), )+
                     _ => Err(foreign("PD")),
@@ -139,7 +143,7 @@ macro_rules! providers {
                 access: Access,
             ) -> Result<AnyMr> {
                 match (self, pd) {
-                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyPd::$var(p)) => {
                         d.register_region(p, region, access).map(AnyMr::$var)
                     } )+
                     _ => Err(foreign("PD")),
@@ -147,20 +151,20 @@ macro_rules! providers {
             }
             fn mr_keys(&self, mr: &AnyMr) -> (u32, u32) {
                 // Keys are the MR's own; any device reads them.
-                match mr { $( AnyMr::$var(m) => match self {
+                match mr { $( $( #[cfg($cfg)] )? AnyMr::$var(m) => match self {
                     AnyDevice::$var(d) => d.mr_keys(m),
                     _ => (0, 0),
                 }, )+ }
             }
             fn deregister_mr(&self, mr: AnyMr) -> Result<()> {
                 match (self, mr) {
-                    $( (AnyDevice::$var(d), AnyMr::$var(m)) => d.deregister_mr(m), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyMr::$var(m)) => d.deregister_mr(m), )+
                     _ => Err(foreign("MR")),
                 }
             }
             fn create_srq(&self, pd: &AnyPd, init: SrqInit) -> Result<AnySrq> {
                 match (self, pd) {
-                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyPd::$var(p)) => {
                         d.create_srq(p, init).map(AnySrq::$var)
                     } )+
                     _ => Err(foreign("PD")),
@@ -168,20 +172,20 @@ macro_rules! providers {
             }
             fn destroy_srq(&self, srq: AnySrq) -> Result<()> {
                 match (self, srq) {
-                    $( (AnyDevice::$var(d), AnySrq::$var(s)) => d.destroy_srq(s), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnySrq::$var(s)) => d.destroy_srq(s), )+
                     _ => Err(foreign("SRQ")),
                 }
             }
             #[inline]
             fn post_srq_recv(&self, srq: &AnySrq, wrs: &[RecvWr<'_>]) -> Result<()> {
                 match (self, srq) {
-                    $( (AnyDevice::$var(d), AnySrq::$var(s)) => d.post_srq_recv(s, wrs), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnySrq::$var(s)) => d.post_srq_recv(s, wrs), )+
                     _ => Err(foreign("SRQ")),
                 }
             }
             fn create_av(&self, pd: &AnyPd, attr: &AvAttr) -> Result<AnyAv> {
                 match (self, pd) {
-                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyPd::$var(p)) => {
                         d.create_av(p, attr).map(AnyAv::$var)
                     } )+
                     _ => Err(foreign("PD")),
@@ -189,7 +193,7 @@ macro_rules! providers {
             }
             fn destroy_av(&self, av: AnyAv) -> Result<()> {
                 match (self, av) {
-                    $( (AnyDevice::$var(d), AnyAv::$var(a)) => d.destroy_av(a), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyAv::$var(a)) => d.destroy_av(a), )+
                     _ => Err(foreign("AV")),
                 }
             }
@@ -199,7 +203,7 @@ macro_rules! providers {
                 init: &QpInit<'_, AnyCq, AnySrq>,
             ) -> Result<AnyQp> {
                 match (self, pd) {
-                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyPd::$var(p)) => {
                         let init = qp_init!($var, init)?;
                         d.create_qp(p, &init).map(AnyQp::$var)
                     } )+
@@ -213,7 +217,7 @@ macro_rules! providers {
                 init: &QpInit<'_, AnyCq, AnySrq>,
             ) -> Result<AnyQp> {
                 match (self, pd) {
-                    $( (AnyDevice::$var(d), AnyPd::$var(p)) => {
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyPd::$var(p)) => {
                         let init = qp_init!($var, init)?;
                         d.create_gsi_qp(p, port, &init).map(AnyQp::$var)
                     } )+
@@ -221,26 +225,26 @@ macro_rules! providers {
                 }
             }
             fn qp_num(&self, qp: &AnyQp) -> u32 {
-                match qp { $( AnyQp::$var(q) => match self {
+                match qp { $( $( #[cfg($cfg)] )? AnyQp::$var(q) => match self {
                     AnyDevice::$var(d) => d.qp_num(q),
                     _ => 0,
                 }, )+ }
             }
             fn modify_qp(&self, qp: &AnyQp, m: &QpModify) -> Result<()> {
                 match (self, qp) {
-                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.modify_qp(q, m), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyQp::$var(q)) => d.modify_qp(q, m), )+
                     _ => Err(foreign("QP")),
                 }
             }
             fn query_qp(&self, qp: &AnyQp) -> Result<QpAttr> {
                 match (self, qp) {
-                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.query_qp(q), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyQp::$var(q)) => d.query_qp(q), )+
                     _ => Err(foreign("QP")),
                 }
             }
             fn destroy_qp(&self, qp: AnyQp) -> Result<()> {
                 match (self, qp) {
-                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.destroy_qp(q), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyQp::$var(q)) => d.destroy_qp(q), )+
                     _ => Err(foreign("QP")),
                 }
             }
@@ -252,7 +256,7 @@ macro_rules! providers {
                 av_of: &dyn Fn(usize) -> Option<&'v AnyAv>,
             ) -> Result<()> {
                 match (self, qp) {
-                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.post_send(q, wrs, &|i| {
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyQp::$var(q)) => d.post_send(q, wrs, &|i| {
                         // Another provider's AV resolves to none: the
                         // request fails as one without a destination.
                         match av_of(i) {
@@ -266,7 +270,7 @@ macro_rules! providers {
             #[inline]
             fn post_recv(&self, qp: &AnyQp, wrs: &[RecvWr<'_>]) -> Result<()> {
                 match (self, qp) {
-                    $( (AnyDevice::$var(d), AnyQp::$var(q)) => d.post_recv(q, wrs), )+
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyQp::$var(q)) => d.post_recv(q, wrs), )+
                     _ => Err(foreign("QP")),
                 }
             }
@@ -322,6 +326,18 @@ providers! {
         av: roce_provider::RoceAv,
         qp: roce_provider::RoceQp,
     },
+    /// Hardware (and Linux rxe/siw) devices through libibverbs (crate
+    /// `rdma-provider`, feature `rdma`). Lists, opens and queries; its
+    /// verbs objects are not implemented yet (`Unsupported`).
+    @cfg(feature = "rdma")
+    Rdma => rdma_provider::RdmaDevice {
+        pd: rdma_provider::RdmaPd,
+        cq: rdma_provider::RdmaCq,
+        mr: rdma_provider::RdmaMr,
+        srq: rdma_provider::RdmaSrq,
+        av: rdma_provider::RdmaAv,
+        qp: rdma_provider::RdmaQp,
+    },
 }
 
 impl AnyDevice {
@@ -332,6 +348,8 @@ impl AnyDevice {
         match self {
             AnyDevice::Soft(d) => d.instance_key(),
             AnyDevice::Roce(d) => d.instance_key(),
+            #[cfg(feature = "rdma")]
+            AnyDevice::Rdma(d) => d.instance_key(),
         }
     }
 }

@@ -1,0 +1,51 @@
+//! A verbs provider over rdma-core's libibverbs (through the `rdma-sys`
+//! bindings): real InfiniBand HCAs and RoCE NICs, and Linux's software
+//! devices (rxe, siw), behind the provider interface the object layer
+//! drives.
+//!
+//! # Features
+//!
+//! * Without the `rdma` feature (the default) the crate is only
+//!   [`convert`]: how libibverbs' codes and errnos become the provider
+//!   interface's types and [`al::Error`]s. It needs no system library, so
+//!   the workspace builds and tests everywhere.
+//! * With `rdma` (the facade's and `ibal-cli`'s feature of the same name
+//!   turn it on) it links libibverbs and offers `RdmaProvider` and
+//!   `RdmaDevice`. Building needs rdma-core's development headers,
+//!   pkg-config and libclang (rdma-sys runs bindgen); see
+//!   `docs/rdma-provider.md` for what was pinned and why.
+//!
+//! # What works (issue 16, in progress)
+//!
+//! * Listing devices ([`provider::Provider::devices`],
+//!   `RdmaProvider::list`, which also says why there are none), opening
+//!   one by node GUID or name, device attributes (read at open) and port
+//!   attributes (state, LID, SM LID, LMC, active and max MTU, link layer,
+//!   the whole GID and P_Key tables). With no device, or no RDMA support
+//!   in the kernel, each says "no RDMA devices found" with the errno, and
+//!   never panics.
+//! * Every rdma-core failure is an [`al::Error`] naming the call and its
+//!   errno ([`convert::errno_error`]).
+//!
+//! # What does not work yet
+//!
+//! PD, CQ, MR, SRQ, AV and QP: `alloc_pd` and `create_cq` answer
+//! `Unsupported`, and the object types (`RdmaPd`, ...) are uninhabited, so
+//! no other verb can be reached. Connections (librdmacm-backed CEPs), the
+//! conformance suite on hardware and the tools on a NIC are later steps
+//! of issue 16 (`docs/rdma-provider.md`).
+#![deny(missing_docs)]
+// `deny`, not `forbid`: `sys` is the one module allowed `unsafe`.
+#![deny(unsafe_code)]
+
+pub mod convert;
+
+#[cfg(feature = "rdma")]
+mod device;
+#[cfg(feature = "rdma")]
+mod sys;
+
+#[cfg(feature = "rdma")]
+pub use device::{
+    RdmaAv, RdmaCq, RdmaDevice, RdmaMr, RdmaPd, RdmaProvider, RdmaQp, RdmaSrq, NO_DEVICES,
+};
