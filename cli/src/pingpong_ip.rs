@@ -655,7 +655,7 @@ fn connect_on(
     hold(cfg);
     let t = Instant::now();
     cm::disconnect(inst, cep, &[]).map_err(|e| format!("disconnect: {e}"))?;
-    wait_event(&events, deadline(), "the peer's DREP", |ev| match ev {
+    let ended = wait_event(&events, deadline(), "the peer's DREP", |ev| match ev {
         Event::Disconnected { cause, .. } => {
             if *cause == cep::proto::DisconnectCause::DreqTimeout {
                 // Every byte was checked; only the goodbye went unanswered.
@@ -667,13 +667,20 @@ fn connect_on(
             Some(Ok(()))
         }
         _ => None,
-    })?;
+    });
     let disconnect_us = t.elapsed().as_secs_f64() * 1e6;
     // Then timewait (a packet lifetime or two), and the CEP is released
-    // with its comm id.
-    wait_event(&events, deadline(), "the end of timewait", |ev| {
-        matches!(ev, Event::Released { .. }).then_some(Ok(()))
-    })?;
+    // with its comm id. A wait that runs out destroys the CEP itself, so
+    // the AL still closes with nothing live.
+    let released = ended.and_then(|_| {
+        wait_event(&events, deadline(), "the end of timewait", |ev| {
+            matches!(ev, Event::Released { .. }).then_some(Ok(()))
+        })
+    });
+    if let Err(e) = released {
+        let _ = al.destroy_sync(cep);
+        return Err(e);
+    }
     let (median, p99) = percentiles(&mut rtts);
     Ok(ConnectionReport {
         peer: remote,
