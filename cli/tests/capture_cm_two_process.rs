@@ -38,10 +38,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{json_field, Done, Proc};
+use common::{json_field, tshark, Done, Proc};
 
 const BOUND: Duration = Duration::from_secs(60);
 /// The listener's and the connecting side's RoCEv2 UDP ports.
@@ -51,45 +50,6 @@ const CM_PORT: u16 = 7391;
 const ITERATIONS: u32 = 20;
 const GSI_QKEY: u64 = 0x8001_0000;
 const UD_SEND_ONLY: u32 = 100;
-
-fn tshark_missing() -> Option<String> {
-    match Command::new("tshark").arg("--version").output() {
-        Ok(o) if o.status.success() => None,
-        Ok(o) => Some(format!("tshark --version failed: {:?}", o.status)),
-        Err(e) => Some(format!("tshark is not installed ({e})")),
-    }
-}
-
-/// Why tshark cannot capture on lo here, if it cannot: a one-second probe.
-fn cannot_capture() -> Option<String> {
-    let file = std::env::temp_dir().join(format!(
-        "ibal-capturecm-{}-probe.pcapng",
-        std::process::id()
-    ));
-    let mut cmd = Command::new("tshark");
-    cmd.args(["-q", "-i", "lo", "-c", "1", "-a", "duration:1", "-w"])
-        .arg(&file);
-    let d = Proc::spawn("tshark probe", cmd).finish(Duration::from_secs(15));
-    let _ = std::fs::remove_file(&file);
-    if d.success() {
-        return None;
-    }
-    let said: Vec<&str> = d
-        .stderr
-        .lines()
-        .filter(|l| l.contains("capture on") || l.contains("socket:"))
-        .collect();
-    Some(format!(
-        "tshark cannot capture on lo ({:?}): {}",
-        d.status,
-        if said.is_empty() {
-            d.stderr.lines().last().unwrap_or("").to_string()
-        } else {
-            said.join(" ")
-        }
-        .trim()
-    ))
-}
 
 /// The fields read from every decoded RoCEv2 packet, in order.
 const FIELDS: &[&str] = &[
@@ -157,57 +117,17 @@ impl Pkt {
 
 /// Captures lo on the two ports while `run` goes, then decodes.
 fn capture(run: impl FnOnce()) -> Vec<Pkt> {
-    let file = std::env::temp_dir().join(format!("ibal-capturecm-{}.pcapng", std::process::id()));
-    let _ = std::fs::remove_file(&file);
-    let filter = format!("udp dst port {} or udp dst port {}", PORTS.0, PORTS.1);
-    let mut cmd = Command::new("tshark");
-    cmd.args(["-q", "-i", "lo", "-f", &filter, "-a", "duration:50", "-w"])
-        .arg(&file);
-    let mut t = Proc::spawn("tshark", cmd);
-    t.wait_line("Capturing on", Duration::from_secs(20));
-    // dumpcap reports before its first read; give it a moment.
-    std::thread::sleep(Duration::from_millis(300));
-    run();
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = Command::new("kill")
-        .args(["-INT", &t.child.id().to_string()])
-        .status();
-    let t = t.finish(Duration::from_secs(20));
-    assert!(!t.killed, "tshark did not stop on SIGINT: {}", t.log());
-    let mut cmd = Command::new("tshark");
-    cmd.arg("-r").arg(&file);
-    for p in [PORTS.0, PORTS.1] {
-        cmd.args(["-d", &format!("udp.port=={p},infiniband")]);
-    }
-    cmd.args([
-        "-Y",
-        "infiniband.bth.opcode",
-        "-T",
-        "fields",
-        "-E",
-        "separator=|",
-        "-E",
-        "occurrence=f",
-    ]);
-    for f in FIELDS {
-        cmd.args(["-e", f]);
-    }
-    let out = cmd.output().expect("tshark -r");
-    let _ = std::fs::remove_file(&file);
-    assert!(
-        out.status.success(),
-        "tshark -r: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let f: Vec<String> = l.split('|').map(str::to_string).collect();
-            assert_eq!(f.len(), FIELDS.len(), "{l}");
-            Pkt(f)
-        })
-        .collect()
+    tshark::capture_rows(
+        "capturecm",
+        PORTS,
+        run,
+        &["-E", "occurrence=f"],
+        FIELDS,
+        '|',
+    )
+    .into_iter()
+    .map(Pkt)
+    .collect()
 }
 
 /// Whether something is bound to UDP `port` on 127.0.0.1 (the listener's
@@ -298,7 +218,7 @@ fn hex_bytes(s: &str) -> Vec<u8> {
 #[test]
 #[ignore = "needs tshark (and root to capture on lo); .ci/run runs it with --ignored"]
 fn tshark_on_lo_reads_the_cm_exchange_of_two_pingpong_processes_as_they_report_it() {
-    if let Some(why) = tshark_missing().or_else(cannot_capture) {
+    if let Some(why) = tshark::missing().or_else(|| tshark::cannot_capture("capturecm")) {
         eprintln!("SKIPPED: {why}");
         return;
     }

@@ -25,53 +25,11 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{json_field, json_nested, listening_port, Done, Proc};
+use common::{json_field, json_nested, listening_port, tshark, Done, Proc};
 
 const BOUND: Duration = Duration::from_secs(60);
-
-fn tshark_missing() -> Option<String> {
-    match Command::new("tshark").arg("--version").output() {
-        Ok(o) if o.status.success() => None,
-        Ok(o) => Some(format!("tshark --version failed: {:?}", o.status)),
-        Err(e) => Some(format!("tshark is not installed ({e})")),
-    }
-}
-
-/// Why tshark cannot capture on lo here (not root and dumpcap without
-/// the capabilities, typically), if it cannot: a one-second probe.
-fn cannot_capture(tag: &str) -> Option<String> {
-    let file = std::env::temp_dir().join(format!(
-        "ibal-capture2p-{}-{tag}-probe.pcapng",
-        std::process::id()
-    ));
-    let mut cmd = Command::new("tshark");
-    cmd.args(["-q", "-i", "lo", "-c", "1", "-a", "duration:1", "-w"])
-        .arg(&file);
-    let d = Proc::spawn("tshark probe", cmd).finish(Duration::from_secs(15));
-    let _ = std::fs::remove_file(&file);
-    if d.success() {
-        return None;
-    }
-    // tshark says much; keep what is about capturing.
-    let said: Vec<&str> = d
-        .stderr
-        .lines()
-        .filter(|l| l.contains("capture on") || l.contains("socket:"))
-        .collect();
-    Some(format!(
-        "tshark cannot capture on lo ({:?}): {}",
-        d.status,
-        if said.is_empty() {
-            d.stderr.lines().last().unwrap_or("").to_string()
-        } else {
-            said.join(" ")
-        }
-        .trim()
-    ))
-}
 
 /// One decoded RoCEv2 packet.
 #[derive(Debug, Clone)]
@@ -100,40 +58,7 @@ fn num(s: &str) -> u32 {
 
 /// Captures lo on the two ports while `run` goes, then decodes.
 fn capture(tag: &str, ports: (u16, u16), run: impl FnOnce()) -> Vec<Pkt> {
-    let file = std::env::temp_dir().join(format!(
-        "ibal-capture2p-{}-{tag}.pcapng",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&file);
-    let filter = format!("udp dst port {} or udp dst port {}", ports.0, ports.1);
-    let mut cmd = Command::new("tshark");
-    cmd.args(["-q", "-i", "lo", "-f", &filter, "-a", "duration:50", "-w"])
-        .arg(&file);
-    let mut t = Proc::spawn("tshark", cmd);
-    t.wait_line("Capturing on", Duration::from_secs(20));
-    // dumpcap reports before its first read; give it a moment.
-    std::thread::sleep(Duration::from_millis(300));
-    run();
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = Command::new("kill")
-        .args(["-INT", &t.child.id().to_string()])
-        .status();
-    let t = t.finish(Duration::from_secs(20));
-    assert!(!t.killed, "tshark did not stop on SIGINT: {}", t.log());
-    let mut cmd = Command::new("tshark");
-    cmd.arg("-r").arg(&file);
-    for p in [ports.0, ports.1] {
-        cmd.args(["-d", &format!("udp.port=={p},infiniband")]);
-    }
-    cmd.args([
-        "-Y",
-        "infiniband.bth.opcode",
-        "-T",
-        "fields",
-        "-E",
-        "separator=,",
-    ]);
-    for f in [
+    let fields = [
         "ip.src",
         "udp.dstport",
         "infiniband.bth.opcode",
@@ -146,31 +71,19 @@ fn capture(tag: &str, ports: (u16, u16), run: impl FnOnce()) -> Vec<Pkt> {
         "infiniband.aeth.msn",
         "infiniband.deth.q_key",
         "infiniband.deth.srcqp",
-    ] {
-        cmd.args(["-e", f]);
-    }
-    let out = cmd.output().expect("tshark -r");
-    let _ = std::fs::remove_file(&file);
-    assert!(
-        out.status.success(),
-        "tshark -r: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    text.lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            assert_eq!(f.len(), 12, "{l}");
-            Pkt {
-                src: f[0].to_string(),
-                dport: f[1].parse().unwrap(),
-                opcode: num(f[2]),
-                destqp: num(f[3]),
-                psn: num(f[4]),
-                reth: (!f[5].is_empty()).then(|| (hex(f[5]), num(f[6]), num(f[7]))),
-                aeth: (!f[8].is_empty()).then(|| (num(f[8]), num(f[9]))),
-                deth: (!f[10].is_empty()).then(|| (num(f[10]), num(f[11]))),
-            }
+    ];
+    let tag = format!("capture2p-{tag}");
+    tshark::capture_rows(&tag, ports, run, &[], &fields, ',')
+        .iter()
+        .map(|f| Pkt {
+            src: f[0].to_string(),
+            dport: f[1].parse().unwrap(),
+            opcode: num(&f[2]),
+            destqp: num(&f[3]),
+            psn: num(&f[4]),
+            reth: (!f[5].is_empty()).then(|| (hex(&f[5]), num(&f[6]), num(&f[7]))),
+            aeth: (!f[8].is_empty()).then(|| (num(&f[8]), num(&f[9]))),
+            deth: (!f[10].is_empty()).then(|| (num(&f[10]), num(&f[11]))),
         })
         .collect()
 }
@@ -329,7 +242,7 @@ fn check_rc_side(
 #[test]
 #[ignore = "needs tshark (and root to capture on lo); .ci/run runs it with --ignored"]
 fn tshark_on_lo_reads_an_rc_write_exchange_as_the_processes_report_it() {
-    if let Some(why) = tshark_missing().or_else(|| cannot_capture("rc")) {
+    if let Some(why) = tshark::missing().or_else(|| tshark::cannot_capture("capture2p-rc")) {
         eprintln!("SKIPPED: {why}");
         return;
     }
@@ -370,7 +283,7 @@ fn tshark_on_lo_reads_an_rc_write_exchange_as_the_processes_report_it() {
 #[test]
 #[ignore = "needs tshark (and root to capture on lo); .ci/run runs it with --ignored"]
 fn tshark_on_lo_reads_a_ud_exchange_as_the_processes_report_it() {
-    if let Some(why) = tshark_missing().or_else(|| cannot_capture("ud")) {
+    if let Some(why) = tshark::missing().or_else(|| tshark::cannot_capture("capture2p-ud")) {
         eprintln!("SKIPPED: {why}");
         return;
     }

@@ -1,6 +1,7 @@
 //! Helpers for the tests that run `ibal` as separate processes
 //! (`faults_two_process.rs`, `netns_two_process.rs`,
-//! `capture_two_process.rs`): spawn with stderr collected line by line on
+//! `capture_two_process.rs`, `capture_cm_two_process.rs`, ...; `tshark`
+//! for the capture tests): spawn with stderr collected line by line on
 //! a thread, wait for a line, finish within a bound (killed after it).
 #![allow(dead_code)]
 
@@ -8,6 +9,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+pub mod tshark;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ibal");
 
