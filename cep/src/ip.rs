@@ -140,8 +140,8 @@ impl IpConnect {
     /// The CM request this becomes for a QP with number `qpn` on a port
     /// whose address is `local`.
     pub fn to_request(&self, local: IpAddr, port: u8, qpn: u32) -> Result<ConnectRequest> {
-        let remote_ip = canonical(self.remote.ip());
-        let local = canonical(local);
+        let remote_ip = self.remote.ip().to_canonical();
+        let local = local.to_canonical();
         if remote_ip.is_ipv4() != local.is_ipv4() {
             return Err(Error::invalid_parameter(format!(
                 "{} cannot be reached from {local}: not the same IP version",
@@ -177,14 +177,6 @@ impl IpConnect {
     }
 }
 
-/// An IPv4-mapped IPv6 address as the IPv4 address it maps.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
 /// The port of `ca` whose GID is `ip` (RoCE: a port's GID 0 is its
 /// address). An unspecified address (0.0.0.0, ::) names port 1.
 pub fn port_of(al: &AlInstance, ca: Handle<Ca>, ip: IpAddr) -> Result<u8> {
@@ -197,7 +189,7 @@ pub fn port_of(al: &AlInstance, ca: Handle<Ca>, ip: IpAddr) -> Result<u8> {
             Err(Error::invalid_parameter("the CA has no port"))
         };
     }
-    let gid = ip_cm::gid_of(canonical(ip));
+    let gid = ip_cm::gid_of(ip);
     for n in 1..=ports {
         if ca_obj.port(n)?.gid_table.first() == Some(&gid) {
             return Ok(n);
