@@ -136,7 +136,11 @@ struct HeldAck {
 /// (at most a nap, 100 us, apart while pollers are active) sends what is
 /// held. At most one per QP is kept (a newer ACK of a QP acknowledges
 /// everything the older one did), so the list is bounded by the QPs of
-/// the port. NAKs, RNR NAKs and atomic ACKs are never held.
+/// the port. NAKs, RNR NAKs and atomic ACKs are never held. A packet of
+/// another QP never overtakes a held ACK (every batch sends those first:
+/// a DREQ must not reach the peer before the ACK of a request the
+/// application already saw complete), and modifying or destroying a QP
+/// or closing the device sends what is held.
 #[derive(Default)]
 pub(crate) struct HeldAcks {
     any: AtomicBool,
@@ -321,13 +325,13 @@ impl<'p> TxBatch<'p> {
     /// progress, after the answer this batch may carry: [`HeldAcks`]).
     pub(crate) fn flush(&mut self) {
         if !self.msgs.is_empty() {
-            self.send(false);
+            self.send();
         }
     }
 
     /// Sends what is encoded, the ACKs held for other QPs of the port
-    /// first, and (`own_too`) this QP's own held ACK behind it.
-    fn send(&mut self, own_too: bool) {
+    /// first.
+    fn send(&mut self) {
         if !self.port.held.is_empty() {
             // A packet of another QP (a DREQ on QP1) must not overtake the
             // ACK of a request the application already saw complete: held
@@ -345,11 +349,6 @@ impl<'p> TxBatch<'p> {
                     .held
                     .take_for(self.sock, |q| q != qpn, &mut self.bytes, &mut self.msgs);
             self.msgs.rotate_right(first);
-            if own_too {
-                self.port
-                    .held
-                    .take_for(self.sock, |q| q == qpn, &mut self.bytes, &mut self.msgs);
-            }
         }
         if self.msgs.is_empty() {
             return;
@@ -467,7 +466,7 @@ impl PortShared {
         b.scratch();
         self.held
             .take_for(sock, |_| true, &mut b.bytes, &mut b.msgs);
-        b.send(false);
+        b.send();
     }
 
     fn attr(&self) -> PortAttr {
