@@ -213,6 +213,12 @@ impl HeldAcks {
         s.dedup();
         s
     }
+
+    /// A socket other than `sock` with an ACK held, if any (no allocation:
+    /// a batch asks this on every send while its own QP's ACK is held).
+    fn other_socket(&self, sock: usize) -> Option<usize> {
+        self.list.lock().iter().map(|h| h.sock).find(|&s| s != sock)
+    }
 }
 
 std::thread_local! {
@@ -337,10 +343,8 @@ impl<'p> TxBatch<'p> {
             // ACK of a request the application already saw complete: held
             // ACKs on other sockets go first by their own sockets, those of
             // other QPs on this one lead this batch.
-            for sock in self.port.held.sockets() {
-                if sock != self.sock {
-                    self.port.send_held_on(sock);
-                }
+            while let Some(sock) = self.port.held.other_socket(self.sock) {
+                self.port.send_held_on(sock);
             }
             self.scratch();
             let qpn = self.qpn;
@@ -1497,6 +1501,8 @@ mod held_ack_tests {
             "too long to hold"
         );
         assert_eq!(held.sockets(), vec![0, 1]);
+        assert_eq!(held.other_socket(0), Some(1));
+        assert_eq!(held.other_socket(1), Some(0));
         let (mut bytes, mut msgs) = (Vec::new(), Vec::new());
         assert_eq!(held.take_for(0, |_| true, &mut bytes, &mut msgs), 1);
         assert_eq!(msgs, vec![(to, 0, 20)]);
