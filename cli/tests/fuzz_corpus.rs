@@ -44,6 +44,12 @@ fn handle_table_corpus_replays_clean() {
 }
 
 #[test]
+fn ip_cm_header_corpus_replays_clean() {
+    let n = replay("ip_cm_header", cep::wire::ip_cm::fuzz_check);
+    assert!(n > 0, "the ip_cm_header seed corpus is missing");
+}
+
+#[test]
 fn cm_protocol_corpus_replays_clean() {
     let n = replay("cm_protocol", ibal_cli::fuzzing::cm_protocol);
     assert!(n > 0, "the cm_protocol seed corpus is missing");
