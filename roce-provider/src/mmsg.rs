@@ -314,8 +314,8 @@ mod tests {
         assert!(batch.get(0).unwrap().truncated);
         assert_eq!(batch.get(1).unwrap().bytes, b"short");
         assert_eq!(batch.recv(&b, 4, false), 0);
-        let mut moved = vec![batch];
-        let batch = &mut moved[0];
+        let mut moved = Box::new(batch);
+        let batch = &mut *moved;
         for round in 0..3u8 {
             let msgs: Vec<Vec<u8>> = (0..4u8).map(|i| vec![round * 4 + i; 16]).collect();
             let refs: Vec<&[u8]> = msgs.iter().map(|m| m.as_slice()).collect();
