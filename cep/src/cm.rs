@@ -134,11 +134,24 @@ pub enum CmDrive {
 }
 
 /// A process-wide count of the agents this layer started, to seed each
-/// one's comm ids differently (`AgentConfig::incarnation`). Identity only,
+/// one's comm ids differently (`AgentConfig::incarnation`), from a start
+/// drawn at random once per process. Without the random start a process
+/// restarted with the same CA GUID (a NIC's, or a configured one) handed
+/// out its predecessor's comm ids, and a peer still holding the old
+/// connection took the new REQ for a duplicate of the old one and ignored
+/// it, instead of rejecting it as stale and dropping the old connection
+/// (Linux's CM likewise mixes a random value into its ids). Identity only,
 /// never synchronisation: a plain std atomic is enough even under loom.
 fn next_incarnation() -> u32 {
+    use std::hash::BuildHasher;
+    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    // std's RandomState holds per-process random keys: a hash under them
+    // is an unpredictable value without a dependency.
+    let start = *START.get_or_init(|| {
+        std::collections::hash_map::RandomState::new().hash_one(std::process::id()) as u32
+    });
+    start.wrapping_add(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 /// A counted use of a port's CM; the last use shuts the agent down, without
@@ -1217,9 +1230,20 @@ fn spec_bounded(name: &str, value: u8, max: u8) -> Result<u8> {
     Ok(value)
 }
 
+/// A random 24-bit starting PSN, as Linux's rdma_cm draws one per
+/// connection. (It used to be a function of the QPN: a process restarted
+/// with the same QPNs started each connection at its predecessor's PSN,
+/// so the old connection's packets still in flight fell in the new
+/// window, and every reconnect of a QP started at the same PSN.)
 fn psn_seed(qpn: u32) -> u32 {
-    // Any 24-bit value works; vary it per QP so reconnects differ.
-    (qpn.wrapping_mul(0x9e37_79b9) ^ 0x5a5a5a) & 0xff_ffff
+    use std::hash::BuildHasher;
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    static DRAWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = DRAWN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // std's RandomState keys are random per process: unpredictable values
+    // without a dependency.
+    (KEYS.get_or_init(Default::default).hash_one((qpn, n)) as u32) & 0xff_ffff
 }
 
 /// Why a bind on a QP failed, in the words the caller can act on.

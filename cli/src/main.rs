@@ -84,6 +84,14 @@ enum Command {
         /// before it answers the peer's DREQ (tests kill a peer there).
         #[arg(long, default_value_t = 0.0, value_name = "SECS")]
         hold: f64,
+        /// Node GUID of our RoCEv2 device, hex [default: derived from the
+        /// process id]. With --first-qpn, a process started again with the
+        /// same values looks like a restarted NIC (stale-connection tests).
+        #[arg(long, value_name = "HEX", value_parser = parse_hex_u64)]
+        guid: Option<u64>,
+        /// QP number of our device's first QP [default: random].
+        #[arg(long, value_name = "QPN")]
+        first_qpn: Option<u32>,
     },
     /// Print what this build contains and run a quick self-check.
     Overview,
@@ -470,6 +478,8 @@ fn main() -> ExitCode {
         count: 1,
         timeout: 30,
         hold: 0.0,
+        guid: None,
+        first_qpn: None,
     }) {
         Command::Pingpong {
             listen: None,
@@ -491,6 +501,8 @@ fn main() -> ExitCode {
             count,
             timeout,
             hold,
+            guid,
+            first_qpn,
             iterations,
             size,
             json,
@@ -513,6 +525,8 @@ fn main() -> ExitCode {
                 return Err("--hold must be between 0 and 3600 seconds".to_string());
             }
             cfg.hold = std::time::Duration::from_secs_f64(hold);
+            cfg.guid = guid;
+            cfg.first_qpn = first_qpn;
             cfg.iterations = iterations;
             cfg.size = size;
             let report = ibal_cli::pingpong_ip::run(&cfg)?;
@@ -1075,4 +1089,13 @@ fn overview() -> Result<(), String> {
     out!();
     out!("Tests: `cargo test`; loom models: `bash loom-tests/run.sh`. See README.md and docs/.");
     Ok(())
+}
+
+/// A u64 in hex, with or without `0x` (`--guid`).
+fn parse_hex_u64(s: &str) -> Result<u64, String> {
+    let digits = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u64::from_str_radix(digits, 16).map_err(|e| format!("{s:?} is not a hex number: {e}"))
 }

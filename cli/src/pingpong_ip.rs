@@ -74,6 +74,10 @@ pub struct IpPingPongConfig {
     /// it answers the peer's DREQ (so a test can kill a peer in that
     /// window). 0 by default.
     pub hold: Duration,
+    /// Our device's node GUID (default: from the process id).
+    pub guid: Option<u64>,
+    /// Our device's first QPN (default: random).
+    pub first_qpn: Option<u32>,
 }
 
 impl IpPingPongConfig {
@@ -90,6 +94,8 @@ impl IpPingPongConfig {
             count: 1,
             timeout: Duration::from_secs(30),
             hold: Duration::ZERO,
+            guid: None,
+            first_qpn: None,
         }
     }
 }
@@ -115,6 +121,10 @@ pub struct ConnectionReport {
     /// What the CM negotiated for this end (`cm::connection_attrs`): our
     /// QPN and starting PSN (the REQ's or the REP's), the peer's.
     pub qp: QpNumbers,
+    /// The CM found the connection stale (listener: a new REQ from the
+    /// peer's CA GUID named the same QPN, as a restarted peer's does) and
+    /// ended it (DREQ; the dead peer never answers, so no DREP).
+    pub stale: bool,
 }
 
 /// QPNs and starting PSNs of one end of a connection, as the REQ and REP
@@ -193,7 +203,8 @@ impl IpPingPongReport {
                 format!(
                     "{{\"peer\":\"{}\",\"iterations\":{},\"size\":{},\"connect_us\":{:.1},\
                      \"rtt_median_us\":{:.2},\"rtt_p99_us\":{:.2},\"disconnect_us\":{:.1},\
-                     \"local_qpn\":{},\"local_psn\":{},\"peer_qpn\":{},\"peer_psn\":{}}}",
+                     \"local_qpn\":{},\"local_psn\":{},\"peer_qpn\":{},\"peer_psn\":{},\
+                     \"stale\":{}}}",
                     c.peer,
                     c.iterations,
                     c.size,
@@ -204,7 +215,8 @@ impl IpPingPongReport {
                     c.qp.local_qpn,
                     c.qp.local_psn,
                     c.qp.peer_qpn,
-                    c.qp.peer_psn
+                    c.qp.peer_psn,
+                    c.stale
                 )
             })
             .collect();
@@ -267,11 +279,15 @@ pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
         return Err("our RoCEv2 port needs a real address (its GID): give IP in --listen IP[:PORT] or --local".into());
     }
     let local = SocketAddr::new(local_ip, cfg.udp_port);
-    let guid = 0x0249_4241_4c50_0000u64 | u64::from(std::process::id() & 0xffff);
+    let guid = cfg
+        .guid
+        .unwrap_or(0x0249_4241_4c50_0000u64 | u64::from(std::process::id() & 0xffff));
     let port = PortConfig::new(local)
         .peer_udp_port(cfg.peer_udp_port)
         .mtu(cfg.mtu);
-    let provider = RoceProvider::new(vec![DeviceConfig::new("roce0", guid, vec![port])]);
+    let mut device = DeviceConfig::new("roce0", guid, vec![port]);
+    device.first_qpn = cfg.first_qpn;
+    let provider = RoceProvider::new(vec![device]);
     let al = Al::open().map_err(|e| e.to_string())?;
     let result = (|| -> Result<Vec<ConnectionReport>, String> {
         let ca = verbs::open_ca(al.instance(), &provider, guid)
@@ -691,6 +707,7 @@ fn connect_on(
         rtt_p99_us: p99,
         disconnect_us,
         qp,
+        stale: false,
     })
 }
 
@@ -971,6 +988,7 @@ fn serve_on(
     // timewait). The time reported is from our last SEND to the DREP.
     let t = Instant::now();
     let mut answered = false;
+    let mut stale = false;
     let mut disconnect_us = 0.0;
     if dreq_first {
         hold(cfg);
@@ -986,6 +1004,10 @@ fn serve_on(
                 disconnect_us = t.elapsed().as_secs_f64() * 1e6;
                 answered = true;
             }
+            // A new REQ from the peer's GUID named this connection's QPN:
+            // the peer restarted, this connection is dead; the CM sends
+            // the DREQ and releases it when that is answered or times out.
+            Ok((c, Event::StaleConnection { .. })) if c == cep => stale = true,
             Ok((c, Event::Released { .. })) if c == cep => break,
             Ok(_) => {}
             Err(_) => {
@@ -1010,6 +1032,7 @@ fn serve_on(
         rtt_p99_us: p99,
         disconnect_us,
         qp,
+        stale,
     })
 }
 

@@ -2,12 +2,13 @@
 //! rdma_cm addressing) between processes, with faults (issue 15, deliver
 //! 7): many connections through `ibal relay` with 10% of each fault on the
 //! CM MADs and the data alike, a peer SIGKILLed while connecting, while
-//! connected and while disconnecting, and a listener restarted on the same
-//! address and port.
+//! connected and while disconnecting, a listener restarted on the same
+//! address and port, and a peer restarted on the same CA GUID and QPN
+//! (stale connection).
 //!
 //! Ports (used by no other test): 2601x/2602x (relay layout as in
-//! `faults_two_process.rs`), 2603x (kills), 2604x (restart); rdma_cm ports
-//! 7601-7603. The tests take one lock, so they never load the machine's
+//! `faults_two_process.rs`), 2603x (kills), 2604x (restart, stale QPN);
+//! rdma_cm ports 7601-7604. The tests take one lock, so they never load the machine's
 //! cores together; every process is bounded and killed on failure
 //! (`common::Proc` kills on drop).
 
@@ -414,4 +415,86 @@ fn a_restarted_listener_serves_new_connections() {
         );
     }
     assert_ok(&l2.finish(BOUND), 2, 50);
+}
+
+/// A connecting process killed while connected and started again as a
+/// restarted NIC would be: the same CA GUID and the same QP numbers
+/// (`--guid`, `--first-qpn`). Its new REQ names the QPN of the connection
+/// the listener still holds (idle, so nothing told the listener the peer
+/// died): the listener's CM rejects the REQ as stale (REJ reason 10) and
+/// ends the old connection (DREQ, unanswered, then released); a later try
+/// of the restarted peer, on the same QPN, connects and runs. Before the
+/// comm ids had a random start per process, the new REQ carried the old
+/// comm id and was taken for a duplicate of the old REQ and ignored.
+#[test]
+fn a_peer_restarted_on_the_same_qpn_is_rejected_as_stale_and_the_old_connection_ends() {
+    let _g = serial();
+    let (lp, cp) = (26043u16, 26044u16);
+    let l = listener(
+        "listener",
+        7604,
+        lp,
+        cp,
+        &["--count", "2", "--timeout", "20"],
+    );
+    let same_nic = ["--guid", "0x24942414c50beef", "--first-qpn", "4660"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut v = same_nic.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    // 1: connected, ping-pong done, holding the connection: killed there.
+    let c1 = connector(
+        "connecting side 1",
+        7604,
+        cp,
+        lp,
+        &with(&["--iterations", "10", "--hold", "30"]),
+    );
+    let mut c1 = c1;
+    c1.wait_line("holding the connection", Duration::from_secs(20));
+    c1.kill();
+    drop(c1.finish(BOUND));
+    // 2: the same NIC again: its REQ names the held connection's QPN.
+    let c2 = connector(
+        "connecting side 2",
+        7604,
+        cp,
+        lp,
+        &with(&["--iterations", "10"]),
+    )
+    .finish(BOUND);
+    assert_survivor(&c2, Duration::from_secs(10), &["StaleConnection"]);
+    // 3: once the listener let the stale connection go (its DREQ retries
+    // run out, ~1 s), the same QPN connects.
+    let t0 = Instant::now();
+    let c3 = loop {
+        let c = connector(
+            "connecting side 3",
+            7604,
+            cp,
+            lp,
+            &with(&["--iterations", "10"]),
+        )
+        .finish(BOUND);
+        if c.success() || t0.elapsed() > Duration::from_secs(15) {
+            break c;
+        }
+        assert!(c.stderr.contains("StaleConnection"), "{}", c.log());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_ok(&c3, 1, 10);
+    let l = l.finish(BOUND);
+    assert_ok(&l, 2, 10);
+    let json = l.stdout.trim();
+    // Both connections came from QPN 4660; the first ended as stale.
+    assert_eq!(json.matches("\"peer_qpn\":4660,").count(), 2, "{}", l.log());
+    assert_eq!(json.matches("\"stale\":true").count(), 1, "{}", l.log());
+    let first = json.find("\"stale\":true").unwrap();
+    let second = json.find("\"stale\":false").unwrap();
+    assert!(
+        first < second,
+        "the first connection is the stale one: {}",
+        l.log()
+    );
 }

@@ -89,6 +89,12 @@ pub struct DeviceConfig {
     pub node_guid: u64,
     /// The ports.
     pub ports: Vec<PortConfig>,
+    /// The QP number the device's first QP gets (the next ones count up
+    /// from it, skipping 0, 1 and numbers in use). Default: a random
+    /// point, so a device opened again does not hand out the QPNs of its
+    /// predecessor. Set it to reproduce what a NIC restarted with the same
+    /// GUID can do, reusing a QPN a peer still holds (stale connections).
+    pub first_qpn: Option<u32>,
 }
 
 impl DeviceConfig {
@@ -98,7 +104,14 @@ impl DeviceConfig {
             name: name.into(),
             node_guid,
             ports,
+            first_qpn: None,
         }
+    }
+
+    /// Sets [`DeviceConfig::first_qpn`] (only its low 24 bits count).
+    pub fn first_qpn(mut self, qpn: u32) -> DeviceConfig {
+        self.first_qpn = Some(qpn);
+        self
     }
 }
 

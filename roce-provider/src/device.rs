@@ -824,8 +824,12 @@ impl RoceDevice {
             max_msg_size: roce_transport::MAX_MSG,
         };
         let mrs = MrTable::new(attr.max_mr as usize);
-        // QP numbers start at a random point (not 2 on every device).
-        let first_qpn = crate::keys::KeyGen::new().next_u32() & QPN_MASK;
+        // QP numbers start at a random point (not 2 on every device),
+        // unless the configuration names one.
+        let first_qpn = cfg
+            .first_qpn
+            .unwrap_or_else(|| crate::keys::KeyGen::new().next_u32())
+            & QPN_MASK;
         let shared = Arc::new(DevShared {
             id: new_identity(),
             attr,
