@@ -71,13 +71,20 @@ struct Queue {
     /// A thread is draining a manual executor: others must not, or two
     /// callbacks (of one object, even) could run at once.
     draining: bool,
+    /// Thread mode: a job is running, on the worker or inline on a thread
+    /// ending an [`InlineScope`]; nobody else may start one meanwhile.
+    busy: bool,
 }
 
 struct Shared {
     queue: Mutex<Queue>,
-    /// Signalled on every post and every completion: the worker waits for
-    /// work, blocking callers wait for progress.
+    /// Signalled on every post and every completion: blocking callers
+    /// wait here for progress.
     changed: Condvar,
+    /// Signalled when the worker has a job to take (a post, a shutdown, an
+    /// inline run that left jobs): apart from `changed`, so a job run
+    /// inline does not wake an idle worker for nothing.
+    work: Condvar,
 }
 
 /// One AL instance's executor.
@@ -98,8 +105,10 @@ impl Executor {
                 panicked: 0,
                 events: 0,
                 draining: false,
+                busy: false,
             }),
             changed: Condvar::new(),
+            work: Condvar::new(),
         });
         if mode == ExecutorMode::Thread {
             spawn_worker(shared.clone(), name)?;
@@ -120,6 +129,12 @@ impl Executor {
         q.pending += 1;
         q.events += 1;
         drop(q);
+        if self.mode == ExecutorMode::Thread && inline::defer(&self.shared) {
+            // The thread's InlineScope runs it (or wakes the worker) when
+            // it ends.
+            return;
+        }
+        self.shared.work.notify_one();
         self.shared.changed.notify_all();
     }
 
@@ -224,6 +239,7 @@ impl Drop for Executor {
         let mut q = self.shared.queue.lock();
         q.shutdown = true;
         drop(q);
+        self.shared.work.notify_one();
         self.shared.changed.notify_all();
         // The worker is not joined: the last owner may be a job running on
         // the worker itself. It drains what is queued and exits.
@@ -249,10 +265,17 @@ fn run_job(shared: &Shared, job: Job) {
     q.pending -= 1;
     q.executed += 1;
     q.events += 1;
+    q.busy = false;
     if outcome.is_err() {
         q.panicked += 1;
     }
+    // A worker told to shut down while this job ran inline waits for the
+    // claim to go before it can exit.
+    let shutting_down = q.shutdown;
     drop(q);
+    if shutting_down {
+        shared.work.notify_one();
+    }
     shared.changed.notify_all();
 }
 
@@ -275,17 +298,152 @@ fn worker(shared: Arc<Shared>) {
     ON_EXECUTOR.with(|c| c.set(true));
     let mut q = shared.queue.lock();
     loop {
-        if let Some(job) = q.jobs.pop_front() {
+        // A thread ending an InlineScope may be running a job: wait for it
+        // (its end notifies), so jobs still run one at a time, in order.
+        let job = if q.busy { None } else { q.jobs.pop_front() };
+        if let Some(job) = job {
+            q.busy = true;
             drop(q);
             run_job(&shared, job);
             q = shared.queue.lock();
-        } else if q.shutdown {
+        } else if q.shutdown && q.jobs.is_empty() && !q.busy {
             return;
         } else {
-            shared.changed.wait(&mut q);
+            shared.work.wait(&mut q);
         }
     }
 }
+
+/// Callbacks run by the thread that produced them, when it can.
+///
+/// A thread-mode executor wakes its worker thread for every job: on the
+/// CM's path that is one thread wake-up per message on top of the one
+/// that delivered the datagram (`docs/benchmarks.md`, "Issue 15"). A
+/// thread that produces callbacks at a point where it holds no lock (a
+/// provider's receive thread after it fed and drove its QPs, a CM agent
+/// thread after a round) opens an [`InlineScope`]: jobs posted on it
+/// meanwhile are queued as always but the worker is not woken; when the
+/// scope ends, the thread runs them itself if the executor is idle
+/// (nothing running, on the worker or elsewhere), in queue order, at most
+/// [`inline::MAX_JOBS`] per executor, and wakes the worker for whatever
+/// is left. The executor's rules hold: one job at a time (the `busy`
+/// claim), in post order (one queue), never nested in another callback
+/// (not from inside one), blocking calls refused inside them (the thread
+/// is marked as on an executor while a job runs).
+pub mod inline {
+    use super::Shared;
+    use crate::sync::Arc;
+
+    /// Most jobs one scope end runs per executor before it leaves the
+    /// rest to the worker (the thread has its own work waiting).
+    pub const MAX_JOBS: usize = 8;
+
+    crate::thread_local_value! {
+        static SCOPE: std::cell::RefCell<Option<Vec<Arc<Shared>>>> = std::cell::RefCell::new(None);
+    }
+
+    /// Called by `post` after queueing: whether this thread has an open
+    /// scope, which then owes `shared`'s worker its wake-up.
+    pub(super) fn defer(shared: &Arc<Shared>) -> bool {
+        SCOPE.with(|s| match s.try_borrow_mut() {
+            Ok(mut s) => match s.as_mut() {
+                Some(list) => {
+                    if !list.iter().any(|x| Arc::ptr_eq(x, shared)) {
+                        list.push(shared.clone());
+                    }
+                    true
+                }
+                None => false,
+            },
+            Err(_) => false,
+        })
+    }
+
+    /// An open scope on this thread (see the module). Nested scopes join
+    /// the outer one, whose end runs the jobs. Dropped without
+    /// [`InlineScope::run`], it only wakes the workers it owes.
+    #[must_use = "end the scope with run() where the thread holds no lock"]
+    pub struct InlineScope {
+        outer: bool,
+    }
+
+    impl InlineScope {
+        /// Opens a scope (or joins the thread's open one).
+        pub fn enter() -> InlineScope {
+            let outer = SCOPE.with(|s| {
+                let mut s = s.borrow_mut();
+                if s.is_some() {
+                    return false;
+                }
+                *s = Some(Vec::new());
+                true
+            });
+            InlineScope { outer }
+        }
+
+        /// Ends the scope where the thread holds no lock (a callback may
+        /// call anything): runs the jobs posted meanwhile if their
+        /// executor is idle, wakes its worker for the rest.
+        pub fn run(mut self) {
+            if let Some(list) = self.take() {
+                let inside_callback = super::in_callback();
+                for shared in list {
+                    if inside_callback || !run_some(&shared) {
+                        wake(&shared);
+                    }
+                }
+            }
+        }
+
+        fn take(&mut self) -> Option<Vec<Arc<Shared>>> {
+            if !self.outer {
+                return None;
+            }
+            self.outer = false;
+            SCOPE.with(|s| s.borrow_mut().take())
+        }
+    }
+
+    impl Drop for InlineScope {
+        fn drop(&mut self) {
+            for shared in self.take().into_iter().flatten() {
+                wake(&shared);
+            }
+        }
+    }
+
+    /// The post's wake-ups, owed by a scope that did not run its jobs.
+    fn wake(shared: &Shared) {
+        shared.work.notify_one();
+        shared.changed.notify_all();
+    }
+
+    /// Runs queued jobs of `shared` while it is idle, up to `MAX_JOBS`;
+    /// true if it left none queued. If another thread runs one (busy), that
+    /// one takes the rest: the worker loops until the queue is empty, and
+    /// a scope ending runs or wakes.
+    fn run_some(shared: &Shared) -> bool {
+        for _ in 0..MAX_JOBS {
+            let job = {
+                let mut q = shared.queue.lock();
+                if q.busy {
+                    // Its runner may be a scope that stops at MAX_JOBS:
+                    // the worker must still hear of what is queued.
+                    return q.jobs.is_empty();
+                }
+                let Some(job) = q.jobs.pop_front() else {
+                    return true;
+                };
+                q.busy = true;
+                job
+            };
+            super::run_job(shared, job);
+        }
+        shared.queue.lock().jobs.is_empty()
+    }
+}
+
+pub use inline::InlineScope;
 
 #[cfg(all(test, not(ibal_loom)))]
 mod tests {
@@ -306,6 +464,102 @@ mod tests {
         ex.wait_until("test", || log.lock().len() == 100).unwrap();
         assert_eq!(*log.lock(), (0..100).collect::<Vec<_>>());
         assert!(!in_callback());
+    }
+
+    /// Which thread ran each job, in the order they ran.
+    type RunLog = Arc<Mutex<Vec<(usize, std::thread::ThreadId)>>>;
+
+    fn logging(log: &RunLog, i: usize) -> Job {
+        let log = log.clone();
+        Box::new(move || {
+            assert!(in_callback());
+            log.lock().push((i, std::thread::current().id()));
+        })
+    }
+
+    #[test]
+    fn a_scope_runs_its_jobs_on_its_thread_in_order_when_the_executor_is_idle() {
+        let ex = Executor::new(ExecutorMode::Thread, "inline".into()).unwrap();
+        let log: RunLog = Arc::new(Mutex::new(Vec::new()));
+        let scope = InlineScope::enter();
+        for i in 0..3 {
+            ex.post(logging(&log, i));
+        }
+        // Nested scopes join the outer one.
+        let inner = InlineScope::enter();
+        ex.post(logging(&log, 3));
+        inner.run();
+        assert!(log.lock().is_empty(), "nothing runs before the scope ends");
+        scope.run();
+        let me = std::thread::current().id();
+        assert_eq!(*log.lock(), (0..4).map(|i| (i, me)).collect::<Vec<_>>());
+        assert_eq!(ex.pending(), 0);
+        assert!(!in_callback());
+    }
+
+    #[test]
+    fn a_scope_leaves_its_jobs_to_a_busy_worker_and_beyond_the_bound() {
+        let ex = Executor::new(ExecutorMode::Thread, "busy".into()).unwrap();
+        let log: RunLog = Arc::new(Mutex::new(Vec::new()));
+        let (started, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (s2, r2) = (started.clone(), release.clone());
+        ex.post(Box::new(move || {
+            s2.store(1, Ordering::SeqCst);
+            while r2.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+        }));
+        while started.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        // The worker is running a job: the scope must not start another.
+        let scope = InlineScope::enter();
+        ex.post(logging(&log, 0));
+        scope.run();
+        assert!(log.lock().is_empty());
+        release.store(1, Ordering::SeqCst);
+        ex.wait_until("test", || log.lock().len() == 1).unwrap();
+        let me = std::thread::current().id();
+        assert_ne!(log.lock()[0].1, me, "the worker ran it");
+
+        // More than MAX_JOBS: the first MAX_JOBS here, the rest on the
+        // worker, all in order.
+        log.lock().clear();
+        let n = inline::MAX_JOBS + 5;
+        let scope = InlineScope::enter();
+        for i in 0..n {
+            ex.post(logging(&log, i));
+        }
+        scope.run();
+        ex.wait_until("test", || log.lock().len() == n).unwrap();
+        let got = log.lock().clone();
+        assert_eq!(
+            got.iter().map(|e| e.0).collect::<Vec<_>>(),
+            (0..n).collect::<Vec<_>>()
+        );
+        assert!(got[..inline::MAX_JOBS].iter().all(|e| e.1 == me));
+    }
+
+    #[test]
+    fn a_scope_dropped_or_ended_in_a_callback_leaves_its_jobs_to_the_worker() {
+        let ex = Arc::new(Executor::new(ExecutorMode::Thread, "drop".into()).unwrap());
+        let log: RunLog = Arc::new(Mutex::new(Vec::new()));
+        let scope = InlineScope::enter();
+        ex.post(logging(&log, 0));
+        drop(scope);
+        ex.wait_until("test", || log.lock().len() == 1).unwrap();
+        assert_ne!(log.lock()[0].1, std::thread::current().id());
+        // A scope ended inside a callback never nests one callback in
+        // another: the job waits for the worker.
+        let (ex2, log2) = (ex.clone(), log.clone());
+        ex.post(Box::new(move || {
+            let scope = InlineScope::enter();
+            ex2.post(logging(&log2, 1));
+            scope.run();
+            assert_eq!(log2.lock().len(), 1, "ran nested in this callback");
+        }));
+        ex.wait_until("test", || log.lock().len() == 2).unwrap();
+        assert_eq!(ex.counts(), (3, 0));
     }
 
     #[test]

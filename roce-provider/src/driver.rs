@@ -151,15 +151,22 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // thread holds an earlier one it has not fed yet (that reordered
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
-        let _feeding = port.rx_lock.lock();
+        let feeding = port.rx_lock.lock();
         let n = batch.recv(&port.socket, RX_BATCH, true);
         if stop.load(Ordering::Acquire) {
             break;
         }
+        // Callbacks the datagrams cause (a CM event on QP1, a completion
+        // hook's) run here once the port is released, if their AL's
+        // executor is idle, instead of waking its thread (one wake-up per
+        // CM message: `al::executor::inline`).
+        let callbacks = al::executor::InlineScope::enter();
         feed(&dev, port, &batch, n, &mut reached);
         for qp in reached.drain(..) {
             qp.drive_now();
         }
+        drop(feeding);
+        callbacks.run();
     }
 }
 

@@ -514,7 +514,12 @@ impl<D: Device> Shared<D> {
     /// deadline, until stopped or shut down.
     fn run(&self, origin: Instant, base: Nanos) {
         while !self.signal.is_stopped() {
-            let Ok(out) = self.service(None, true) else {
+            // The round's callbacks run on this thread once it holds no
+            // lock, if their executor is idle (`al::executor::inline`).
+            let callbacks = al::executor::InlineScope::enter();
+            let served = self.service(None, true);
+            callbacks.run();
+            let Ok(out) = served else {
                 break;
             };
             if self.linger.load(Ordering::Acquire) == LINGERING
