@@ -41,7 +41,6 @@ KNOWN_RXE=(
     ud_message_larger_than_mtu_is_refused                       # rxe sends a UD message above the path MTU
     qp_state_machine_ud                                         # the same: its failing send succeeds
     qp_state_machine_uc                                         # rxe: a failed UC send goes to ERR, not SQE
-    ud_qkey_mismatch_is_dropped                                 # see docs/rdma-provider.md
 )
 
 say() { printf '[rdma-vm %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }

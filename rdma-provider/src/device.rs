@@ -377,9 +377,18 @@ pub struct RdmaQp {
     qpn: u32,
     qp_type: QpType,
     sq_sig_all: bool,
+    /// What the last successful modifies set.
+    set: Mutex<QpSet>,
+}
+
+/// What a QP's modifies set, as the posting paths need it.
+#[derive(Debug, Clone, Copy)]
+struct QpSet {
     /// The state the last successful modify set (posting checks use it:
     /// RESET, INIT and RTR only change by a modify of ours).
-    state: Mutex<QpState>,
+    state: QpState,
+    /// The Q_Key (UD), for the controlled Q_Key rule.
+    qkey: u32,
 }
 
 macro_rules! opaque_debug {
@@ -453,6 +462,7 @@ impl RdmaDevice {
         i: usize,
         wr: &'a SendWr<'a, H>,
         av: Option<&'a RdmaAv>,
+        own_qkey: u32,
     ) -> Result<sys::SendReq<'a>> {
         let refuse = |why: &str| {
             Err(Error::invalid_parameter(format!(
@@ -471,7 +481,16 @@ impl RdmaDevice {
                 let Some(av) = av else {
                     return refuse("the destination's address vector is not there");
                 };
-                Some((&av.ah, dest.remote_qpn, dest.remote_qkey))
+                // IBTA's controlled Q_Key rule: a destination Q_Key with
+                // the high bit set means the sending QP's own. Not every
+                // device applies it (Linux 6.1's rxe sends the value as
+                // given), so the provider does.
+                let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
+                    own_qkey
+                } else {
+                    dest.remote_qkey
+                };
+                Some((&av.ah, dest.remote_qpn, qkey))
             }
             QpType::Uc => {
                 if matches!(
@@ -501,8 +520,8 @@ impl RdmaDevice {
         })
     }
 
-    fn qp_state(qp: &RdmaQp) -> QpState {
-        *qp.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn qp_set(qp: &RdmaQp) -> QpSet {
+        *qp.set.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -709,7 +728,10 @@ impl Device for RdmaDevice {
             qp,
             qp_type: init.qp_type,
             sq_sig_all: init.sq_sig_all,
-            state: Mutex::new(QpState::Reset),
+            set: Mutex::new(QpSet {
+                state: QpState::Reset,
+                qkey: 0,
+            }),
         })
     }
 
@@ -745,7 +767,7 @@ impl Device for RdmaDevice {
         provider::qp_state::check_transition(qp.qp_type, from, m.state, m.given())?;
         self.with_limits(|l| provider::qp_state::check_modify_values(now.port, m, l))?;
         let (raw, mask) = convert::modify_to_raw(m);
-        let mut state = qp.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut set = qp.set.lock().unwrap_or_else(|e| e.into_inner());
         if from == QpState::Reset && m.state == QpState::Err {
             // IBTA allows RESET -> ERR; Linux's transition table does not
             // (EINVAL). Go through INIT with the attributes it requires
@@ -761,7 +783,10 @@ impl Device for RdmaDevice {
             qp.qp.modify(&raw_init, mask_init)?;
         }
         qp.qp.modify(&raw, mask)?;
-        *state = m.state;
+        set.state = m.state;
+        if let Some(q) = m.qkey {
+            set.qkey = q;
+        }
         Ok(())
     }
 
@@ -780,7 +805,8 @@ impl Device for RdmaDevice {
         wrs: &[SendWr<'_, H>],
         av_of: &dyn Fn(usize) -> Option<&'v RdmaAv>,
     ) -> Result<()> {
-        let state = Self::qp_state(qp);
+        let set = Self::qp_set(qp);
+        let state = set.state;
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(Error::InvalidQpState(
                 format!("post_send on a QP in {state}").into(),
@@ -791,7 +817,7 @@ impl Device for RdmaDevice {
         let mut refused = None;
         for (i, wr) in wrs.iter().enumerate() {
             let av = if datagram { av_of(i) } else { None };
-            match self.send_req(qp, i, wr, av) {
+            match self.send_req(qp, i, wr, av, set.qkey) {
                 Ok(r) => reqs.push(r),
                 Err(e) => {
                     refused = Some(e);
@@ -804,8 +830,7 @@ impl Device for RdmaDevice {
     }
 
     fn post_recv(&self, qp: &RdmaQp, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let state = Self::qp_state(qp);
-        if state == QpState::Reset {
+        if Self::qp_set(qp).state == QpState::Reset {
             return Err(Error::InvalidQpState("post_recv on a QP in RESET".into()));
         }
         qp.qp.post_recv(wrs)
