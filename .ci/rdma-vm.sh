@@ -36,8 +36,8 @@ KNOWN_RXE=(
     an_error_flushes_the_rest                                   # rxe: LOC_QP_OP_ERR for a bad lkey
     receive_errors_complete_both_sides                          # rxe: REM_OP_ERR, not REM_INV_REQ
     qp_access_and_misaligned_atomic_are_remote_invalid_request  # rxe refuses a misaligned atomic at post (EINVAL)
-    modify_to_err_flushes_everything                            # 6.1 rxe does not flush receives of a QP that never left INIT
-    sqd_holds_sends_until_rts                                   # rxe has no SQD drain
+    modify_to_err_flushes_everything                            # rxe: a receive posted in ERR never completes
+    sqd_holds_sends_until_rts                                   # rxe: sends held in SQD never go after RTS
     ud_message_larger_than_mtu_is_refused                       # rxe sends a UD message above the path MTU
     qp_state_machine_ud                                         # the same: its failing send succeeds
     qp_state_machine_uc                                         # rxe: a failed UC send goes to ERR, not SQE
