@@ -321,7 +321,12 @@ impl Drop for Events {
     fn drop(&mut self) {
         let _ = (&self.wake).write_all(&[1]);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // A hook may hold the last reference to the device: then this
+            // runs on the event thread itself, which cannot join itself;
+            // it sees the wake-up and ends once the hook returns.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }

@@ -537,7 +537,9 @@ impl Cq {
             let n =
                 unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), want as i32, wcs.as_mut_ptr().cast()) };
             if n < 0 {
-                return Err(errno_error("ibv_poll_cq", -n));
+                // Providers return -1 with errno set, or a negative errno.
+                let errno = if n == -1 { last_errno() } else { -n };
+                return Err(errno_error("ibv_poll_cq", errno));
             }
             let n = n as usize;
             // SAFETY: all-zero is a valid `ibv_wc` (plain integers and a
