@@ -116,3 +116,44 @@ impl Fixture for RdmaFixture {
 }
 
 ibal_conformance::suite!(rdma, RdmaFixture::new, skip_when_absent);
+
+/// The in-flight rule of `docs/memory.md` on a device: a posted
+/// receive's bytes refuse application writes until its completion has
+/// been polled, and a send's until its (or a later send's) completion.
+#[test]
+fn posted_bytes_are_leased_until_polled() {
+    use hca::{QpType, SendOp, SendWr, WcOpcode};
+    use ibal_conformance::harness::{ok, pair, two, ALL};
+
+    let Some(f) = RdmaFixture::new() else {
+        return;
+    };
+    let (a, b) = two(&f);
+    let (qa, qb) = pair(&a, &b, QpType::Rc, ALL);
+    let am = a.mem(64, 1, ALL);
+    let bm = b.mem(64, 0, ALL);
+    b.recv(&qb, 7, &[bm.sge(0, 16)]);
+    b.recv(&qb, 8, &[]);
+    assert!(
+        matches!(bm.buf.write(0, &[9]), Err(al::Error::ResourceBusy(_))),
+        "a posted receive's bytes are leased"
+    );
+    bm.buf
+        .write(32, &[9])
+        .expect("bytes no request names are free");
+    a.send(
+        &qa,
+        SendWr::new(1, SendOp::Send, &[am.sge(0, 16)]).unsignaled(),
+    );
+    a.send(&qa, SendWr::new(2, SendOp::Send, &[am.sge(16, 0)]));
+    ok(&b.wait_recv(), 7, WcOpcode::Recv, 16);
+    bm.buf
+        .write(0, &[9])
+        .expect("released once its completion is polled");
+    ok(&a.wait_send(), 2, WcOpcode::Send, 0);
+    ok(&b.wait_recv(), 8, WcOpcode::Recv, 0);
+    am.buf
+        .write(0, &[9])
+        .expect("an unsignaled send is released by the later completion");
+    assert_eq!((am.buf.in_flight(), bm.buf.in_flight()), (0, 0));
+}

@@ -11,15 +11,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use al::{Error, Result};
-use provider::buffer::for_providers::{memory_of, region_memory, Memory};
+use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
 use provider::qp_state::{DeviceLimits, PortLimits};
 use provider::{
     Access, AsyncEvent, AsyncHook, AvAttr, CompletionHook, CqArm, CqInit, Device, DeviceAttr,
     DeviceInfo, LinkLayer, Mtu, PortAttr, Provider, QpAttr, QpInit, QpModify, QpState, QpType,
-    RawRegion, RecvWr, RegisteredBuffer, SendOp, SendWr, SrqInit, Wc,
+    RawRegion, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, SrqInit, Wc,
 };
 
 use crate::convert::{self, send_flags, RawWc};
+use crate::leases::{Leases, QpTrack, Track};
 use crate::sys::{self, AsyncKind, CompChannel, Context, DeviceList, ListedDevice};
 
 /// The message of every "no device" answer: what `ibv_devinfo` says as
@@ -117,6 +118,8 @@ impl Provider for RdmaProvider {
 struct Inner {
     // Dropped first: stops the event thread before the context can go.
     events: Arc<Events>,
+    /// What posted requests lease in registered memory (`leases.rs`).
+    leases: Arc<Leases>,
     ctx: Arc<Context>,
     /// Each port's limits for the modify-QP and AV checks, read at open.
     ports: Vec<PortLimits>,
@@ -184,6 +187,7 @@ impl RdmaDevice {
                 fw_ver: raw.fw_ver,
                 sys_image_guid: raw.sys_image_guid,
                 events: Arc::new(Events::start(&ctx, &name)?),
+                leases: Arc::new(Leases::default()),
                 ports,
                 ctx,
             }),
@@ -363,12 +367,41 @@ pub struct RdmaCq {
 
 /// A memory region (`ibv_mr`).
 pub struct RdmaMr {
+    // Declared first: deregistered before its leases end.
     mr: sys::Mr,
+    lease_key: LeaseKey,
+}
+
+/// Ends an MR's leases when its handle goes, after the MR itself.
+struct LeaseKey {
+    lkey: u32,
+    leases: Arc<Leases>,
+}
+
+impl Drop for LeaseKey {
+    fn drop(&mut self) {
+        self.leases.remove_mr(self.lkey);
+    }
+}
+
+/// Releases a QP's leases when its handle goes, after the QP itself.
+struct QpLeases {
+    qpn: u32,
+    track: Arc<QpTrack>,
+    leases: Arc<Leases>,
+}
+
+impl Drop for QpLeases {
+    fn drop(&mut self) {
+        self.leases.remove_qp(self.qpn);
+    }
 }
 
 /// A shared receive queue (`ibv_srq`).
 pub struct RdmaSrq {
     srq: Arc<sys::Srq>,
+    /// Its posted receives (shared with the QPs on it).
+    track: Arc<Track>,
 }
 
 /// An address vector (`ibv_ah`).
@@ -378,7 +411,9 @@ pub struct RdmaAv {
 
 /// A queue pair (`ibv_qp`).
 pub struct RdmaQp {
+    // Declared first: destroyed before its leases end.
     qp: sys::Qp,
+    leases: QpLeases,
     qpn: u32,
     qp_type: QpType,
     sq_sig_all: bool,
@@ -454,8 +489,23 @@ impl RdmaDevice {
                 "an MR of 0 bytes: the device registers at least one",
             ));
         }
+        let mr = sys::Mr::register(&pd.pd, mem, offset, len, iova, bits)?;
+        let (lkey, _) = mr.keys();
+        self.inner.leases.add_mr(
+            mem,
+            Span {
+                key: lkey,
+                iova,
+                off: offset,
+                len,
+            },
+        );
         Ok(RdmaMr {
-            mr: sys::Mr::register(&pd.pd, mem, offset, len, iova, bits)?,
+            mr,
+            lease_key: LeaseKey {
+                lkey,
+                leases: self.inner.leases.clone(),
+            },
         })
     }
 
@@ -527,6 +577,14 @@ impl RdmaDevice {
 
     fn qp_set(qp: &RdmaQp) -> QpSet {
         *qp.set.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How many requests a post took, and its result without the index.
+fn taken(r: sys::PostResult, n: usize) -> (usize, Result<()>) {
+    match r {
+        Ok(()) => (n, Ok(())),
+        Err((i, e)) => (i, Err(e)),
     }
 }
 
@@ -636,6 +694,7 @@ impl Device for RdmaDevice {
             let n = cq.cq.poll(&mut raw[..want])?;
             for (o, r) in out[done..].iter_mut().zip(&raw[..n]) {
                 *o = convert::wc_from_raw(r);
+                self.inner.leases.completed(o);
             }
             done += n;
             if n < want {
@@ -670,7 +729,10 @@ impl Device for RdmaDevice {
     }
 
     fn deregister_mr(&self, mr: RdmaMr) -> Result<()> {
-        mr.mr.deregister()
+        let RdmaMr { mr, lease_key } = mr;
+        let done = mr.deregister();
+        drop(lease_key);
+        done
     }
 
     fn create_srq(&self, pd: &RdmaPd, init: SrqInit) -> Result<RdmaSrq> {
@@ -683,6 +745,7 @@ impl Device for RdmaDevice {
         }
         Ok(RdmaSrq {
             srq: Arc::new(sys::Srq::new(&pd.pd, init.max_wr, init.max_sge.max(1))?),
+            track: Arc::new(Track::default()),
         })
     }
 
@@ -695,7 +758,10 @@ impl Device for RdmaDevice {
     }
 
     fn post_srq_recv(&self, srq: &RdmaSrq, wrs: &[RecvWr<'_>]) -> Result<()> {
-        srq.srq.post_recv(wrs)
+        let reqs: Vec<(u64, &[Sge])> = wrs.iter().map(|w| (w.wr_id, w.sg_list)).collect();
+        srq.track.post(&self.inner.leases, &reqs, || {
+            taken(srq.srq.post_recv(wrs), wrs.len())
+        })
     }
 
     fn create_av(&self, pd: &RdmaPd, attr: &AvAttr) -> Result<RdmaAv> {
@@ -728,8 +794,16 @@ impl Device for RdmaDevice {
                 sq_sig_all: init.sq_sig_all,
             },
         )?;
+        let qpn = qp.qp_num();
+        let track = Arc::new(QpTrack::new(init.srq.map(|s| s.track.clone())));
+        self.inner.leases.add_qp(qpn, track.clone());
         Ok(RdmaQp {
-            qpn: qp.qp_num(),
+            qpn,
+            leases: QpLeases {
+                qpn,
+                track,
+                leases: self.inner.leases.clone(),
+            },
             qp,
             qp_type: init.qp_type,
             sq_sig_all: init.sq_sig_all,
@@ -788,6 +862,10 @@ impl Device for RdmaDevice {
             qp.qp.modify(&raw_init, mask_init)?;
         }
         qp.qp.modify(&raw, mask)?;
+        if m.state == QpState::Reset {
+            // RESET empties the queues without completions.
+            qp.leases.track.reset();
+        }
         set.state = m.state;
         if let Some(q) = m.qkey {
             set.qkey = q;
@@ -801,7 +879,10 @@ impl Device for RdmaDevice {
     }
 
     fn destroy_qp(&self, qp: RdmaQp) -> Result<()> {
-        qp.qp.destroy()
+        let RdmaQp { qp, leases, .. } = qp;
+        let done = qp.destroy();
+        drop(leases);
+        done
     }
 
     fn post_send<'v, H>(
@@ -830,7 +911,10 @@ impl Device for RdmaDevice {
                 }
             }
         }
-        qp.qp.post_send(&reqs)?;
+        let items: Vec<(u64, &[Sge])> = reqs.iter().map(|r| (r.wr_id, r.sg_list)).collect();
+        qp.leases.track.sq.post(&self.inner.leases, &items, || {
+            taken(qp.qp.post_send(&reqs), reqs.len())
+        })?;
         refused.map_or(Ok(()), Err)
     }
 
@@ -838,7 +922,17 @@ impl Device for RdmaDevice {
         if Self::qp_set(qp).state == QpState::Reset {
             return Err(Error::InvalidQpState("post_recv on a QP in RESET".into()));
         }
-        qp.qp.post_recv(wrs)
+        let reqs: Vec<(u64, &[Sge])> = wrs.iter().map(|w| (w.wr_id, w.sg_list)).collect();
+        let track = &qp.leases.track;
+        // A QP on an SRQ has no receive queue of its own; the device
+        // refuses the post, and nothing is recorded.
+        let queue = match &track.srq {
+            Some(_) => return taken(qp.qp.post_recv(wrs), wrs.len()).1,
+            None => &track.rq,
+        };
+        queue.post(&self.inner.leases, &reqs, || {
+            taken(qp.qp.post_recv(wrs), wrs.len())
+        })
     }
 }
 

@@ -29,15 +29,15 @@
 //!   `RegisteredBuffer` or a `RawRegion`, SRQ, AH, RC/UC/UD QPs with the
 //!   IBTA transition and value checks every provider makes, post
 //!   send/recv/SRQ recv, poll. QP1 is the kernel's (`create_gsi_qp` is
-//!   `Unsupported`).
+//!   `Unsupported`). Posted requests lease their bytes until their
+//!   completion is polled (`leases`).
 //! * Every rdma-core failure is an [`al::Error`] naming the call and its
 //!   errno ([`convert::errno_error`]).
 //!
 //! # What does not work yet
 //!
-//! In-flight leases on registered buffers, connections (librdmacm-backed
-//! CEPs) and the tools on a NIC are later steps of issue 16
-//! (`docs/rdma-provider.md`).
+//! Connections (librdmacm-backed CEPs) and the tools on a NIC are later
+//! steps of issue 16 (`docs/rdma-provider.md`).
 #![deny(missing_docs)]
 // `deny`, not `forbid`: `sys` is the one module allowed `unsafe`.
 #![deny(unsafe_code)]
@@ -46,6 +46,9 @@ pub mod convert;
 
 #[cfg(feature = "rdma")]
 mod device;
+// Device-free (tested everywhere); used by the provider.
+#[cfg(any(feature = "rdma", test))]
+mod leases;
 #[cfg(feature = "rdma")]
 mod sys;
 

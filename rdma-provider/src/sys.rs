@@ -815,6 +815,10 @@ fn index_of<T>(base: *const T, len: usize, bad: *const T) -> usize {
         .unwrap_or(len)
 }
 
+/// A post's outcome: on failure, the index of the first request not
+/// posted (the ones before it are) and the error naming it.
+pub(crate) type PostResult = std::result::Result<(), (usize, al::Error)>;
+
 /// A post failure naming the request: "call: request i of n: <errno>".
 fn post_error(call: &str, rc: c_int, i: usize, n: usize) -> al::Error {
     let errno = if rc > 0 { rc } else { last_errno() };
@@ -858,8 +862,8 @@ impl Srq {
     }
 
     /// `ibv_post_srq_recv`; on failure the requests before the failing one
-    /// are posted and the error names its index.
-    pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+    /// are posted, and the error is that index and an error naming it.
+    pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> PostResult {
         if wrs.is_empty() {
             return Ok(());
         }
@@ -872,7 +876,7 @@ impl Srq {
             return Ok(());
         }
         let i = index_of(chain.as_ptr(), chain.len(), bad);
-        Err(post_error("ibv_post_srq_recv", rc, i, wrs.len()))
+        Err((i, post_error("ibv_post_srq_recv", rc, i, wrs.len())))
     }
 
     /// `ibv_destroy_srq`, with its error.
@@ -1065,7 +1069,7 @@ impl Qp {
 
     /// `ibv_post_send`; on failure the requests before the failing one are
     /// posted and the error names its index.
-    pub(crate) fn post_send(&self, reqs: &[SendReq<'_>]) -> Result<()> {
+    pub(crate) fn post_send(&self, reqs: &[SendReq<'_>]) -> PostResult {
         if reqs.is_empty() {
             return Ok(());
         }
@@ -1147,11 +1151,11 @@ impl Qp {
             return Ok(());
         }
         let i = index_of(chain.as_ptr(), chain.len(), bad);
-        Err(post_error("ibv_post_send", rc, i, reqs.len()))
+        Err((i, post_error("ibv_post_send", rc, i, reqs.len())))
     }
 
     /// `ibv_post_recv`, with the same partial-failure rule.
-    pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+    pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> PostResult {
         if wrs.is_empty() {
             return Ok(());
         }
@@ -1164,7 +1168,7 @@ impl Qp {
             return Ok(());
         }
         let i = index_of(chain.as_ptr(), chain.len(), bad);
-        Err(post_error("ibv_post_recv", rc, i, wrs.len()))
+        Err((i, post_error("ibv_post_recv", rc, i, wrs.len())))
     }
 
     /// `ibv_destroy_qp`, with its error.
