@@ -29,7 +29,6 @@ export WORK ACCEL=${ACCEL:-tcg}
 # Checks that fail on rxe in the harness's kernel (Debian 6.1), each for a reason outside
 # this provider (docs/rdma-provider.md, "What the conformance suite shows on rxe").
 KNOWN_RXE=(
-    cq_arm_and_notify                                           # ibv_wc has no solicited flag
     bad_lkey_is_local_protection_error                          # rxe: LOC_QP_OP_ERR
     stale_lkey_is_local_protection_error                        # rxe: LOC_QP_OP_ERR
     lkey_of_another_pd_is_local_protection_error                # rxe: LOC_QP_OP_ERR

@@ -108,6 +108,11 @@ impl Fixture for RdmaFixture {
         self.lid_routed
     }
 
+    /// `ibv_wc` has no solicited flag.
+    fn reports_solicited(&self) -> bool {
+        false
+    }
+
     /// Linux rxe under an emulated CPU (the CI's VM) is slow, and its
     /// retry timers are in the hundreds of milliseconds.
     fn deadline(&self) -> Duration {

@@ -238,7 +238,7 @@ pub fn cq_arm_and_notify<F: Fixture>(f: &F) {
     assert_eq!(hits.load(Ordering::SeqCst), 1, "unsolicited: no call");
     send(5, true);
     let wc = a.wait(&cq, 1)[0];
-    assert!(wc.solicited, "{wc:?}");
+    assert!(wc.solicited || !f.reports_solicited(), "{wc:?}");
     assert_eq!(wait_hits(2), 2, "a solicited receive calls the hook");
 }
 
