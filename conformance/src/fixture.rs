@@ -59,6 +59,15 @@ pub trait Fixture {
     /// and skips the LID-routing checks.
     fn supports_lid_routing(&self) -> bool;
 
+    /// Whether a receive completion says that the sender set the
+    /// solicited bit (`Wc::solicited`). The soft and RoCEv2 providers: yes.
+    /// A provider over libibverbs: no (`ibv_wc` has no such flag; a
+    /// solicited event is seen only through an armed CQ), so the suite
+    /// then checks the notification alone.
+    fn reports_solicited(&self) -> bool {
+        true
+    }
+
     /// The longest any single wait may take before the check fails. The
     /// default suits a provider that completes within milliseconds.
     fn deadline(&self) -> Duration {

@@ -25,11 +25,29 @@ pub use fixture::{Endpoint, Fixture, Side};
 /// path or closure returning a [`Fixture`], resolved in the caller's
 /// module). Run one provider's suite with `cargo test -p ibal-conformance
 /// $name::`.
+///
+/// `suite!(name, make, skip_when_absent)` is for a provider that may have
+/// no device on this machine: `make()` returns `Option<fixture>` and, when
+/// it returns `None` (having printed why), every check passes without
+/// running.
 #[macro_export]
 macro_rules! suite {
     ($name:ident, $make:expr) => {
+        $crate::__with_checks!(required $name, $make);
+    };
+    ($name:ident, $make:expr, skip_when_absent) => {
+        $crate::__with_checks!(optional $name, $make);
+    };
+}
+
+/// Every check of the suite, handed to [`__suite_tests!`] (not for direct
+/// use): one list for both forms of [`suite!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_checks {
+    ($mode:ident $name:ident, $make:expr) => {
         $crate::__suite_tests!(
-            $name,
+            $mode $name,
             $make,
             [
                 objects::pd_alloc_and_dealloc,
@@ -80,11 +98,14 @@ macro_rules! suite {
     };
 }
 
-/// The expansion of [`suite!`] (not for direct use).
+/// The expansion of [`suite!`] (not for direct use). `required`: `$make()`
+/// is the fixture; `optional`: `$make()` is `Option<fixture>`, and `None`
+/// (no device; the constructor printed why) passes the check without
+/// running it.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_tests {
-    ($name:ident, $make:expr, [$( $(#[$meta:meta])* $module:ident :: $check:ident ),* $(,)?]) => {
+    (required $name:ident, $make:expr, [$( $(#[$meta:meta])* $module:ident :: $check:ident ),* $(,)?]) => {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
@@ -93,6 +114,22 @@ macro_rules! __suite_tests {
                 $(#[$meta])*
                 fn $check() {
                     let fixture = ($make)();
+                    $crate::checks::$module::$check(&fixture);
+                }
+            )*
+        }
+    };
+    (optional $name:ident, $make:expr, [$( $(#[$meta:meta])* $module:ident :: $check:ident ),* $(,)?]) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                $(#[$meta])*
+                fn $check() {
+                    let Some(fixture) = ($make)() else {
+                        return;
+                    };
                     $crate::checks::$module::$check(&fixture);
                 }
             )*

@@ -5,7 +5,7 @@
 //! safe code cannot cause undefined behaviour through an MR even while a
 //! remote RDMA WRITE lands in it:
 //!
-//! * [`RegisteredBuffer`]: memory the provider owns (a `Box<[u8]>` inside a
+//! * [`RegisteredBuffer`]: memory the provider owns (page-aligned bytes inside a
 //!   reader-writer lock). Applications read and write it through
 //!   [`RegisteredBuffer::read`], [`RegisteredBuffer::write`],
 //!   [`RegisteredBuffer::with`] and [`RegisteredBuffer::with_mut`]; the
@@ -20,8 +20,12 @@
 //! twice is one exclusive lock and `copy_within`), so two RDMA operations
 //! moving data in opposite directions cannot deadlock.
 
+mod aligned;
 mod in_flight;
 mod raw;
+
+use aligned::PageBytes;
+pub use aligned::PAGE;
 
 use al::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use al::{Error, Result};
@@ -40,7 +44,7 @@ pub struct Memory {
 
 /// Where the bytes are.
 enum Store {
-    Owned(RwLock<Box<[u8]>>),
+    Owned(RwLock<PageBytes>),
     Raw(RawMemory),
 }
 
@@ -140,11 +144,11 @@ pub fn copy(src: &Memory, so: usize, dst: &Memory, d_off: usize, len: usize) -> 
 /// the order [`copy`] takes them; one write lock when they are the same.
 pub enum LockedPair<'m> {
     /// The same memory: one write lock.
-    Same(RwLockWriteGuard<'m, Box<[u8]>>),
+    Same(RwLockWriteGuard<'m, PageBytes>),
     /// Two memories: the source read-locked, the destination write-locked.
     Two(
-        RwLockReadGuard<'m, Box<[u8]>>,
-        RwLockWriteGuard<'m, Box<[u8]>>,
+        RwLockReadGuard<'m, PageBytes>,
+        RwLockWriteGuard<'m, PageBytes>,
     ),
 }
 
@@ -180,8 +184,10 @@ impl<'m> LockedPair<'m> {
 /// Provider-owned memory that can be registered as one or more MRs: the
 /// safe form of registration.
 ///
-/// The library owns the bytes (a boxed slice that never moves or resizes)
-/// and every MR registered over them keeps them alive, so they cannot be
+/// The library owns the bytes (an allocation that starts on a 4 KiB page
+/// boundary and never moves or resizes: a real device registers an MR
+/// only at an iova with the same offset in its page as the bytes, so an
+/// MR from `offset` wants an iova with `offset`'s page offset) and every MR registered over them keeps them alive, so they cannot be
 /// freed or moved while registered, whatever the application drops.
 /// Cloning shares the memory. Every access is bounds-checked and goes
 /// through the buffer's lock, which the provider also takes while it moves
@@ -233,7 +239,7 @@ impl RegisteredBuffer {
     pub fn from_vec(data: Vec<u8>) -> RegisteredBuffer {
         RegisteredBuffer {
             mem: Arc::new(Memory::new(Store::Owned(RwLock::new(
-                data.into_boxed_slice(),
+                PageBytes::from_slice(&data),
             )))),
         }
     }

@@ -2,16 +2,26 @@
 //! libibverbs. Listing, opening and querying work; the verbs objects do
 //! not exist yet (see the crate docs).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use al::{Error, Result};
+use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
+use provider::qp_state::{DeviceLimits, PortLimits};
 use provider::{
-    Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, DeviceInfo, PortAttr, Provider, QpAttr,
-    QpInit, QpModify, RawRegion, RecvWr, RegisteredBuffer, SendWr, SrqInit, Wc,
+    Access, AsyncEvent, AsyncHook, AvAttr, CompletionHook, CqArm, CqInit, Device, DeviceAttr,
+    DeviceInfo, LinkLayer, Mtu, PortAttr, Provider, QpAttr, QpInit, QpModify, QpState, QpType,
+    RawRegion, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, SrqInit, Wc,
 };
 
-use crate::convert::{self, not_yet};
-use crate::sys::{Context, DeviceList, ListedDevice};
+use crate::convert::{self, send_flags, RawWc};
+use crate::leases::{Leases, QpTrack, Track};
+use crate::sys::{self, AsyncKind, CompChannel, Context, DeviceList, ListedDevice};
 
 /// The message of every "no device" answer: what `ibv_devinfo` says as
 /// "No IB devices found".
@@ -106,7 +116,13 @@ impl Provider for RdmaProvider {
 }
 
 struct Inner {
-    ctx: Context,
+    // Dropped first: stops the event thread before the context can go.
+    events: Arc<Events>,
+    /// What posted requests lease in registered memory (`leases.rs`).
+    leases: Arc<Leases>,
+    ctx: Arc<Context>,
+    /// Each port's limits for the modify-QP and AV checks, read at open.
+    ports: Vec<PortLimits>,
     attr: DeviceAttr,
     fw_ver: String,
     sys_image_guid: u64,
@@ -137,13 +153,30 @@ impl std::fmt::Debug for RdmaDevice {
 impl RdmaDevice {
     fn open(dev: &ListedDevice<'_>) -> Result<RdmaDevice> {
         let name = dev.name();
-        let ctx = dev.open()?;
+        let ctx = Arc::new(dev.open()?);
         let raw = ctx.query_device()?;
         // The C device attributes have no message size; take the smallest
         // of the ports' (0 when a port cannot say).
         let mut max_msg = u32::MAX;
+        let mut ports = Vec::new();
         for port in 1..=raw.phys_port_cnt {
-            max_msg = max_msg.min(ctx.query_port(port).map_or(0, |p| p.max_msg_sz));
+            let p = ctx.query_port(port);
+            max_msg = max_msg.min(p.as_ref().map_or(0, |p| p.max_msg_sz));
+            let p = p.ok();
+            ports.push(PortLimits {
+                pkeys: p.as_ref().map_or(0, |p| usize::from(p.pkey_tbl_len)),
+                gids: p
+                    .as_ref()
+                    .map_or(0, |p| usize::try_from(p.gid_tbl_len).unwrap_or(0)),
+                mtu: p
+                    .as_ref()
+                    .and_then(|p| convert::mtu_from_code(p.active_mtu))
+                    .unwrap_or(Mtu::Mtu256),
+                gid_only: p
+                    .as_ref()
+                    .and_then(|p| convert::link_layer_from_code(p.link_layer))
+                    == Some(LinkLayer::Ethernet),
+            });
         }
         if raw.phys_port_cnt == 0 {
             max_msg = 0;
@@ -153,6 +186,9 @@ impl RdmaDevice {
                 attr: convert::device_attr(&name, &raw, max_msg),
                 fw_ver: raw.fw_ver,
                 sys_image_guid: raw.sys_image_guid,
+                events: Arc::new(Events::start(&ctx, &name)?),
+                leases: Arc::new(Leases::default()),
+                ports,
                 ctx,
             }),
         })
@@ -175,37 +211,382 @@ impl RdmaDevice {
     }
 }
 
-/// An uninhabited type: no verbs object of this provider can exist yet.
-#[derive(Debug, Clone, Copy)]
-enum Never {}
+/// The device's event thread: it waits on the completion channel's fd,
+/// the context's async-event fd and a wake-up socket, and calls the CQ
+/// hooks (`CqInit::on_completion` once per armed completion event,
+/// `on_async_error` on `IBV_EVENT_CQ_ERR`). One thread per open device,
+/// started at open, stopped (woken and joined) when the device and every
+/// CQ of it are gone.
+struct Events {
+    state: Arc<EventState>,
+    wake: UnixStream,
+    thread: Option<JoinHandle<()>>,
+}
 
-macro_rules! no_objects {
-    ($($(#[$doc:meta])* $name:ident),+ $(,)?) => {$(
-        $(#[$doc])*
-        ///
-        /// Not implemented yet: no value of this type can be made (the
-        /// verb that would create one answers `Unsupported`).
-        #[derive(Debug)]
-        pub struct $name {
-            never: Never,
+/// What the event thread shares with the device.
+struct EventState {
+    ctx: Arc<Context>,
+    channel: Arc<CompChannel>,
+    /// The hooks of each live CQ, by its [`sys::Cq::key`].
+    hooks: Mutex<HashMap<usize, Arc<CqHooks>>>,
+}
+
+struct CqHooks {
+    on_completion: Option<CompletionHook>,
+    on_async_error: Option<AsyncHook>,
+    /// Overflow events seen so far (rdma-core does not say how many
+    /// completions an overflow lost: each event counts one).
+    lost: AtomicU64,
+}
+
+impl EventState {
+    fn hooks_of(&self, key: usize) -> Option<Arc<CqHooks>> {
+        self.hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    }
+
+    fn run(&self, wake: &UnixStream) {
+        let fds = [self.channel.fd(), self.ctx.async_fd(), wake.as_raw_fd()];
+        loop {
+            let ready = match sys::poll_readable(&fds, -1) {
+                Ok(r) => r,
+                Err(_) => {
+                    // poll itself failed (EBADF/ENOMEM): retry slowly
+                    // rather than spin; the wake-up still ends the loop.
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+            };
+            if ready[2] {
+                return;
+            }
+            if ready[0] {
+                if let Ok(ev) = self.channel.get_cq_event() {
+                    // Look the hooks up before the acknowledgement: until
+                    // then the CQ cannot be destroyed, so its address
+                    // cannot name a newer CQ.
+                    let hooks = self.hooks_of(ev.key());
+                    drop(ev);
+                    if let Some(f) = hooks.as_ref().and_then(|h| h.on_completion.as_ref()) {
+                        f();
+                    }
+                }
+            }
+            if ready[1] {
+                if let Ok(ev) = self.ctx.get_async_event() {
+                    let kind = ev.kind();
+                    let hooks = match kind {
+                        AsyncKind::CqError(key) => self.hooks_of(key),
+                        AsyncKind::Other(_) => None,
+                    };
+                    drop(ev);
+                    if let Some(h) = hooks {
+                        let lost = h.lost.fetch_add(1, Ordering::SeqCst) + 1;
+                        if let Some(f) = &h.on_async_error {
+                            f(AsyncEvent::CqOverflow { lost });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Events {
+    fn start(ctx: &Arc<Context>, name: &str) -> Result<Events> {
+        let channel = Arc::new(CompChannel::new(ctx)?);
+        let state = Arc::new(EventState {
+            ctx: ctx.clone(),
+            channel,
+            hooks: Mutex::new(HashMap::new()),
+        });
+        let (wake, wake_rx) = UnixStream::pair().map_err(|e| {
+            Error::Other(format!("socketpair for {name}'s event thread: {e}").into())
+        })?;
+        let st = state.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("rdma-ev-{name}"))
+            .spawn(move || st.run(&wake_rx))
+            .map_err(|e| {
+                Error::InsufficientResources(format!("{name}'s event thread: {e}").into())
+            })?;
+        Ok(Events {
+            state,
+            wake,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        let _ = (&self.wake).write_all(&[1]);
+        if let Some(t) = self.thread.take() {
+            // A hook may hold the last reference to the device: then this
+            // runs on the event thread itself, which cannot join itself;
+            // it sees the wake-up and ends once the hook returns.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Removes a CQ's hooks from the event thread's table when the CQ's
+/// handle goes (destroy or drop), before the CQ itself is destroyed.
+struct HookEntry {
+    key: usize,
+    events: Arc<Events>,
+}
+
+impl Drop for HookEntry {
+    fn drop(&mut self) {
+        self.events
+            .state
+            .hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+/// A protection domain (`ibv_pd`).
+pub struct RdmaPd {
+    pd: Arc<sys::Pd>,
+}
+
+/// A completion queue (`ibv_cq`) on the device's completion channel.
+pub struct RdmaCq {
+    // Declared first: the hooks leave the table before the CQ can go.
+    entry: HookEntry,
+    cq: Arc<sys::Cq>,
+}
+
+/// A memory region (`ibv_mr`).
+pub struct RdmaMr {
+    // Declared first: deregistered before its leases end.
+    mr: sys::Mr,
+    lease_key: LeaseKey,
+}
+
+/// Ends an MR's leases when its handle goes, after the MR itself.
+struct LeaseKey {
+    lkey: u32,
+    leases: Arc<Leases>,
+}
+
+impl Drop for LeaseKey {
+    fn drop(&mut self) {
+        self.leases.remove_mr(self.lkey);
+    }
+}
+
+/// Releases a QP's leases when its handle goes, after the QP itself.
+struct QpLeases {
+    qpn: u32,
+    track: Arc<QpTrack>,
+    leases: Arc<Leases>,
+}
+
+impl Drop for QpLeases {
+    fn drop(&mut self) {
+        self.leases.remove_qp(self.qpn);
+    }
+}
+
+/// A shared receive queue (`ibv_srq`).
+pub struct RdmaSrq {
+    srq: Arc<sys::Srq>,
+    /// Its posted receives (shared with the QPs on it).
+    track: Arc<Track>,
+}
+
+/// An address vector (`ibv_ah`).
+pub struct RdmaAv {
+    ah: sys::Ah,
+}
+
+/// A queue pair (`ibv_qp`).
+pub struct RdmaQp {
+    // Declared first: destroyed before its leases end.
+    qp: sys::Qp,
+    leases: QpLeases,
+    qpn: u32,
+    qp_type: QpType,
+    sq_sig_all: bool,
+    /// What the last successful modifies set.
+    set: Mutex<QpSet>,
+}
+
+/// What a QP's modifies set, as the posting paths need it.
+#[derive(Debug, Clone, Copy)]
+struct QpSet {
+    /// The state the last successful modify set (posting checks use it:
+    /// RESET, INIT and RTR only change by a modify of ours).
+    state: QpState,
+    /// The Q_Key (UD), for the controlled Q_Key rule.
+    qkey: u32,
+}
+
+macro_rules! opaque_debug {
+    ($($t:ident),+) => {$(
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($t)).finish_non_exhaustive()
+            }
         }
     )+};
 }
+opaque_debug!(RdmaPd, RdmaCq, RdmaMr, RdmaSrq, RdmaAv, RdmaQp);
 
-no_objects!(
-    /// A protection domain.
-    RdmaPd,
-    /// A completion queue.
-    RdmaCq,
-    /// A memory region.
-    RdmaMr,
-    /// A shared receive queue.
-    RdmaSrq,
-    /// An address vector (`ibv_ah`).
-    RdmaAv,
-    /// A queue pair.
-    RdmaQp,
-);
+/// The access bits a registration or a QP may name: the provider
+/// interface's are `IBV_ACCESS_*`'s (checked against the headers).
+fn access_bits(access: Access) -> Result<u32> {
+    if access.undefined_bits() != 0 {
+        return Err(Error::invalid_parameter(format!(
+            "access flags {:#x} have bits that name no right ({:#x})",
+            access.bits(),
+            access.undefined_bits()
+        )));
+    }
+    Ok(access.bits())
+}
+
+impl RdmaDevice {
+    fn with_limits<R>(&self, f: impl FnOnce(&DeviceLimits<'_>) -> R) -> R {
+        let a = &self.inner.attr;
+        f(&DeviceLimits {
+            ports: &self.inner.ports,
+            max_qp_rd_atomic: a.max_qp_rd_atomic,
+            max_qp_init_rd_atomic: a.max_qp_init_rd_atomic,
+        })
+    }
+
+    fn register(
+        &self,
+        pd: &RdmaPd,
+        mem: &Arc<Memory>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<RdmaMr> {
+        let bits = access_bits(access)?;
+        // IBTA: remote write and atomic rights need local write (the
+        // kernel says EINVAL too; this names the rule).
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(Error::invalid_parameter(
+                "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE",
+            ));
+        }
+        if len == 0 {
+            return Err(Error::invalid_parameter(
+                "an MR of 0 bytes: the device registers at least one",
+            ));
+        }
+        let mr = sys::Mr::register(&pd.pd, mem, offset, len, iova, bits)?;
+        let (lkey, _) = mr.keys();
+        self.inner.leases.add_mr(
+            mem,
+            Span {
+                key: lkey,
+                iova,
+                off: offset,
+                len,
+            },
+        );
+        Ok(RdmaMr {
+            mr,
+            lease_key: LeaseKey {
+                lkey,
+                leases: self.inner.leases.clone(),
+            },
+        })
+    }
+
+    /// Builds the libibverbs form of request `i`, or says why the
+    /// provider interface refuses it on this QP.
+    fn send_req<'a, H>(
+        &self,
+        qp: &RdmaQp,
+        i: usize,
+        wr: &'a SendWr<'a, H>,
+        av: Option<&'a RdmaAv>,
+        own_qkey: u32,
+    ) -> Result<sys::SendReq<'a>> {
+        let refuse = |why: &str| {
+            Err(Error::invalid_parameter(format!(
+                "request {i}: {why} on a {} QP",
+                qp.qp_type
+            )))
+        };
+        let ud = match qp.qp_type {
+            QpType::Ud => {
+                if !matches!(wr.op, SendOp::Send | SendOp::SendImm(_)) {
+                    return refuse("only SEND and SEND with immediate are allowed");
+                }
+                let Some(dest) = &wr.ud else {
+                    return refuse("a datagram send needs a destination");
+                };
+                let Some(av) = av else {
+                    return refuse("the destination's address vector is not there");
+                };
+                // IBTA's controlled Q_Key rule: a destination Q_Key with
+                // the high bit set means the sending QP's own. Not every
+                // device applies it (Linux 6.1's rxe sends the value as
+                // given), so the provider does.
+                let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
+                    own_qkey
+                } else {
+                    dest.remote_qkey
+                };
+                Some((&av.ah, dest.remote_qpn, qkey))
+            }
+            QpType::Uc => {
+                if matches!(
+                    wr.op,
+                    SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+                ) {
+                    return refuse("RDMA READ and atomics are not allowed");
+                }
+                None
+            }
+            _ => None,
+        };
+        let mut flags = 0;
+        if wr.signaled || qp.sq_sig_all {
+            flags |= send_flags::SIGNALED;
+        }
+        if wr.solicited {
+            flags |= send_flags::SOLICITED;
+        }
+        Ok(sys::SendReq {
+            wr_id: wr.wr_id,
+            opcode: convert::wr_opcode_of(&wr.op),
+            flags,
+            op: wr.op,
+            sg_list: wr.sg_list,
+            ud,
+        })
+    }
+
+    fn qp_set(qp: &RdmaQp) -> QpSet {
+        *qp.set.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How many requests a post took, and its result without the index.
+fn taken(r: sys::PostResult, n: usize) -> (usize, Result<()>) {
+    match r {
+        Ok(()) => (n, Ok(())),
+        Err((i, e)) => (i, Err(e)),
+    }
+}
 
 impl Device for RdmaDevice {
     type Pd = RdmaPd;
@@ -238,96 +619,320 @@ impl Device for RdmaDevice {
     }
 
     fn alloc_pd(&self) -> Result<RdmaPd> {
-        Err(not_yet("alloc_pd"))
-    }
-    fn dealloc_pd(&self, pd: RdmaPd) -> Result<()> {
-        match pd.never {}
+        Ok(RdmaPd {
+            pd: Arc::new(sys::Pd::alloc(&self.inner.ctx)?),
+        })
     }
 
-    fn create_cq(&self, _init: CqInit) -> Result<RdmaCq> {
-        Err(not_yet("create_cq"))
+    /// Frees the PD now, or, while objects made in it still live (they
+    /// hold it), when the last of them goes.
+    fn dealloc_pd(&self, pd: RdmaPd) -> Result<()> {
+        match Arc::try_unwrap(pd.pd) {
+            Ok(pd) => pd.dealloc(),
+            Err(_) => Ok(()),
+        }
     }
+
+    fn create_cq(&self, init: CqInit) -> Result<RdmaCq> {
+        let max = self.inner.attr.max_cqe;
+        if init.capacity == 0 || init.capacity > max {
+            return Err(Error::invalid_parameter(format!(
+                "CQ capacity {} must be 1..={max}",
+                init.capacity
+            )));
+        }
+        let events = &self.inner.events;
+        let cq = Arc::new(sys::Cq::new(
+            &self.inner.ctx,
+            &events.state.channel,
+            i32::try_from(init.capacity).unwrap_or(i32::MAX),
+        )?);
+        let key = cq.key();
+        events
+            .state
+            .hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                key,
+                Arc::new(CqHooks {
+                    on_completion: init.on_completion,
+                    on_async_error: init.on_async_error,
+                    lost: AtomicU64::new(0),
+                }),
+            );
+        Ok(RdmaCq {
+            entry: HookEntry {
+                key,
+                events: events.clone(),
+            },
+            cq,
+        })
+    }
+
+    /// Destroys the CQ now, or, while QPs on it still live (they hold
+    /// it), when the last of them goes; its hooks are not called again
+    /// either way (a call already under way on the event thread ends).
     fn destroy_cq(&self, cq: RdmaCq) -> Result<()> {
-        match cq.never {}
+        let RdmaCq { entry, cq } = cq;
+        drop(entry);
+        match Arc::try_unwrap(cq) {
+            Ok(cq) => cq.destroy(),
+            Err(_) => Ok(()),
+        }
     }
-    fn arm_cq(&self, cq: &RdmaCq, _arm: CqArm) -> Result<()> {
-        match cq.never {}
+
+    fn arm_cq(&self, cq: &RdmaCq, arm: CqArm) -> Result<()> {
+        cq.cq.req_notify(arm == CqArm::Solicited)
     }
-    fn poll_cq(&self, cq: &RdmaCq, _out: &mut [Wc]) -> Result<usize> {
-        match cq.never {}
+
+    fn poll_cq(&self, cq: &RdmaCq, out: &mut [Wc]) -> Result<usize> {
+        let mut raw = [RawWc::default(); 16];
+        let mut done = 0;
+        while done < out.len() {
+            let want = (out.len() - done).min(raw.len());
+            let n = cq.cq.poll(&mut raw[..want])?;
+            for (o, r) in out[done..].iter_mut().zip(&raw[..n]) {
+                *o = convert::wc_from_raw(r);
+                self.inner.leases.completed(o);
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
     }
 
     fn register_mr(
         &self,
         pd: &RdmaPd,
-        _buf: &RegisteredBuffer,
-        _offset: usize,
-        _len: usize,
-        _iova: u64,
-        _access: Access,
+        buf: &RegisteredBuffer,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
     ) -> Result<RdmaMr> {
-        match pd.never {}
+        self.register(pd, memory_of(buf), offset, len, iova, access)
     }
-    fn register_region(&self, pd: &RdmaPd, _region: RawRegion, _access: Access) -> Result<RdmaMr> {
-        match pd.never {}
+
+    /// The MR's iova is the region's own address (as on the other
+    /// providers).
+    fn register_region(&self, pd: &RdmaPd, region: RawRegion, access: Access) -> Result<RdmaMr> {
+        let mem = region_memory(&region);
+        let iova = mem.raw_addr().unwrap_or(0);
+        self.register(pd, mem, 0, mem.len(), iova, access)
     }
+
     fn mr_keys(&self, mr: &RdmaMr) -> (u32, u32) {
-        match mr.never {}
+        mr.mr.keys()
     }
+
     fn deregister_mr(&self, mr: RdmaMr) -> Result<()> {
-        match mr.never {}
+        let RdmaMr { mr, lease_key } = mr;
+        let done = mr.deregister();
+        drop(lease_key);
+        done
     }
 
-    fn create_srq(&self, pd: &RdmaPd, _init: SrqInit) -> Result<RdmaSrq> {
-        match pd.never {}
+    fn create_srq(&self, pd: &RdmaPd, init: SrqInit) -> Result<RdmaSrq> {
+        let a = &self.inner.attr;
+        if init.max_wr == 0 || init.max_wr > a.max_srq_wr || init.max_sge > a.max_sge {
+            return Err(Error::invalid_parameter(format!(
+                "SRQ sizes {init:?} out of range (max_wr 1..={}, max_sge <= {})",
+                a.max_srq_wr, a.max_sge
+            )));
+        }
+        Ok(RdmaSrq {
+            srq: Arc::new(sys::Srq::new(&pd.pd, init.max_wr, init.max_sge.max(1))?),
+            track: Arc::new(Track::default()),
+        })
     }
+
+    /// Destroys the SRQ now, or when the last QP on it goes.
     fn destroy_srq(&self, srq: RdmaSrq) -> Result<()> {
-        match srq.never {}
-    }
-    fn post_srq_recv(&self, srq: &RdmaSrq, _wrs: &[RecvWr<'_>]) -> Result<()> {
-        match srq.never {}
+        match Arc::try_unwrap(srq.srq) {
+            Ok(srq) => srq.destroy(),
+            Err(_) => Ok(()),
+        }
     }
 
-    fn create_av(&self, pd: &RdmaPd, _attr: &AvAttr) -> Result<RdmaAv> {
-        match pd.never {}
+    fn post_srq_recv(&self, srq: &RdmaSrq, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let reqs: Vec<(u64, &[Sge])> = wrs.iter().map(|w| (w.wr_id, w.sg_list)).collect();
+        srq.track.post(&self.inner.leases, &reqs, || {
+            taken(srq.srq.post_recv(wrs), wrs.len())
+        })
     }
+
+    fn create_av(&self, pd: &RdmaPd, attr: &AvAttr) -> Result<RdmaAv> {
+        self.with_limits(|l| provider::qp_state::check_av(attr, l, "AV"))?;
+        Ok(RdmaAv {
+            ah: sys::Ah::new(&pd.pd, &convert::raw_ah(attr))?,
+        })
+    }
+
     fn destroy_av(&self, av: RdmaAv) -> Result<()> {
-        match av.never {}
+        av.ah.destroy()
     }
 
-    fn create_qp(&self, pd: &RdmaPd, _init: &QpInit<'_, RdmaCq, RdmaSrq>) -> Result<RdmaQp> {
-        match pd.never {}
+    fn create_qp(&self, pd: &RdmaPd, init: &QpInit<'_, RdmaCq, RdmaSrq>) -> Result<RdmaQp> {
+        let Some(code) = convert::qp_type_code(init.qp_type) else {
+            return Err(Error::invalid_parameter(format!(
+                "create_qp makes RC, UC and UD QPs, not {}",
+                init.qp_type
+            )));
+        };
+        let c = &init.caps;
+        let (qp, _granted) = sys::Qp::new(
+            &pd.pd,
+            &sys::QpCreate {
+                qp_type: code,
+                send_cq: &init.send_cq.cq,
+                recv_cq: &init.recv_cq.cq,
+                srq: init.srq.map(|s| &s.srq),
+                caps: [c.max_send_wr, c.max_recv_wr, c.max_send_sge, c.max_recv_sge],
+                sq_sig_all: init.sq_sig_all,
+            },
+        )?;
+        let qpn = qp.qp_num();
+        let track = Arc::new(QpTrack::new(init.srq.map(|s| s.track.clone())));
+        self.inner.leases.add_qp(qpn, track.clone());
+        Ok(RdmaQp {
+            qpn,
+            leases: QpLeases {
+                qpn,
+                track,
+                leases: self.inner.leases.clone(),
+            },
+            qp,
+            qp_type: init.qp_type,
+            sq_sig_all: init.sq_sig_all,
+            set: Mutex::new(QpSet {
+                state: QpState::Reset,
+                qkey: 0,
+            }),
+        })
     }
+
+    /// Unsupported: on a real device QP1 belongs to the kernel (its CM
+    /// and SA clients); connections go through librdmacm instead.
     fn create_gsi_qp(
         &self,
-        pd: &RdmaPd,
-        _port: u8,
+        _pd: &RdmaPd,
+        port: u8,
         _init: &QpInit<'_, RdmaCq, RdmaSrq>,
     ) -> Result<RdmaQp> {
-        match pd.never {}
+        Err(Error::Unsupported(
+            format!(
+                "{} port {port}: QP1 belongs to the kernel on an rdma device",
+                self.inner.attr.name
+            )
+            .into(),
+        ))
     }
+
     fn qp_num(&self, qp: &RdmaQp) -> u32 {
-        match qp.never {}
+        qp.qpn
     }
-    fn modify_qp(&self, qp: &RdmaQp, _m: &QpModify) -> Result<()> {
-        match qp.never {}
+
+    /// Checks the IBTA transition and the values the way every provider
+    /// does (`qp_state::check_transition`, `check_modify_values`), from the
+    /// state the device reports now, then `ibv_modify_qp`.
+    fn modify_qp(&self, qp: &RdmaQp, m: &QpModify) -> Result<()> {
+        let now = qp.qp.query()?;
+        let from = convert::qp_state_from_code(now.state).ok_or_else(|| {
+            Error::Other(format!("ibv_query_qp: unknown QP state code {}", now.state).into())
+        })?;
+        provider::qp_state::check_transition(qp.qp_type, from, m.state, m.given())?;
+        self.with_limits(|l| provider::qp_state::check_modify_values(now.port, m, l))?;
+        let (raw, mask) = convert::modify_to_raw(m);
+        let mut set = qp.set.lock().unwrap_or_else(|e| e.into_inner());
+        if from == QpState::Reset && m.state == QpState::Err {
+            // IBTA allows RESET -> ERR; Linux's transition table does not
+            // (EINVAL). Go through INIT with the attributes it requires
+            // (port 1, P_Key index 0, no rights or Q_Key 0): nothing can
+            // be posted or received in between, and ERR ends the same.
+            let init = match qp.qp_type {
+                QpType::Ud => QpModify::to(QpState::Init).qkey(0),
+                _ => QpModify::to(QpState::Init).access(Access::NONE),
+            }
+            .port(1)
+            .pkey_index(0);
+            let (raw_init, mask_init) = convert::modify_to_raw(&init);
+            qp.qp.modify(&raw_init, mask_init)?;
+        }
+        qp.qp.modify(&raw, mask)?;
+        if m.state == QpState::Reset {
+            // RESET empties the queues without completions.
+            qp.leases.track.reset();
+        }
+        set.state = m.state;
+        if let Some(q) = m.qkey {
+            set.qkey = q;
+        }
+        Ok(())
     }
+
     fn query_qp(&self, qp: &RdmaQp) -> Result<QpAttr> {
-        match qp.never {}
+        let raw = qp.qp.query()?;
+        convert::qp_attr_from_raw(&raw, qp.qpn, qp.qp_type, qp.sq_sig_all)
     }
+
     fn destroy_qp(&self, qp: RdmaQp) -> Result<()> {
-        match qp.never {}
+        let RdmaQp { qp, leases, .. } = qp;
+        let done = qp.destroy();
+        drop(leases);
+        done
     }
+
     fn post_send<'v, H>(
         &self,
         qp: &RdmaQp,
-        _wrs: &[SendWr<'_, H>],
-        _av_of: &dyn Fn(usize) -> Option<&'v RdmaAv>,
+        wrs: &[SendWr<'_, H>],
+        av_of: &dyn Fn(usize) -> Option<&'v RdmaAv>,
     ) -> Result<()> {
-        match qp.never {}
+        let set = Self::qp_set(qp);
+        let state = set.state;
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(Error::InvalidQpState(
+                format!("post_send on a QP in {state}").into(),
+            ));
+        }
+        let datagram = qp.qp_type.is_datagram();
+        let mut reqs = Vec::with_capacity(wrs.len());
+        let mut refused = None;
+        for (i, wr) in wrs.iter().enumerate() {
+            let av = if datagram { av_of(i) } else { None };
+            match self.send_req(qp, i, wr, av, set.qkey) {
+                Ok(r) => reqs.push(r),
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        let items: Vec<(u64, &[Sge])> = reqs.iter().map(|r| (r.wr_id, r.sg_list)).collect();
+        qp.leases.track.sq.post(&self.inner.leases, &items, || {
+            taken(qp.qp.post_send(&reqs), reqs.len())
+        })?;
+        refused.map_or(Ok(()), Err)
     }
-    fn post_recv(&self, qp: &RdmaQp, _wrs: &[RecvWr<'_>]) -> Result<()> {
-        match qp.never {}
+
+    fn post_recv(&self, qp: &RdmaQp, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if Self::qp_set(qp).state == QpState::Reset {
+            return Err(Error::InvalidQpState("post_recv on a QP in RESET".into()));
+        }
+        let reqs: Vec<(u64, &[Sge])> = wrs.iter().map(|w| (w.wr_id, w.sg_list)).collect();
+        let track = &qp.leases.track;
+        // A QP on an SRQ has no receive queue of its own; the device
+        // refuses the post, and nothing is recorded.
+        let queue = match &track.srq {
+            Some(_) => return taken(qp.qp.post_recv(wrs), wrs.len()).1,
+            None => &track.rq,
+        };
+        queue.post(&self.inner.leases, &reqs, || {
+            taken(qp.qp.post_recv(wrs), wrs.len())
+        })
     }
 }
 
@@ -351,7 +956,7 @@ mod tests {
                         dev.query_port(port).unwrap();
                     }
                     assert!(matches!(dev.query_port(0), Err(Error::NotFound(_))));
-                    assert!(matches!(dev.alloc_pd(), Err(Error::Unsupported(_))));
+                    dev.dealloc_pd(dev.alloc_pd().unwrap()).unwrap();
                 }
             }
             listed => {

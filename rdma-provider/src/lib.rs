@@ -24,16 +24,20 @@
 //!   the whole GID and P_Key tables). With no device, or no RDMA support
 //!   in the kernel, each says "no RDMA devices found" with the errno, and
 //!   never panics.
+//! * The verbs objects: PD, CQ on a completion channel (one event thread
+//!   per device calls the completion and async hooks), MR over a
+//!   `RegisteredBuffer` or a `RawRegion`, SRQ, AH, RC/UC/UD QPs with the
+//!   IBTA transition and value checks every provider makes, post
+//!   send/recv/SRQ recv, poll. QP1 is the kernel's (`create_gsi_qp` is
+//!   `Unsupported`). Posted requests lease their bytes until their
+//!   completion is polled (`leases`).
 //! * Every rdma-core failure is an [`al::Error`] naming the call and its
 //!   errno ([`convert::errno_error`]).
 //!
 //! # What does not work yet
 //!
-//! PD, CQ, MR, SRQ, AV and QP: `alloc_pd` and `create_cq` answer
-//! `Unsupported`, and the object types (`RdmaPd`, ...) are uninhabited, so
-//! no other verb can be reached. Connections (librdmacm-backed CEPs), the
-//! conformance suite on hardware and the tools on a NIC are later steps
-//! of issue 16 (`docs/rdma-provider.md`).
+//! Connections (librdmacm-backed CEPs) and the tools on a NIC are later
+//! steps of issue 16 (`docs/rdma-provider.md`).
 #![deny(missing_docs)]
 // `deny`, not `forbid`: `sys` is the one module allowed `unsafe`.
 #![deny(unsafe_code)]
@@ -42,6 +46,9 @@ pub mod convert;
 
 #[cfg(feature = "rdma")]
 mod device;
+// Device-free (tested everywhere); used by the provider.
+#[cfg(any(feature = "rdma", test))]
+mod leases;
 #[cfg(feature = "rdma")]
 mod sys;
 

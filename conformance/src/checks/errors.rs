@@ -9,8 +9,11 @@ use crate::harness::*;
 
 const FILL_A: u8 = 0xaa;
 const FILL_B: u8 = 0xbb;
-/// The target MR: 1024 bytes at offset 1024 of a 4096-byte buffer.
-const IOVA: u64 = 0x10000;
+/// The target MR: 1024 bytes at offset 1024 of a 4096-byte buffer. Its
+/// iova sits at the same offset in its 4 KiB page as the bytes do (a
+/// buffer starts on a page): a real device maps an MR page by page and
+/// refuses any other iova.
+const IOVA: u64 = 0x10000 + 1024;
 
 struct Setup<'f, F: Fixture> {
     a: Node<'f, F>,

@@ -238,7 +238,7 @@ pub fn cq_arm_and_notify<F: Fixture>(f: &F) {
     assert_eq!(hits.load(Ordering::SeqCst), 1, "unsolicited: no call");
     send(5, true);
     let wc = a.wait(&cq, 1)[0];
-    assert!(wc.solicited, "{wc:?}");
+    assert!(wc.solicited || !f.reports_solicited(), "{wc:?}");
     assert_eq!(wait_hits(2), 2, "a solicited receive calls the hook");
 }
 
@@ -248,7 +248,12 @@ pub fn cq_arm_and_notify<F: Fixture>(f: &F) {
 pub fn mr_registration_rules<F: Fixture>(f: &F) {
     let (a, _b) = two(f);
     let buf = RegisteredBuffer::new(100);
-    let reg = |off, len, access| a.dev.register_mr(&a.pd, &buf, off, len, 0x1000, access);
+    // The iova keeps the offset's place in its page (a buffer starts on a
+    // page; a real device maps MRs page by page).
+    let reg = |off: usize, len, access| {
+        let iova = 0x1000u64.wrapping_add(off as u64);
+        a.dev.register_mr(&a.pd, &buf, off, len, iova, access)
+    };
     invalid(reg(0, 100, Access::REMOTE_WRITE));
     invalid(reg(0, 100, Access::REMOTE_ATOMIC));
     invalid(reg(50, 51, Access::NONE));

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The `rdma` provider on a real verbs device: Linux rxe (soft-RoCE) in the QEMU VM of the
+# rxe-vm harness (issue 16, deliver 6). Builds on the host, with the `rdma` feature:
+#   1. `ibal` (ibal-cli) and
+#   2. the provider conformance suite's test binary for it (conformance/tests/rdma.rs),
+# serves both over HTTP from the harness's network namespace, fetches them in the guest
+# (busybox wget; the guest has the host's glibc and rdma-core libraries), and runs there:
+#   1. `ibal devinfo`: must exit 0 and list rxe0 (with the rdma provider's GID table);
+#   2. the conformance suite against rxe0 (IBAL_RDMA_DEVICE=rxe0), and the rdma-only test of
+#      its file (posted bytes leased until polled): every check must pass
+#      except the ones listed in KNOWN_RXE below, each a documented difference of Linux 6.1's
+#      rxe or of the verbs API (docs/rdma-provider.md). A listed check that passes is
+#      reported (so the list can shrink); an unlisted failure fails the step, by name.
+# Nothing is written to the harness directory: its own README describes this way in.
+# Needs root and the rxe-vm harness (default ../shared/rxe-vm next to the repo; RXE_VM=dir
+# overrides). Boots the VM (ACCEL=tcg by default, ~15 s) and stops it on exit.
+# Exit 0: all passed. 1: a check failed (named). 2: cannot run here (not root, no harness).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+RXE_VM=${RXE_VM:-$ROOT/../shared/rxe-vm}
+WORK=${WORK:-/var/tmp/rxe-vm-work}
+OUT=${OUT:-$ROOT/target/rdma-vm}
+NS=rxetest
+HOST_IP=192.168.77.1
+HTTP_PORT=8767          # not rxe-interop's 8765; the server lives only as long as the fetch
+export WORK ACCEL=${ACCEL:-tcg}
+
+# Checks that fail on rxe in the harness's kernel (Debian 6.1), each for a reason outside
+# this provider (docs/rdma-provider.md, "What the conformance suite shows on rxe").
+KNOWN_RXE=(
+    bad_lkey_is_local_protection_error                          # rxe: LOC_QP_OP_ERR
+    stale_lkey_is_local_protection_error                        # rxe: LOC_QP_OP_ERR
+    lkey_of_another_pd_is_local_protection_error                # rxe: LOC_QP_OP_ERR
+    signaled_and_unsignaled_sends                               # rxe: LOC_QP_OP_ERR for a bad lkey
+    an_error_flushes_the_rest                                   # rxe: LOC_QP_OP_ERR for a bad lkey
+    receive_errors_complete_both_sides                          # rxe: REM_OP_ERR, not REM_INV_REQ
+    qp_access_and_misaligned_atomic_are_remote_invalid_request  # rxe refuses a misaligned atomic at post (EINVAL)
+    modify_to_err_flushes_everything                            # rxe: a receive posted in ERR never completes
+    sqd_holds_sends_until_rts                                   # rxe: sends held in SQD never go after RTS
+    ud_message_larger_than_mtu_is_refused                       # rxe sends a UD message above the path MTU
+    qp_state_machine_ud                                         # the same: its failing send succeeds
+    qp_state_machine_uc                                         # rxe: a failed UC send goes to ERR, not SQE
+)
+
+say() { printf '[rdma-vm %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+fail() { echo "rdma-vm: FAILED: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "rdma-vm: needs root (network namespace, tap, qemu)" >&2; exit 2; }
+[ -x "$RXE_VM/run.sh" ] || { echo "rdma-vm: no rxe-vm harness at $RXE_VM (set RXE_VM)" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "rdma-vm: python3 missing (HTTP server, cmd.sh)" >&2; exit 2; }
+mkdir -p "$OUT"
+rm -f "$OUT"/*.log "$OUT"/ibal "$OUT"/conformance-rdma
+
+PIDS=()
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    "$RXE_VM/stop.sh" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# ---- build on the host (rdma-sys 0.3.0 needs libclang <= 15: see .ci/run)
+if [ -z "${LIBCLANG_PATH:-}" ]; then
+    for v in 15 14 13 12 11; do
+        if ls /usr/lib/llvm-$v/lib/libclang*.so* >/dev/null 2>&1; then
+            export LIBCLANG_PATH=/usr/lib/llvm-$v/lib
+            break
+        fi
+    done
+fi
+say "building ibal and the rdma conformance binary (--features rdma)"
+cargo build -q --features rdma -p ibal-cli || fail "cargo build --features rdma -p ibal-cli"
+cp target/debug/ibal "$OUT/ibal"
+cargo test -q --features rdma -p ibal-conformance --test rdma --no-run --message-format=json \
+    >"$OUT/build.json" 2>"$OUT/build.log" || fail "building the rdma conformance tests (see $OUT/build.log)"
+CONF=$(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "rdma":
+        print(m["executable"])
+' "$OUT/build.json" | tail -1)
+[ -n "$CONF" ] && [ -x "$CONF" ] || fail "no rdma conformance binary in cargo's output ($OUT/build.json)"
+cp "$CONF" "$OUT/conformance-rdma"
+
+# ---- boot
+if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ]; then
+    say "building the VM ($RXE_VM/build.sh)"
+    "$RXE_VM/build.sh" >"$OUT/vm-build.log" 2>&1 || fail "the VM build (see $OUT/vm-build.log)"
+fi
+"$RXE_VM/stop.sh" >/dev/null 2>&1 || true
+say "booting the rxe VM (ACCEL=$ACCEL)"
+"$RXE_VM/run.sh" >"$OUT/vm-run.log" 2>&1 || { cat "$OUT/vm-run.log" >&2; fail "the VM did not boot (run.sh)"; }
+
+# ---- serve the binaries from the namespace; the guest fetches them
+ip netns exec "$NS" timeout 120 python3 -m http.server "$HTTP_PORT" --bind "$HOST_IP" \
+    --directory "$OUT" >"$OUT/http.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 50); do
+    ip netns exec "$NS" python3 -c "import socket; socket.create_connection(('$HOST_IP', $HTTP_PORT), 1)" \
+        2>/dev/null && break
+    sleep 0.1
+done
+gcmd() { TIMEOUT=${T:-60} "$RXE_VM/cmd.sh" "$@"; }
+say "copying ibal and the conformance binary into the guest"
+gcmd "cd /tmp && wget -q -O ibal http://$HOST_IP:$HTTP_PORT/ibal && wget -q -O conformance-rdma \
+http://$HOST_IP:$HTTP_PORT/conformance-rdma && chmod +x ibal conformance-rdma && echo fetched" \
+    >"$OUT/fetch.log" 2>&1 || { cat "$OUT/fetch.log" >&2; fail "fetching the binaries in the guest"; }
+
+# ---- 1. ibal devinfo lists rxe0
+say "guest: ibal devinfo"
+rc=0
+gcmd "/tmp/ibal devinfo" >"$OUT/devinfo.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] || { cat "$OUT/devinfo.log" >&2; fail "ibal devinfo in the guest exited $rc (want 0: rxe0 is there)"; }
+grep -q 'hca_id:[[:space:]]*rxe0' "$OUT/devinfo.log" \
+    || { cat "$OUT/devinfo.log" >&2; fail "ibal devinfo in the guest does not list rxe0"; }
+grep -q '::ffff:192.168.77.2\|0000:0000:0000:0000:0000:ffff:c0a8:4d02' "$OUT/devinfo.log" \
+    || { cat "$OUT/devinfo.log" >&2; fail "ibal devinfo in the guest does not show rxe0's RoCEv2 GID of 192.168.77.2"; }
+say "ibal devinfo lists rxe0"
+
+# ---- 2. the conformance suite on rxe0
+say "guest: conformance suite on rxe0"
+rc=0
+T=300 gcmd "cd /tmp && IBAL_RDMA_DEVICE=rxe0 ./conformance-rdma --test-threads 2 2>&1" \
+    >"$OUT/conformance.log" 2>&1 || rc=$?
+grep -q '^test result:' "$OUT/conformance.log" \
+    || { tail -40 "$OUT/conformance.log" >&2; fail "the conformance binary did not finish in the guest (rc $rc)"; }
+passed=$(grep -c '^test .* \.\.\. ok$' "$OUT/conformance.log" || true)
+mapfile -t failed < <(sed -n 's/^test \(rdma::\)\{0,1\}\([a-z0-9_]*\) \.\.\. FAILED$/\2/p' "$OUT/conformance.log")
+unexpected=()
+for c in "${failed[@]}"; do
+    known=0
+    for k in "${KNOWN_RXE[@]}"; do [ "$c" = "$k" ] && known=1; done
+    [ "$known" = 1 ] || unexpected+=("$c")
+done
+for k in "${KNOWN_RXE[@]}"; do
+    if grep -q "^test rdma::$k \.\.\. ok$" "$OUT/conformance.log"; then
+        say "note: $k passes on rxe now (remove it from KNOWN_RXE)"
+    fi
+done
+say "conformance on rxe0: $passed passed, ${#failed[@]} failed (${#KNOWN_RXE[@]} known rxe differences listed)"
+if [ "${#unexpected[@]}" -gt 0 ]; then
+    for c in "${unexpected[@]}"; do
+        sed -n "/^---- \(rdma::\)\{0,1\}$c stdout ----/,/^----/p" "$OUT/conformance.log" | head -30 >&2
+    done
+    fail "conformance checks failed on rxe0: ${unexpected[*]} (log: $OUT/conformance.log)"
+fi
+[ "$passed" -gt 0 ] || fail "no conformance check ran on rxe0 (did the fixture skip? see $OUT/conformance.log)"
+say "PASS"
