@@ -519,6 +519,8 @@ impl<R: Clone> Transport<R> {
             self.flush_recv(w);
         }
         self.resp.out.clear();
+        self.resp.rd_jobs = 0;
+        self.resp.replay_jobs = 0;
         self.resp.replay.clear();
     }
 
