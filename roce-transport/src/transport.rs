@@ -211,6 +211,13 @@ pub(crate) struct SendSide<R> {
     /// Message buffers of completed sends, for the next posts to gather
     /// into ([`Transport::recycle`]).
     pub spare: Vec<Vec<u8>>,
+    /// Buffers of completed short sends, each held by nothing else (a
+    /// short SEND's copy would otherwise cost an allocation for the bytes
+    /// and one for the `Arc`, and their frees: ~400 instructions a
+    /// message, as much as its ICRC).
+    pub small: Vec<Arc<Vec<u8>>>,
+    /// The empty message of READs, atomics and leased sends, shared.
+    pub empty: Arc<Vec<u8>>,
     /// Gather lists of leased requests that left the queue, for the
     /// provider to release ([`Transport::poll_released`]).
     pub released: VecDeque<Vec<Sge>>,
@@ -227,6 +234,8 @@ pub const LEASE_MIN: u64 = 16 << 10;
 const SPARE_MIN: usize = 16 << 10;
 /// At most this many message buffers are kept per QP...
 const SPARE_COUNT: usize = 4;
+/// ... and this many short ones (under `SPARE_MIN`).
+const SMALL_COUNT: usize = 8;
 /// ... and none longer than this.
 const SPARE_MAX: usize = 4 << 20;
 
@@ -269,6 +278,8 @@ impl<R: Clone> Transport<R> {
                 retrans_at: None,
                 rnr_until: None,
                 spare: Vec::new(),
+                small: Vec::new(),
+                empty: Arc::default(),
                 released: VecDeque::new(),
             },
             resp: Responder::new(&cfg),
@@ -348,7 +359,7 @@ impl<R: Clone> Transport<R> {
             route,
             remote_qpn,
             remote_qkey,
-            data: Arc::default(),
+            data: Arc::clone(&self.sq.empty),
             len: 0,
             first_psn: self.sq.next_psn,
             npkts: 1,
@@ -408,10 +419,14 @@ impl<R: Clone> Transport<R> {
                     wqe.leased = true;
                     return Ok(());
                 }
-                let mut data = self.message_buffer(len as usize);
-                mem.gather(&wqe.sges, 0, &mut data)
+                let mut data = self.message_data(len as usize);
+                let Some(bytes) = Arc::get_mut(&mut data) else {
+                    // message_data hands out only buffers nothing else holds.
+                    return Err(WcStatus::LocalQpOpError);
+                };
+                mem.gather(&wqe.sges, 0, bytes)
                     .map_err(|e| e.local_status())?;
-                wqe.data = Arc::new(data);
+                wqe.data = data;
             }
         }
         Ok(())
@@ -560,9 +575,35 @@ impl<R: Clone> Transport<R> {
         vec![0; len]
     }
 
+    /// A buffer of `len` bytes for a message copied at post, held by
+    /// nothing else: a kept one when there is one.
+    fn message_data(&mut self, len: usize) -> Arc<Vec<u8>> {
+        if len < SPARE_MIN {
+            if let Some(mut kept) = self.sq.small.pop() {
+                if let Some(v) = Arc::get_mut(&mut kept) {
+                    self.counters.message_buffers_reused += 1;
+                    v.clear();
+                    v.resize(len, 0);
+                    return kept;
+                }
+            }
+            return Arc::new(vec![0; len]);
+        }
+        Arc::new(self.message_buffer(len))
+    }
+
     /// Keeps the message buffer of a completed send for the next posts,
     /// if no packet still holds it and the bounds allow.
-    pub(crate) fn recycle(&mut self, data: Arc<Vec<u8>>) {
+    pub(crate) fn recycle(&mut self, mut data: Arc<Vec<u8>>) {
+        if data.capacity() < SPARE_MIN {
+            if self.sq.small.len() < SMALL_COUNT
+                && !Arc::ptr_eq(&data, &self.sq.empty)
+                && Arc::get_mut(&mut data).is_some()
+            {
+                self.sq.small.push(data);
+            }
+            return;
+        }
         let Ok(v) = Arc::try_unwrap(data) else {
             return;
         };
