@@ -42,6 +42,9 @@
 // `deny`, not `forbid`: `sys` is the one module allowed `unsafe`.
 #![deny(unsafe_code)]
 
+pub mod cm;
+#[cfg(feature = "rdma")]
+mod cm_channel;
 pub mod convert;
 
 #[cfg(feature = "rdma")]
@@ -51,6 +54,11 @@ mod device;
 mod leases;
 #[cfg(feature = "rdma")]
 mod sys;
+#[cfg(feature = "rdma")]
+mod sys_cm;
+
+#[cfg(feature = "rdma")]
+pub use cm_channel::{available as rdma_cm_available, CmEvent, CmHook, CmId};
 
 #[cfg(feature = "rdma")]
 pub use device::{
