@@ -10,7 +10,13 @@
 #      its file (posted bytes leased until polled): every check must pass
 #      except the ones listed in KNOWN_RXE below, each a documented difference of Linux 6.1's
 #      rxe or of the verbs API (docs/rdma-provider.md). A listed check that passes is
-#      reported (so the list can shrink); an unlisted failure fails the step, by name.
+#      reported (so the list can shrink); an unlisted failure fails the step, by name;
+#   3. `ibal pingpong --device rxe0 --connect` in the guest (librdmacm-backed CEPs on Linux's
+#      rxe and CM) against `ibal pingpong --listen` on the host, in the harness's namespace, on
+#      our userspace RoCEv2 provider and our own CM: RDMA WRITE + SEND round trips with every
+#      byte checked, disconnect, zero live objects, on both sides;
+#   4. the other way round: `ibal pingpong --device rxe0 --listen` in the guest, `ibal pingpong
+#      --connect` on the host; a failure says which side failed and shows its output.
 # Nothing is written to the harness directory: its own README describes this way in.
 # Needs root and the rxe-vm harness (default ../shared/rxe-vm next to the repo; RXE_VM=dir
 # overrides). Boots the VM (ACCEL=tcg by default, ~15 s) and stops it on exit.
@@ -149,4 +155,64 @@ if [ "${#unexpected[@]}" -gt 0 ]; then
     fail "conformance checks failed on rxe0: ${unexpected[*]} (log: $OUT/conformance.log)"
 fi
 [ "$passed" -gt 0 ] || fail "no conformance check ran on rxe0 (did the fixture skip? see $OUT/conformance.log)"
+
+# ---- 3, 4. ibal pingpong: librdmacm-backed CEPs on rxe0 (guest) <-> our RoCEv2 provider and
+# CM (host, in the namespace). Each side must exit 0 and report every byte checked and no
+# object left live; the first side that did not is named, with its output.
+GUEST_IP=192.168.77.2
+pp_check() { # side-name log: the report's lines of a passing run
+    grep -q 'every byte checked' "$2" && grep -q 'AL closed with 0 objects live' "$2"
+}
+pp_fail() { # step, failed side's name, its log, the other side's log
+    say "$1: the $2 failed; its output:"
+    sed 's/^/    /' "$3" >&2
+    say "$1: the other side's output:"
+    sed 's/^/    /' "$4" >&2
+    fail "$1: the $2 failed (logs: $3, $4)"
+}
+
+STEP=pingpong-guest-connects
+PP1_ITERS=200 PP1_SIZE=4096
+say "$STEP: guest ibal pingpong --device rxe0 --connect $HOST_IP ($PP1_ITERS x $PP1_SIZE B) -> host ibal pingpong --listen $HOST_IP"
+ip netns exec "$NS" timeout 150 "$OUT/ibal" pingpong --listen "$HOST_IP:7471" --timeout 60 \
+    >"$OUT/$STEP.host.log" 2>&1 &
+host_pid=$!
+PIDS+=("$host_pid")
+sleep 1
+rc=0
+T=150 gcmd "timeout 140 /tmp/ibal pingpong --device rxe0 --connect $HOST_IP:7471 \
+--iterations $PP1_ITERS --size $PP1_SIZE --timeout 60 2>&1; echo exit=\$?" >"$OUT/$STEP.guest.log" 2>&1 || rc=$?
+host_rc=0
+wait "$host_pid" || host_rc=$?
+grep -q '^exit=0$' "$OUT/$STEP.guest.log" && pp_check guest "$OUT/$STEP.guest.log" \
+    || pp_fail "$STEP" "guest side (ibal pingpong --device rxe0 --connect, librdmacm on rxe0)" \
+        "$OUT/$STEP.guest.log" "$OUT/$STEP.host.log"
+[ "$host_rc" = 0 ] && pp_check host "$OUT/$STEP.host.log" \
+    || pp_fail "$STEP" "host side (ibal pingpong --listen, our RoCEv2 provider and CM; exit $host_rc)" \
+        "$OUT/$STEP.host.log" "$OUT/$STEP.guest.log"
+say "$STEP: PASS ($(grep -o '[0-9]* round trips of [0-9]* bytes[^:]*' "$OUT/$STEP.guest.log" | head -1); both sides: 0 objects live)"
+
+STEP=pingpong-guest-listens
+PP2_ITERS=50 PP2_SIZE=65536
+say "$STEP: host ibal pingpong --connect $GUEST_IP ($PP2_ITERS x $PP2_SIZE B) -> guest ibal pingpong --device rxe0 --listen $GUEST_IP"
+gcmd "rm -f /tmp/pp_listen.log; (timeout 150 /tmp/ibal pingpong --device rxe0 --listen $GUEST_IP:7471 \
+--timeout 60 >/tmp/pp_listen.log 2>&1; echo exit=\$? >>/tmp/pp_listen.log) & echo started" >/dev/null 2>&1 \
+    || fail "$STEP: cannot start the guest's listener"
+sleep 2
+host_rc=0
+ip netns exec "$NS" timeout 150 "$OUT/ibal" pingpong --connect "$GUEST_IP:7471" --local "$HOST_IP" \
+    --iterations $PP2_ITERS --size $PP2_SIZE --timeout 60 >"$OUT/$STEP.host.log" 2>&1 || host_rc=$?
+guest_done=0
+for _ in $(seq 60); do
+    if gcmd "grep -q '^exit=' /tmp/pp_listen.log" >/dev/null 2>&1; then guest_done=1; break; fi
+    sleep 1
+done
+gcmd "cat /tmp/pp_listen.log" >"$OUT/$STEP.guest.log" 2>&1 || true
+[ "$guest_done" = 1 ] && grep -q '^exit=0$' "$OUT/$STEP.guest.log" && pp_check guest "$OUT/$STEP.guest.log" \
+    || pp_fail "$STEP" "guest side (ibal pingpong --device rxe0 --listen, librdmacm on rxe0)" \
+        "$OUT/$STEP.guest.log" "$OUT/$STEP.host.log"
+[ "$host_rc" = 0 ] && pp_check host "$OUT/$STEP.host.log" \
+    || pp_fail "$STEP" "host side (ibal pingpong --connect, our RoCEv2 provider and CM; exit $host_rc)" \
+        "$OUT/$STEP.host.log" "$OUT/$STEP.guest.log"
+say "$STEP: PASS ($(grep -o '[0-9]* round trips of [0-9]* bytes[^:]*' "$OUT/$STEP.host.log" | head -1); both sides: 0 objects live)"
 say "PASS"

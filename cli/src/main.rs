@@ -92,6 +92,11 @@ enum Command {
         /// QP number of our device's first QP [default: random].
         #[arg(long, value_name = "QPN")]
         first_qpn: Option<u32>,
+        /// With --listen/--connect: run on this RDMA device (`rxe0`,
+        /// `mlx5_0`), connected through librdmacm, instead of our RoCEv2
+        /// port (needs a build with the rdma feature).
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
     },
     /// Print what this build contains and run a quick self-check.
     Overview,
@@ -480,6 +485,7 @@ fn main() -> ExitCode {
         hold: 0.0,
         guid: None,
         first_qpn: None,
+        device: None,
     }) {
         Command::Pingpong {
             listen: None,
@@ -503,6 +509,7 @@ fn main() -> ExitCode {
             hold,
             guid,
             first_qpn,
+            device,
             iterations,
             size,
             json,
@@ -527,6 +534,7 @@ fn main() -> ExitCode {
             cfg.hold = std::time::Duration::from_secs_f64(hold);
             cfg.guid = guid;
             cfg.first_qpn = first_qpn;
+            cfg.device = device;
             cfg.iterations = iterations;
             cfg.size = size;
             let report = ibal_cli::pingpong_ip::run(&cfg)?;

@@ -600,9 +600,11 @@ fn listen_hook(h: Handle<RdmaListen>) -> CmHook {
         if new_id.device().map(|d| d.0) != Some(l.ca_guid) {
             return;
         }
-        let (src, dst) = new_id.addrs();
-        let src = src.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let dst = dst.unwrap_or(l.addr);
+        // The new id's route runs from us (local) to the active side
+        // (peer); the REQ's header names them the other way round.
+        let (local, peer) = new_id.addrs();
+        let src = peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let dst = local.unwrap_or(l.addr);
         let req = translate::req_of(&p, src, dst, l.space);
         let id = std::sync::Arc::new(new_id);
         let conn = next_conn();
