@@ -381,6 +381,11 @@ enum PerfCommand {
         /// loopback at MTU 4096, vs raw UDP one-way throughput).
         #[arg(long, value_enum, default_value_t = Transport::Soft)]
         transport: Transport,
+        /// Run on this RDMA device instead (two contexts of it, looping
+        /// back through port 1; no baseline: compare with perftest,
+        /// docs/benchmarks.md). Needs a build with the rdma feature.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -397,6 +402,11 @@ enum PerfCommand {
         /// Rounds; the fastest round of each contender is reported.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Run on this RDMA device instead (two contexts of it, looping
+        /// back through port 1; no baseline: compare with perftest,
+        /// docs/benchmarks.md). Needs a build with the rdma feature.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -410,6 +420,11 @@ enum PerfCommand {
         /// Only `udp` (the soft provider completes within the post call).
         #[arg(long, value_enum, default_value_t = Transport::Udp)]
         transport: Transport,
+        /// Run on this RDMA device instead (two contexts of it, looping
+        /// back through port 1; no baseline: compare with perftest,
+        /// docs/benchmarks.md). Needs a build with the rdma feature.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -805,7 +820,44 @@ fn qp_exchange(
 }
 
 fn perf(bench: PerfCommand) -> Result<(), String> {
+    use ibal_cli::perf::udp as pu;
     match bench {
+        PerfCommand::WriteBw {
+            sizes,
+            iters,
+            rounds,
+            device: Some(device),
+            json,
+            ..
+        } => {
+            let bytes = iters.map_or(256 << 20, |i| {
+                i * sizes.iter().max().copied().unwrap_or(1) as u64
+            });
+            let report = pu::run_device_write_bw(&device, &sizes, bytes, rounds)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::SendRate {
+            msgs,
+            rounds,
+            device: Some(device),
+            json,
+            ..
+        } => {
+            let report = pu::run_device_send_rate(&device, msgs.unwrap_or(100_000), rounds)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::SendLat {
+            iters,
+            device: Some(device),
+            json,
+            ..
+        } => {
+            let report = pu::run_device_send_lat(&device, iters)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
         PerfCommand::Lookup {
             threads,
             ops,
@@ -839,6 +891,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             signal_every,
             transport: Transport::Udp,
             json,
+            ..
         } => {
             let bytes = iters.map_or(256 << 20, |i| {
                 i * sizes.iter().max().copied().unwrap_or(1) as u64
@@ -855,6 +908,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             signal_every,
             transport: Transport::Soft,
             json,
+            ..
         } => {
             let report =
                 ibal_cli::perf::verbs::run_write_bw(&ibal_cli::perf::verbs::WriteBwConfig {
@@ -871,6 +925,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             rounds,
             transport: Transport::Udp,
             json,
+            ..
         } => {
             let report = ibal_cli::perf::udp::run_send_rate(msgs.unwrap_or(100_000), rounds)?;
             print_report(json, report.to_json(), report.to_text());
@@ -881,6 +936,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             rounds,
             transport: Transport::Soft,
             json,
+            ..
         } => {
             let report =
                 ibal_cli::perf::verbs::run_send_rate(&ibal_cli::perf::verbs::SendRateConfig {
@@ -894,6 +950,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             iters,
             transport,
             json,
+            ..
         } => {
             if transport != Transport::Udp {
                 return Err(
