@@ -11,11 +11,13 @@
 #      except the ones listed in KNOWN_RXE below, each a documented difference of Linux 6.1's
 #      rxe or of the verbs API (docs/rdma-provider.md). A listed check that passes is
 #      reported (so the list can shrink); an unlisted failure fails the step, by name;
-#   3. `ibal pingpong --device rxe0 --connect` in the guest (librdmacm-backed CEPs on Linux's
+#   3. the librdmacm-backed CEPs' tests (cep/tests/rdmacm.rs) against rxe0: both ends on rxe0
+#      through the kernel's rdma_cm; all must pass;
+#   4. `ibal pingpong --device rxe0 --connect` in the guest (librdmacm-backed CEPs on Linux's
 #      rxe and CM) against `ibal pingpong --listen` on the host, in the harness's namespace, on
 #      our userspace RoCEv2 provider and our own CM: RDMA WRITE + SEND round trips with every
 #      byte checked, disconnect, zero live objects, on both sides;
-#   4. the other way round: `ibal pingpong --device rxe0 --listen` in the guest, `ibal pingpong
+#   5. the other way round: `ibal pingpong --device rxe0 --listen` in the guest, `ibal pingpong
 #      --connect` on the host; a failure says which side failed and shows its output.
 # Nothing is written to the harness directory: its own README describes this way in.
 # Needs root and the rxe-vm harness (default ../shared/rxe-vm next to the repo; RXE_VM=dir
@@ -55,7 +57,7 @@ fail() { echo "rdma-vm: FAILED: $*" >&2; exit 1; }
 [ -x "$RXE_VM/run.sh" ] || { echo "rdma-vm: no rxe-vm harness at $RXE_VM (set RXE_VM)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "rdma-vm: python3 missing (HTTP server, cmd.sh)" >&2; exit 2; }
 mkdir -p "$OUT"
-rm -f "$OUT"/*.log "$OUT"/ibal "$OUT"/conformance-rdma
+rm -f "$OUT"/*.log "$OUT"/ibal "$OUT"/conformance-rdma "$OUT"/rdmacm-tests
 
 PIDS=()
 cleanup() {
@@ -91,6 +93,20 @@ for line in open(sys.argv[1]):
 ' "$OUT/build.json" | tail -1)
 [ -n "$CONF" ] && [ -x "$CONF" ] || fail "no rdma conformance binary in cargo's output ($OUT/build.json)"
 cp "$CONF" "$OUT/conformance-rdma"
+cargo test -q --features rdma -p cep --test rdmacm --no-run --message-format=json \
+    >"$OUT/build-rdmacm.json" 2>"$OUT/build-rdmacm.log" || fail "building cep's rdmacm tests (see $OUT/build-rdmacm.log)"
+RDMACM=$(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "rdmacm":
+        print(m["executable"])
+' "$OUT/build-rdmacm.json" | tail -1)
+[ -n "$RDMACM" ] && [ -x "$RDMACM" ] || fail "no rdmacm test binary in cargo's output ($OUT/build-rdmacm.json)"
+cp "$RDMACM" "$OUT/rdmacm-tests"
 
 # ---- boot
 if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ]; then
@@ -113,7 +129,8 @@ done
 gcmd() { TIMEOUT=${T:-60} "$RXE_VM/cmd.sh" "$@"; }
 say "copying ibal and the conformance binary into the guest"
 gcmd "cd /tmp && wget -q -O ibal http://$HOST_IP:$HTTP_PORT/ibal && wget -q -O conformance-rdma \
-http://$HOST_IP:$HTTP_PORT/conformance-rdma && chmod +x ibal conformance-rdma && echo fetched" \
+http://$HOST_IP:$HTTP_PORT/conformance-rdma && wget -q -O rdmacm-tests http://$HOST_IP:$HTTP_PORT/rdmacm-tests \
+&& chmod +x ibal conformance-rdma rdmacm-tests && echo fetched" \
     >"$OUT/fetch.log" 2>&1 || { cat "$OUT/fetch.log" >&2; fail "fetching the binaries in the guest"; }
 
 # ---- 1. ibal devinfo lists rxe0
@@ -156,7 +173,18 @@ if [ "${#unexpected[@]}" -gt 0 ]; then
 fi
 [ "$passed" -gt 0 ] || fail "no conformance check ran on rxe0 (did the fixture skip? see $OUT/conformance.log)"
 
-# ---- 3, 4. ibal pingpong: librdmacm-backed CEPs on rxe0 (guest) <-> our RoCEv2 provider and
+# ---- 3. the librdmacm-backed CEPs on rxe0 (cep/tests/rdmacm.rs)
+say "guest: cep's rdmacm tests on rxe0"
+rc=0
+T=200 gcmd "cd /tmp && IBAL_RDMA_DEVICE=rxe0 timeout 180 ./rdmacm-tests --test-threads 2 2>&1" \
+    >"$OUT/rdmacm.log" 2>&1 || rc=$?
+if ! grep -q '^test result: ok' "$OUT/rdmacm.log"; then
+    tail -40 "$OUT/rdmacm.log" >&2
+    fail "cep's rdmacm tests on rxe0 (rc $rc; log: $OUT/rdmacm.log)"
+fi
+say "rdmacm tests on rxe0: $(grep -c '^test .* \.\.\. ok$' "$OUT/rdmacm.log") passed"
+
+# ---- 4, 5. ibal pingpong: librdmacm-backed CEPs on rxe0 (guest) <-> our RoCEv2 provider and
 # CM (host, in the namespace). Each side must exit 0 and report every byte checked and no
 # object left live; the first side that did not is named, with its output.
 GUEST_IP=192.168.77.2

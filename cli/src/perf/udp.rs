@@ -128,7 +128,10 @@ impl Pair {
 
 /// The two CAs of `target`, how each is reached, and the path MTU (at
 /// most `mtu`, at most the device port's active MTU).
-fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Vec<(Handle<Ca>, Route)>, Mtu)> {
+/// The two ends' CAs and routes.
+type Ends = Vec<(Handle<Ca>, Route)>;
+
+fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
     match target {
         Target::Loopback => {
             let port = |ip: &str| {
