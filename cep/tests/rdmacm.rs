@@ -368,3 +368,15 @@ fn al_close_reclaims_listens_and_connected_ceps() {
     expect(&events, "DisconnectRequest");
     close_clean(client);
 }
+
+#[test]
+fn the_projects_cm_refuses_an_rdma_ca_and_points_to_librdmacm() {
+    let Some((guid, ip)) = device() else { return };
+    let al = Al::open().unwrap();
+    let a = end(&al, guid);
+    let h: cep::cm::CmHandler = std::sync::Arc::new(|_, _| {});
+    let e = cep::ip::connect(al.instance(), a.qp, 1, &IpConnect::new(addr(ip, 5)), h)
+        .expect_err("QP1 is the kernel's");
+    assert!(e.to_string().contains("librdmacm"), "{e}");
+    close_clean(al);
+}
