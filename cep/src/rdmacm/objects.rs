@@ -383,19 +383,30 @@ pub fn rtu(al: &AlInstance, cep: Handle<RdmaCep>, private_data: &[u8]) -> Result
     }
     qp_to(&c, QpState::Rtr)?;
     qp_to(&c, QpState::Rts)?;
-    c.id()?.establish()?;
-    {
+    // Established before the RTU leaves: the peer's first DREQ may follow
+    // it at once, and its event must find the connection established.
+    let set = |from: Phase, to: Phase| {
         let mut st = c.state.lock();
-        if st.phase == Phase::ReplyReceived {
-            st.phase = Phase::Established;
+        if st.phase == from {
+            st.phase = to;
         }
-    }
+    };
+    set(Phase::ReplyReceived, Phase::Established);
+    // Queued before the RTU leaves, so that it precedes any event the
+    // peer's answer to the RTU causes; it is dropped if the RTU fails.
     let conn = c.conn;
     post_callback(&c, move |c| {
-        if !c.state.lock().closed {
+        let st = c.state.lock();
+        let live = !st.closed && st.phase != Phase::ReplyReceived;
+        drop(st);
+        if live {
             (c.handler)(c.handle(), &Event::Established { conn });
         }
     });
+    if let Err(e) = c.id().and_then(|id| id.establish()) {
+        set(Phase::Established, Phase::ReplyReceived);
+        return Err(e);
+    }
     Ok(())
 }
 
@@ -429,6 +440,13 @@ pub fn accept(
         qp_num: qp.qpn(),
     };
     param.check("accept", rdma_provider::cm::private_data_len::ACCEPT)?;
+    let before = qp.query()?;
+    if !matches!(before.state, QpState::Reset | QpState::Init | QpState::Err) {
+        return Err(Error::invalid_state(format!(
+            "accept needs a QP in RESET, INIT or ERR, not {:?}",
+            before.state
+        )));
+    }
     {
         let mut st = c.state.lock();
         if st.phase != Phase::RequestReceived || st.accepting || st.qp.is_some() {
@@ -439,7 +457,6 @@ pub fn accept(
         }
         st.accepting = true;
     }
-    let before = qp.query().map(|a| a.state);
     let h = c.core().handle();
     let result = binding::bind(qp.cid(), h).and_then(|()| {
         let started = (|| {
@@ -459,14 +476,26 @@ pub fn accept(
             }
             qp_to(&c, QpState::Init)?;
             qp_to(&c, QpState::Rtr)?;
+            // Before the REP leaves: its RTU's event must find the CEP
+            // accepted, whichever thread runs first.
+            {
+                let mut st = c.state.lock();
+                if st.phase == Phase::RequestReceived {
+                    st.phase = Phase::Accepted;
+                }
+            }
             id.accept(&param)
         })();
         started.map_err(|e| {
-            c.state.lock().qp = None;
-            let _ = qp.modify(&QpModify::to(QpState::Reset));
-            if matches!(before, Ok(QpState::Err)) {
-                let _ = qp.modify(&QpModify::to(QpState::Err));
+            {
+                let mut st = c.state.lock();
+                st.qp = None;
+                if st.phase == Phase::Accepted {
+                    st.phase = Phase::RequestReceived;
+                }
             }
+            // As the project's accept: the QP is put back as it was.
+            crate::cm::restore_qp(&qp, &before);
             if binding::release(qp.cid(), h, |_| {}) {
                 e
             } else {
@@ -477,11 +506,7 @@ pub fn accept(
             }
         })
     });
-    let mut st = c.state.lock();
-    st.accepting = false;
-    if result.is_ok() && st.phase == Phase::RequestReceived {
-        st.phase = Phase::Accepted;
-    }
+    c.state.lock().accepting = false;
     result
 }
 

@@ -194,7 +194,9 @@ pub fn step(phase: Phase, conn: ConnId, kind: &CmEventKind) -> Step {
             event: Some(Event::Established { conn }),
             release: false,
         },
-        (Phase::Established, CmEventKind::Disconnected) => Step {
+        // The passive side can hear the DREQ before the RTU (the RTU was
+        // lost; Linux's CM takes a DREQ in REP_SENT too).
+        (Phase::Established | Phase::Accepted, CmEventKind::Disconnected) => Step {
             next: Phase::PeerDisconnecting,
             reaction: Reaction::QpToErr,
             event: Some(Event::DisconnectRequest {
@@ -351,6 +353,10 @@ mod tests {
             step(Phase::Established, C, &CmEventKind::Disconnected).reaction,
             Reaction::QpToErr
         );
+        // A DREQ before the RTU: the same.
+        let s = step(Phase::Accepted, C, &CmEventKind::Disconnected);
+        assert_eq!(s.next, Phase::PeerDisconnecting);
+        assert_eq!(s.event.map(|e| e.name()), Some("DisconnectRequest"));
     }
 
     #[test]
@@ -451,6 +457,7 @@ mod tests {
             (Phase::AddrResolving, CmEventKind::RouteResolved),
             (Phase::Connecting, CmEventKind::AddrResolved),
             (Phase::RequestReceived, CmEventKind::Disconnected),
+            (Phase::ReplyReceived, CmEventKind::Disconnected),
             (
                 Phase::Established,
                 CmEventKind::ConnectResponse(ConnParam::default()),
