@@ -251,10 +251,10 @@ pub mod roce {
 pub mod rdma {
     //! Real RDMA devices through rdma-core's libibverbs (feature `rdma`):
     //! InfiniBand HCAs, RoCE NICs, Linux rxe and siw. [`RdmaProvider`]
-    //! lists and opens them (`al.open_ca(&RdmaProvider::new(), guid)`)
-    //! and their device and port attributes query; their verbs objects
-    //! (PD, CQ, MR, SRQ, AV, QP) are not implemented yet and answer
-    //! `Unsupported`. With no device it says "no RDMA devices found".
+    //! lists and opens them (`al.open_ca(&RdmaProvider::new(), guid)`);
+    //! their device and port attributes, PDs, CQs (woken by the device's
+    //! completion channel), MRs, SRQs, AVs and RC/UC/UD QPs work as on
+    //! the other providers. With no device it says "no RDMA devices found".
     //! See `docs/rdma-provider.md`.
     pub use rdma_provider::{RdmaDevice, RdmaProvider, NO_DEVICES};
 

@@ -510,6 +510,24 @@ impl Side {
         Ok(())
     }
 
+    /// One poll of the CQ, keeping what it finds for later waits. On a
+    /// RoCEv2 port it also sends the positive ACKs the last polls held
+    /// back (they otherwise leave at the receive thread's next turn, which
+    /// a loaded machine can delay), so that the connection is idle, with
+    /// nothing unacknowledged, when `--hold` says so.
+    fn settle(&self, al: &Al) {
+        let mut wc = [hca::provider::Wc::default(); 4];
+        if let Ok(n) = verbs::poll_cq(al, self.cq, &mut wc) {
+            let mut early = self.early.borrow_mut();
+            early.extend(
+                wc[..n]
+                    .iter()
+                    .filter(|w| w.wr_id != WRITE_ID)
+                    .map(|w| w.wr_id),
+            );
+        }
+    }
+
     pub(crate) fn wait_for(
         &self,
         al: &Al,
@@ -697,7 +715,7 @@ fn connect_on(
         let _ = al.destroy_sync(cep);
         return Err(format!("{e} [CM events: {seen:?}]"));
     }
-    hold(cfg);
+    hold(cfg, al, side);
     let t = Instant::now();
     cm::disconnect(inst, cep, &[]).map_err(|e| format!("disconnect: {e}"))?;
     let ended = wait_event(&events, deadline(), "the peer's DREP", |ev| match ev {
@@ -742,8 +760,9 @@ fn connect_on(
 
 /// `--hold`: keep the connection up, saying so on stderr (a test waits
 /// for the line to kill this process in the window).
-pub(crate) fn hold(cfg: &IpPingPongConfig) {
+pub(crate) fn hold(cfg: &IpPingPongConfig, al: &Al, side: &Side) {
     if !cfg.hold.is_zero() {
+        side.settle(al);
         eprintln!(
             "pingpong: holding the connection for {:.1} s",
             cfg.hold.as_secs_f64()
@@ -1020,7 +1039,7 @@ fn serve_on(
     let mut stale = false;
     let mut disconnect_us = 0.0;
     if dreq_first {
-        hold(cfg);
+        hold(cfg, al, side);
         cm::disconnect_reply(inst, cep, &[]).map_err(|e| format!("DREP: {e}"))?;
         disconnect_us = t.elapsed().as_secs_f64() * 1e6;
         answered = true;
@@ -1028,7 +1047,7 @@ fn serve_on(
     loop {
         match events.recv_timeout(cfg.timeout) {
             Ok((c, Event::DisconnectRequest { .. })) if c == cep => {
-                hold(cfg);
+                hold(cfg, al, side);
                 cm::disconnect_reply(inst, cep, &[]).map_err(|e| format!("DREP: {e}"))?;
                 disconnect_us = t.elapsed().as_secs_f64() * 1e6;
                 answered = true;

@@ -239,7 +239,7 @@ fn connect_on(
         let _ = al.destroy_sync(cep);
         return Err(format!("{e} [CM events: {seen:?}]"));
     }
-    hold(cfg);
+    hold(cfg, al, side);
     let t = Instant::now();
     let ended = rdmacm::disconnect(inst, cep, &[])
         .map_err(|e| format!("disconnect: {e}"))
@@ -417,7 +417,7 @@ fn serve_on(
             matches!(ev, Event::DisconnectRequest { .. }).then_some(Ok(()))
         })?;
     }
-    hold(cfg);
+    hold(cfg, al, side);
     rdmacm::disconnect_reply(inst, cep, &[]).map_err(|e| format!("DREP: {e}"))?;
     let disconnect_us = t.elapsed().as_secs_f64() * 1e6;
     wait_for(events, cep, deadline(), "the release", |ev| {

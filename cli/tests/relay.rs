@@ -137,9 +137,6 @@ fn pattern(seed: u32, len: usize) -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "known bug: about 2 runs in 15 a multi-packet READ ends RetryExceeded in ~0.2 s \
-            (also at e4cf303, before the session that found it); run with --ignored; \
-            docs/two-process.md, 'Open: READ retry'"]
 fn every_message_arrives_once_through_ten_percent_faults() {
     let (al, a, b, r, _provider) = setup(FaultConfig::uniform(0.10, 0x5eed), 7);
     // 60 messages: SENDs, WRITEs and READs of 100..8,738 bytes, in order.

@@ -327,8 +327,8 @@ providers! {
         qp: roce_provider::RoceQp,
     },
     /// Hardware (and Linux rxe/siw) devices through libibverbs (crate
-    /// `rdma-provider`, feature `rdma`). Lists, opens and queries; its
-    /// verbs objects are not implemented yet (`Unsupported`).
+    /// `rdma-provider`, feature `rdma`): every verbs object, through
+    /// libibverbs.
     @cfg(feature = "rdma")
     Rdma => rdma_provider::RdmaDevice {
         pd: rdma_provider::RdmaPd,

@@ -138,7 +138,7 @@ pub fn ip_of(gid: &Gid) -> IpAddr {
 /// host). Shared by every device a provider opens.
 #[derive(Debug, Default)]
 pub(crate) struct Directory {
-    map: RwLock<HashMap<Gid, SocketAddr>>,
+    map: RwLock<HashMap<Gid, SocketAddr, crate::keyhash::KeyHash>>,
 }
 
 impl Directory {

@@ -495,7 +495,7 @@ pub(crate) struct DevShared {
     pub(crate) attr: DeviceAttr,
     pub(crate) ports: Vec<PortShared>,
     pub(crate) mrs: MrTable,
-    pub(crate) qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    pub(crate) qps: RwLock<HashMap<u32, Arc<QpInner>, crate::keyhash::KeyHash>>,
     next_qpn: AtomicU32,
     base: Instant,
     /// Whether applications busy-poll the device's CQs: while they do the
@@ -835,7 +835,7 @@ impl RoceDevice {
             attr,
             ports,
             mrs,
-            qps: RwLock::new(HashMap::new()),
+            qps: RwLock::new(HashMap::default()),
             next_qpn: AtomicU32::new(first_qpn),
             base: Instant::now(),
             polls: PollWatch::default(),
@@ -1383,7 +1383,7 @@ impl Device for RoceDevice {
             }
             list.wrs.push_back(RecvEntry {
                 wr_id: wr.wr_id,
-                sg: wr.sg_list.to_vec(),
+                sg: wr.sg_list.into(),
             });
         }
         Ok(())

@@ -27,6 +27,7 @@ mod counters;
 mod cq;
 mod device;
 mod driver;
+mod keyhash;
 mod keys;
 mod mmsg;
 mod mr;

@@ -57,7 +57,7 @@ impl MrInner {
 /// The MRs of a device by key. Keys are random (never 0), so a key seen
 /// on the wire says nothing about the others.
 pub(crate) struct MrTable {
-    map: RwLock<HashMap<u32, Arc<MrInner>>>,
+    map: RwLock<HashMap<u32, Arc<MrInner>, crate::keyhash::KeyHash>>,
     max: usize,
     keys: KeyGen,
 }
@@ -65,7 +65,7 @@ pub(crate) struct MrTable {
 impl MrTable {
     pub(crate) fn new(max: usize) -> MrTable {
         MrTable {
-            map: RwLock::new(HashMap::new()),
+            map: RwLock::new(HashMap::default()),
             max,
             keys: KeyGen::new(),
         }
@@ -141,7 +141,8 @@ impl MrTable {
 #[derive(Debug, Clone)]
 pub(crate) struct RecvEntry {
     pub(crate) wr_id: u64,
-    pub(crate) sg: Vec<Sge>,
+    /// Inline for one or two entries: no allocation per posted receive.
+    pub(crate) sg: smallvec::SmallVec<[Sge; 2]>,
 }
 
 /// A queue of posted receives (a QP's or an SRQ's).

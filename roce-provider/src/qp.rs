@@ -482,7 +482,7 @@ impl QpInner {
             }
             list.wrs.push_back(RecvEntry {
                 wr_id: wr.wr_id,
-                sg: wr.sg_list.to_vec(),
+                sg: wr.sg_list.into(),
             });
         }
         Ok(())

@@ -45,7 +45,9 @@ pub(crate) enum Job {
         syndrome: Syndrome,
         msn: u32,
     },
-    /// READ response packets `next..npkts` of a READ at `first_psn`.
+    /// READ response packets `next..npkts` of a READ at `first_psn`
+    /// (the point a resumed READ asked for), part of the READ first
+    /// executed at `origin`.
     Read {
         first_psn: u32,
         rkey: u32,
@@ -54,9 +56,28 @@ pub(crate) enum Job {
         next: u32,
         npkts: u32,
         msn: u32,
+        origin: u32,
+        replay: bool,
     },
     /// Atomic ACK of `psn` with the original value.
-    Atomic { psn: u32, orig: u64, msn: u32 },
+    Atomic {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+        replay: bool,
+    },
+}
+
+impl Job {
+    /// Whether this job answers a duplicate request from the replay
+    /// cache (`Some(true)`), a request executed now (`Some(false)`), or
+    /// is an ACK (`None`).
+    fn replay(&self) -> Option<bool> {
+        match *self {
+            Job::Ack { .. } => None,
+            Job::Read { replay, .. } | Job::Atomic { replay, .. } => Some(replay),
+        }
+    }
 }
 
 /// A READ or atomic served, kept to answer its duplicates.
@@ -92,8 +113,16 @@ pub(crate) struct Responder {
     pub rq: VecDeque<RecvWqe>,
     pub out: VecDeque<Job>,
     pub replay: VecDeque<Replay>,
-    /// READ/atomic jobs in `out`.
+    /// READ/atomic jobs in `out` for requests executed (not replays):
+    /// a requester within its `max_rd_atomic` never has more than
+    /// `resources` of these waiting, since each is a READ or atomic it has
+    /// not had the whole answer to.
     pub rd_jobs: usize,
+    /// Jobs in `out` that answer duplicates from the replay cache: at most
+    /// one per cached request, so at most `resources`. They are not
+    /// counted against the requester's limit: a late duplicate may be
+    /// replayed after the requester has its answer and moved on.
+    pub replay_jobs: usize,
     /// Size of the replay cache and of the READ/atomic job limit.
     pub resources: usize,
 }
@@ -110,6 +139,7 @@ impl Responder {
             out: VecDeque::new(),
             replay: VecDeque::new(),
             rd_jobs: 0,
+            replay_jobs: 0,
             resources: usize::from(cfg.max_dest_rd_atomic.max(1)),
         }
     }
@@ -146,6 +176,46 @@ impl Responder {
     fn nak(&mut self, psn: u32, syndrome: Syndrome) {
         let msn = self.msn;
         self.out.push_back(Job::Ack { psn, syndrome, msn });
+    }
+
+    /// Takes a READ/atomic job out of the counts when it leaves `out`.
+    fn job_done(&mut self, job: &Job) {
+        match job.replay() {
+            Some(false) => self.rd_jobs = self.rd_jobs.saturating_sub(1),
+            Some(true) => self.replay_jobs = self.replay_jobs.saturating_sub(1),
+            None => {}
+        }
+    }
+
+    /// Queues a replay of a cached READ or atomic. A job already queued
+    /// for the same request is restarted at the point the duplicate asks
+    /// for, as rxe does with its responder resource, rather than queued
+    /// twice; otherwise a new job is queued if fewer than `resources`
+    /// replays wait. Returns false when the duplicate is dropped.
+    fn replay_job(&mut self, job: Job) -> bool {
+        let same = |queued: &Job| match (queued, &job) {
+            (Job::Read { origin: a, .. }, Job::Read { origin: b, .. }) => a == b,
+            (Job::Atomic { psn: a, .. }, Job::Atomic { psn: b, .. }) => a == b,
+            _ => false,
+        };
+        if let Some(queued) = self.out.iter_mut().find(|q| same(q)) {
+            if let (Job::Read { replay: was, .. }, Job::Read { .. }) = (*queued, job) {
+                // Restarted in its place (PSN order holds); it keeps the
+                // count it was queued under.
+                *queued = job;
+                if let Job::Read { replay, .. } = queued {
+                    *replay = was;
+                }
+            }
+            // An atomic's answer is the same value: the queued one serves.
+            return true;
+        }
+        if self.replay_jobs >= self.resources {
+            return false;
+        }
+        self.replay_jobs += 1;
+        self.out.push_back(job);
+        true
     }
 
     fn remember(&mut self, r: Replay) {
@@ -329,32 +399,37 @@ impl<R: Clone> Transport<R> {
                             next: 0,
                             npkts: npkts - k as u32,
                             msn,
+                            origin: first_psn,
+                            replay: true,
                         })
                     }
                     _ => None,
                 });
                 match hit {
-                    Some(job) if self.resp.rd_jobs < self.resp.resources => {
-                        self.resp.rd_jobs += 1;
-                        self.resp.out.push_back(job);
+                    Some(job) => {
+                        if !self.resp.replay_job(job) {
+                            self.counters.resources_busy += 1;
+                        }
                     }
-                    Some(_) => self.counters.resources_busy += 1,
                     None => self.counters.ignored_responses += 1,
                 }
             }
             Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
                 let hit = self.resp.replay.iter().find_map(|r| match *r {
-                    Replay::Atomic { psn, orig, msn } if psn == p => {
-                        Some(Job::Atomic { psn, orig, msn })
-                    }
+                    Replay::Atomic { psn, orig, msn } if psn == p => Some(Job::Atomic {
+                        psn,
+                        orig,
+                        msn,
+                        replay: true,
+                    }),
                     _ => None,
                 });
                 match hit {
-                    Some(job) if self.resp.rd_jobs < self.resp.resources => {
-                        self.resp.rd_jobs += 1;
-                        self.resp.out.push_back(job);
+                    Some(job) => {
+                        if !self.resp.replay_job(job) {
+                            self.counters.resources_busy += 1;
+                        }
                     }
-                    Some(_) => self.counters.resources_busy += 1,
                     None => self.counters.ignored_responses += 1,
                 }
             }
@@ -485,6 +560,8 @@ impl<R: Clone> Transport<R> {
                     next: 0,
                     npkts,
                     msn,
+                    origin: p,
+                    replay: false,
                 });
                 self.resp.remember(Replay::Read {
                     first_psn: p,
@@ -525,7 +602,12 @@ impl<R: Clone> Transport<R> {
                 self.resp.msn = psn::add(self.resp.msn, 1);
                 let msn = self.resp.msn;
                 self.resp.rd_jobs += 1;
-                self.resp.out.push_back(Job::Atomic { psn: p, orig, msn });
+                self.resp.out.push_back(Job::Atomic {
+                    psn: p,
+                    orig,
+                    msn,
+                    replay: false,
+                });
                 self.resp.remember(Replay::Atomic { psn: p, orig, msn });
                 Ok(())
             }
@@ -758,7 +840,7 @@ impl<R: Clone> Transport<R> {
                 });
                 (h, Vec::new(), true)
             }
-            Job::Atomic { psn, orig, msn } => {
+            Job::Atomic { psn, orig, msn, .. } => {
                 let mut h = Headers::new(Bth::new(Opcode::RcAtomicAck, dest, *psn));
                 h.aeth = Some(Aeth {
                     syndrome: Syndrome::Ack {
@@ -777,6 +859,7 @@ impl<R: Clone> Transport<R> {
                 next,
                 npkts,
                 msn,
+                ..
             } => {
                 let k = *next;
                 let off = k * mtu;
@@ -790,8 +873,9 @@ impl<R: Clone> Transport<R> {
                 {
                     // The region went away under the READ.
                     let msn = *msn;
-                    self.resp.out.pop_front();
-                    self.resp.rd_jobs = self.resp.rd_jobs.saturating_sub(1);
+                    if let Some(job) = self.resp.out.pop_front() {
+                        self.resp.job_done(&job);
+                    }
                     let mut h = Headers::new(Bth::new(Opcode::RcAck, dest, p));
                     h.aeth = Some(Aeth {
                         syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
@@ -819,8 +903,8 @@ impl<R: Clone> Transport<R> {
             }
         };
         if done {
-            if let Some(Job::Read { .. } | Job::Atomic { .. }) = self.resp.out.pop_front() {
-                self.resp.rd_jobs = self.resp.rd_jobs.saturating_sub(1);
+            if let Some(job) = self.resp.out.pop_front() {
+                self.resp.job_done(&job);
             }
         }
         Some(self.respond(headers, payload))

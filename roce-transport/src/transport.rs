@@ -109,12 +109,17 @@ pub struct Counters {
     pub message_buffers_reused: u64,
 }
 
+/// A work request's gather or scatter list: most have one or two
+/// entries, kept inline (a heap list per post was ~400 instructions of
+/// allocation and free per message).
+pub(crate) type SgList = smallvec::SmallVec<[Sge; 2]>;
+
 /// One send work request as the transport keeps it.
 #[derive(Debug, Clone)]
 pub(crate) struct SendWqe<R> {
     pub wr_id: u64,
     pub op: SendOp,
-    pub sges: Vec<Sge>,
+    pub sges: SgList,
     pub signaled: bool,
     pub solicited: bool,
     pub route: Option<R>,
@@ -172,7 +177,7 @@ impl<R> SendWqe<R> {
 #[derive(Debug, Clone)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    pub sges: SgList,
 }
 
 /// Requester and completer state (the send queue).
@@ -206,6 +211,13 @@ pub(crate) struct SendSide<R> {
     /// Message buffers of completed sends, for the next posts to gather
     /// into ([`Transport::recycle`]).
     pub spare: Vec<Vec<u8>>,
+    /// Buffers of completed short sends, each held by nothing else (a
+    /// short SEND's copy would otherwise cost an allocation for the bytes
+    /// and one for the `Arc`, and their frees: ~400 instructions a
+    /// message, as much as its ICRC).
+    pub small: Vec<Arc<Vec<u8>>>,
+    /// The empty message of READs, atomics and leased sends, shared.
+    pub empty: Arc<Vec<u8>>,
     /// Gather lists of leased requests that left the queue, for the
     /// provider to release ([`Transport::poll_released`]).
     pub released: VecDeque<Vec<Sge>>,
@@ -222,6 +234,8 @@ pub const LEASE_MIN: u64 = 16 << 10;
 const SPARE_MIN: usize = 16 << 10;
 /// At most this many message buffers are kept per QP...
 const SPARE_COUNT: usize = 4;
+/// ... and this many short ones (under `SPARE_MIN`).
+const SMALL_COUNT: usize = 8;
 /// ... and none longer than this.
 const SPARE_MAX: usize = 4 << 20;
 
@@ -264,6 +278,8 @@ impl<R: Clone> Transport<R> {
                 retrans_at: None,
                 rnr_until: None,
                 spare: Vec::new(),
+                small: Vec::new(),
+                empty: Arc::default(),
                 released: VecDeque::new(),
             },
             resp: Responder::new(&cfg),
@@ -337,13 +353,13 @@ impl<R: Clone> Transport<R> {
         let mut wqe = SendWqe {
             wr_id: wr.wr_id,
             op: wr.op,
-            sges: wr.sg_list.to_vec(),
+            sges: SgList::from_slice(wr.sg_list),
             signaled: wr.signaled,
             solicited: wr.solicited,
             route,
             remote_qpn,
             remote_qkey,
-            data: Arc::default(),
+            data: Arc::clone(&self.sq.empty),
             len: 0,
             first_psn: self.sq.next_psn,
             npkts: 1,
@@ -403,10 +419,14 @@ impl<R: Clone> Transport<R> {
                     wqe.leased = true;
                     return Ok(());
                 }
-                let mut data = self.message_buffer(len as usize);
-                mem.gather(&wqe.sges, 0, &mut data)
+                let mut data = self.message_data(len as usize);
+                let Some(bytes) = Arc::get_mut(&mut data) else {
+                    // message_data hands out only buffers nothing else holds.
+                    return Err(WcStatus::LocalQpOpError);
+                };
+                mem.gather(&wqe.sges, 0, bytes)
                     .map_err(|e| e.local_status())?;
-                wqe.data = Arc::new(data);
+                wqe.data = data;
             }
         }
         Ok(())
@@ -423,7 +443,7 @@ impl<R: Clone> Transport<R> {
         }
         let wqe = RecvWqe {
             wr_id: wr.wr_id,
-            sges: wr.sg_list.to_vec(),
+            sges: SgList::from_slice(wr.sg_list),
         };
         if self.state == QpState::Err {
             self.flush_recv(wqe);
@@ -519,6 +539,8 @@ impl<R: Clone> Transport<R> {
             self.flush_recv(w);
         }
         self.resp.out.clear();
+        self.resp.rd_jobs = 0;
+        self.resp.replay_jobs = 0;
         self.resp.replay.clear();
     }
 
@@ -553,9 +575,35 @@ impl<R: Clone> Transport<R> {
         vec![0; len]
     }
 
+    /// A buffer of `len` bytes for a message copied at post, held by
+    /// nothing else: a kept one when there is one.
+    fn message_data(&mut self, len: usize) -> Arc<Vec<u8>> {
+        if len < SPARE_MIN {
+            if let Some(mut kept) = self.sq.small.pop() {
+                if let Some(v) = Arc::get_mut(&mut kept) {
+                    self.counters.message_buffers_reused += 1;
+                    v.clear();
+                    v.resize(len, 0);
+                    return kept;
+                }
+            }
+            return Arc::new(vec![0; len]);
+        }
+        Arc::new(self.message_buffer(len))
+    }
+
     /// Keeps the message buffer of a completed send for the next posts,
     /// if no packet still holds it and the bounds allow.
-    pub(crate) fn recycle(&mut self, data: Arc<Vec<u8>>) {
+    pub(crate) fn recycle(&mut self, mut data: Arc<Vec<u8>>) {
+        if data.capacity() < SPARE_MIN {
+            if self.sq.small.len() < SMALL_COUNT
+                && !Arc::ptr_eq(&data, &self.sq.empty)
+                && Arc::get_mut(&mut data).is_some()
+            {
+                self.sq.small.push(data);
+            }
+            return;
+        }
         let Ok(v) = Arc::try_unwrap(data) else {
             return;
         };
@@ -582,7 +630,7 @@ impl<R: Clone> Transport<R> {
     /// signaled).
     pub(crate) fn complete_send(&mut self, w: &SendWqe<R>, status: WcStatus) {
         if w.leased {
-            self.sq.released.push_back(w.sges.clone());
+            self.sq.released.push_back(w.sges.to_vec());
         }
         if status == WcStatus::Success && !w.signaled {
             return;
@@ -617,7 +665,7 @@ impl<R: Clone> Transport<R> {
         let mut out: Vec<Vec<Sge>> = self.sq.released.drain(..).collect();
         for w in &mut self.sq.wqes {
             if std::mem::take(&mut w.leased) {
-                out.push(std::mem::take(&mut w.sges));
+                out.push(std::mem::take(&mut w.sges).into_vec());
                 w.failed.get_or_insert(WcStatus::WrFlushError);
             }
         }

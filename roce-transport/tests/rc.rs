@@ -81,6 +81,35 @@ fn kept_message_buffers_carry_each_new_message_exactly() {
     assert!(net.sides[0].t.counters().message_buffers_reused >= 4);
 }
 
+#[test]
+fn kept_short_buffers_carry_each_new_message_exactly() {
+    // Short messages (copied at post) of changing lengths, round after
+    // round, through loss and duplication: completed sends leave their
+    // buffers to later posts (the counter says so), and every byte that
+    // lands is the new message's, never a longer old one's tail.
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 8);
+    net.faults = Faults {
+        drop: 50,
+        duplicate: 50,
+        ..Faults::default()
+    };
+    for (round, len) in [900u32, 64, 3000, 7, 1500, 0, 2048].into_iter().enumerate() {
+        let kinds = [
+            (Kind::Send, len),
+            (Kind::Write, len / 2 + 1),
+            (Kind::SendImm, len + 3),
+        ];
+        let w = Workload::seeded(&mut net, &kinds, 300 + 100 * round as u64);
+        for side in &mut net.sides {
+            side.wcs.clear();
+        }
+        w.post(&mut net);
+        assert!(w.run(&mut net, Duration::from_secs(5)), "round {round}");
+        w.check(&mut net);
+    }
+    assert!(net.sides[0].t.counters().message_buffers_reused >= 10);
+}
+
 /// Long SENDs and WRITEs whose bytes the memory leases are gathered
 /// packet by packet as they go (and again when retransmitted): every byte
 /// lands, through loss, duplication, reordering and corruption, and every
@@ -581,4 +610,107 @@ fn a_resumed_read_takes_responses_numbered_as_the_whole_message() {
     let wc = t.poll_completion().expect("the READ completes");
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
     assert_eq!(mem.read(lkey, 0x1000, 1024), data);
+}
+
+/// The relay test's shape (`cli/tests/relay.rs`): SENDs, WRITEs and READs of
+/// up to 8.7 KiB at MTU 1024, 10% of the packets dropped, duplicated and
+/// delayed by up to 2 ms, with 4 READ resources on each side and the ACK
+/// timeout at 16.8 ms. Duplicate READ requests used to take the responder's
+/// READ resources, so a new READ found them full, was NAKed as an invalid
+/// request and the responder went to ERR (a quarter of the seeds ended in
+/// RETRY_EXC_ERR).
+#[test]
+fn relay_faults_with_four_read_resources_every_message_once() {
+    for seed in 0..40u64 {
+        let mut a = roce_transport::Config::rc(0x11, 0x22);
+        let mut b = roce_transport::Config::rc(0x22, 0x11);
+        for c in [&mut a, &mut b] {
+            c.timeout = 12;
+            c.max_rd_atomic = 4;
+            c.max_dest_rd_atomic = 4;
+        }
+        let mut net = Net::new(a, b, seed);
+        net.latency = Duration::from_micros(20);
+        net.faults = Faults {
+            drop: 100,
+            duplicate: 100,
+            delay: 100,
+            corrupt: 0,
+            max_delay: Duration::from_millis(2),
+        };
+        let slot = (1u32 << 19) / 60;
+        let kinds: Vec<(Kind, u32)> = (0..60u32)
+            .map(|i| {
+                let kind = [Kind::Send, Kind::Write, Kind::Read][i as usize % 3];
+                (kind, 100 + (i * 7919) % (slot - 100))
+            })
+            .collect();
+        let w = Workload::new(&mut net, &kinds);
+        w.post(&mut net);
+        assert!(w.run(&mut net, Duration::from_secs(60)), "seed {seed}");
+        w.check(&mut net);
+        assert_eq!(
+            net.sides[1].t.state(),
+            provider::QpState::Rts,
+            "seed {seed}"
+        );
+    }
+}
+
+/// Duplicates of a READ already answered are replayed without using the
+/// READ resources that new READs need: one replay job per cached READ (a
+/// second duplicate restarts it), and new READs up to the limit are served.
+#[test]
+fn duplicate_reads_leave_the_read_resources_to_new_reads() {
+    use provider::{Access, QpState};
+    use roce::{Bth, Endpoints, Headers, Opcode, Packet, Reth};
+    use roce_transport::{Config, Transport};
+
+    let mut mem = common::TestMem::default();
+    let (_, rkey) = mem.register(0x9000, 4096, Access::REMOTE_READ);
+    let mut cfg = Config::rc(0x22, 0x11);
+    cfg.max_dest_rd_atomic = 2;
+    let mut t: Transport<()> = Transport::new(cfg).unwrap();
+    let ep = Endpoints::new(
+        "192.0.2.1:49152".parse().unwrap(),
+        "192.0.2.2:4791".parse().unwrap(),
+    )
+    .unwrap();
+    let src = common::source(&ep);
+    let now = Duration::from_secs(1);
+    let read = |psn: u32| {
+        let mut h = Headers::new(Bth::new(Opcode::RcReadRequest, 0x22, psn));
+        h.reth = Some(Reth {
+            va: 0x9000 + u64::from(psn) * 64,
+            rkey,
+            dma_len: 64,
+        });
+        h
+    };
+    let deliver = |t: &mut Transport<()>, mem: &mut common::TestMem, psn: u32| {
+        t.handle_packet(now, &src, &Packet::new(read(psn), &[]), mem);
+    };
+    // READ 0 is answered; its requester asks twice more (late duplicates).
+    deliver(&mut t, &mut mem, 0);
+    let first: Vec<_> = std::iter::from_fn(|| t.poll_transmit(now, &mut mem)).collect();
+    assert_eq!(first.len(), 1);
+    deliver(&mut t, &mut mem, 0);
+    deliver(&mut t, &mut mem, 0);
+    // Then two new READs: as many as the resources offered.
+    deliver(&mut t, &mut mem, 1);
+    deliver(&mut t, &mut mem, 2);
+    let out: Vec<_> = std::iter::from_fn(|| t.poll_transmit(now, &mut mem))
+        .map(|tx| (tx.headers.bth.opcode, tx.headers.bth.psn))
+        .collect();
+    assert_eq!(
+        out,
+        [
+            (Opcode::RcReadResponseOnly, 0),
+            (Opcode::RcReadResponseOnly, 1),
+            (Opcode::RcReadResponseOnly, 2),
+        ],
+        "one replay of READ 0, then both new READs, no NAK"
+    );
+    assert_eq!(t.state(), QpState::Rts);
+    assert_eq!(t.counters().naks_sent, 0);
 }
