@@ -380,3 +380,77 @@ fn the_projects_cm_refuses_an_rdma_ca_and_points_to_librdmacm() {
     assert!(e.to_string().contains("librdmacm"), "{e}");
     close_clean(al);
 }
+
+/// Destroys racing the exchange, each way round, `IBAL_RDMACM_ITERATIONS`
+/// times (default 24): the client destroys its CEP, or its QP, or closes
+/// its AL right after `connect` (while rdma_cm resolves or the REQ is out),
+/// or the server destroys the request's CEP; the server accepts what
+/// reaches it on a fresh QP and destroys that QP afterwards. Every client
+/// AL closes with nothing live, then the server's.
+#[test]
+fn destroys_racing_the_exchange_leak_nothing() {
+    let Some((guid, ip)) = device() else { return };
+    let iterations: u32 = std::env::var("IBAL_RDMACM_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    let server = Al::open().unwrap();
+    let b = end(&server, guid);
+    let at = addr(ip, 6);
+    let l = listen(&server, b.ca, at);
+    let pd = verbs::alloc_pd(server.instance(), b.ca).unwrap();
+    for i in 0..iterations {
+        let client = Al::open().unwrap();
+        let a = end(&client, guid);
+        let (h, _events) = handler();
+        let inst = client.instance();
+        let c = rdmacm::connect(inst, a.qp, &IpConnect::new(at), h).unwrap();
+        // Vary where in the exchange the destroy lands.
+        std::thread::sleep(Duration::from_micros(u64::from(i % 6) * 400));
+        match i % 4 {
+            0 => {
+                let _ = client.destroy_sync(c);
+            }
+            1 => client.destroy_sync(a.qp).unwrap(),
+            2 => {}
+            _ => {
+                close_clean(client);
+                serve(&server, pd, b.cq, &l, i);
+                continue;
+            }
+        }
+        serve(&server, pd, b.cq, &l, i);
+        close_clean(client);
+    }
+    al_drain(&l);
+    close_clean(server);
+}
+
+/// What the server does with what reached it in one iteration: every
+/// request is accepted on a fresh QP, except in iteration kind 2, where
+/// the request's CEP is destroyed at once (REJ); the QPs are destroyed
+/// afterwards (and with them their CEPs).
+fn serve(server: &Al, pd: Handle<hca::verbs::Pd>, cq: Handle<Cq>, l: &Listening, i: u32) {
+    let inst = server.instance();
+    let mut qps = Vec::new();
+    while let Ok((c, ev)) = l.requests.recv_timeout(Duration::from_millis(300)) {
+        assert_eq!(ev.name(), "ConnectRequest");
+        if i % 4 == 2 {
+            let _ = server.destroy_sync(c);
+            continue;
+        }
+        let qp = create_qp(inst, pd, QpCreate::new(QpType::Rc, cq)).unwrap();
+        // The client may be gone already: then the accept fails or the
+        // connection ends at once; either way nothing may stay behind.
+        let _ = rdmacm::accept(inst, c, qp, &AcceptReply::default());
+        qps.push(qp);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    for qp in qps {
+        server.destroy_sync(qp).unwrap();
+    }
+}
+
+fn al_drain(l: &Listening) {
+    while l.events.try_recv().is_ok() {}
+}
