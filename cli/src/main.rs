@@ -1140,10 +1140,14 @@ fn overview() -> Result<(), String> {
     out!("                                                librdmacm's rping exchange over RoCEv2, against Linux's rping or another ibal");
     out!("  ibal pingpong --listen IP[:PORT] | --connect IP[:PORT] [--local IP]");
     out!("                                                the same job between two processes or hosts over RoCEv2 (rdma_cm addressing)");
+    out!("  ibal pingpong --device NAME --listen IP[:PORT] | --connect IP[:PORT]");
+    out!("                                                the same job on an RDMA device through librdmacm (build with --features rdma)");
     out!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
     out!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     out!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
     out!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
+    out!("  ibal perf send-lat|send-rate|write-bw --device NAME");
+    out!("                                                the RoCEv2 benchmarks on an RDMA device, to compare with perftest (--features rdma)");
     out!("  ibal perf conn-rate [--mode M] [--transport soft|udp] [--json]");
     out!("                                                CM connect latency and rate vs a 256-byte MAD round trip (udp: RoCEv2 on lo vs a UDP round trip)");
     out!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P] [--transport soft|udp]");
