@@ -505,6 +505,7 @@ fn main() -> ExitCode {
         Command::Pingpong {
             listen: None,
             connect: None,
+            device: None,
             loopback,
             iterations,
             size,
@@ -534,7 +535,12 @@ fn main() -> ExitCode {
             let role = match (listen, connect) {
                 (Some(l), _) => Role::Listen(parse_ip_port(&l, DEFAULT_PORT)?),
                 (None, Some(c)) => Role::Connect(parse_ip_port(&c, DEFAULT_PORT)?),
-                (None, None) => unreachable!("matched above"),
+                (None, None) => {
+                    return Err(
+                        "--device runs between two processes: give --listen or --connect"
+                            .to_string(),
+                    )
+                }
             };
             let mut cfg = IpPingPongConfig::new(role);
             cfg.local = local;

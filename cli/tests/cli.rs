@@ -460,6 +460,7 @@ fn device_runs_say_plainly_when_they_cannot_run() {
             "--connect",
             "127.0.0.1",
         ][..],
+        &["pingpong", "--device", "nosuchdev0"][..],
         &["perf", "send-lat", "--device", "nosuchdev0"][..],
         &["perf", "write-bw", "--device", "nosuchdev0"][..],
     ] {
@@ -467,6 +468,10 @@ fn device_runs_say_plainly_when_they_cannot_run() {
         assert_ne!(out.status.code(), Some(0), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        if args.len() == 3 {
+            assert!(stderr.contains("give --listen or --connect"), "{stderr}");
+            continue;
+        }
         #[cfg(not(feature = "rdma"))]
         assert!(
             stderr.contains("without the rdma feature"),
