@@ -206,7 +206,12 @@ ip netns exec "$NS" timeout 150 "$OUT/ibal" pingpong --listen "$HOST_IP:7471" --
     >"$OUT/$STEP.host.log" 2>&1 &
 host_pid=$!
 PIDS+=("$host_pid")
-sleep 1
+# Wait until its RoCEv2 port has bound UDP 4791 in the namespace.
+for _ in $(seq 50); do
+    ip netns exec "$NS" ss -Hlun "sport = :4791" 2>/dev/null | grep -q 4791 && break
+    kill -0 "$host_pid" 2>/dev/null || break
+    sleep 0.1
+done
 rc=0
 T=150 gcmd "timeout 140 /tmp/ibal pingpong --device rxe0 --connect $HOST_IP:7471 \
 --iterations $PP1_ITERS --size $PP1_SIZE --timeout 60 2>&1; echo exit=\$?" >"$OUT/$STEP.guest.log" 2>&1 || rc=$?
@@ -226,7 +231,14 @@ say "$STEP: host ibal pingpong --connect $GUEST_IP ($PP2_ITERS x $PP2_SIZE B) ->
 gcmd "rm -f /tmp/pp_listen.log; (timeout 150 /tmp/ibal pingpong --device rxe0 --listen $GUEST_IP:7471 \
 --timeout 60 >/tmp/pp_listen.log 2>&1; echo exit=\$? >>/tmp/pp_listen.log) & echo started" >/dev/null 2>&1 \
     || fail "$STEP: cannot start the guest's listener"
-sleep 2
+# Wait until its rdma_cm id listens (the kernel lists it), so the REQ is not refused.
+listening=0
+for _ in $(seq 30); do
+    if gcmd "rdma res show cm_id | grep -q 'state LISTEN .*comm ibal src-addr $GUEST_IP:7471 '" \
+        >/dev/null 2>&1; then listening=1; break; fi
+    sleep 1
+done
+[ "$listening" = 1 ] || { gcmd "cat /tmp/pp_listen.log" >&2 || true; fail "$STEP: the guest side (ibal pingpong --device rxe0 --listen) never listened on $GUEST_IP:7471"; }
 host_rc=0
 ip netns exec "$NS" timeout 150 "$OUT/ibal" pingpong --connect "$GUEST_IP:7471" --local "$HOST_IP" \
     --iterations $PP2_ITERS --size $PP2_SIZE --timeout 60 >"$OUT/$STEP.host.log" 2>&1 || host_rc=$?
