@@ -449,6 +449,11 @@ enum PerfCommand {
         /// sockets, against a UDP round trip between the same addresses.
         #[arg(long, value_enum, default_value_t = Transport::Soft)]
         transport: Transport,
+        /// Instead: serial connections through librdmacm on this RDMA
+        /// device (two contexts of it, to its own address; --connections
+        /// only). Needs a build with the rdma feature.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -968,6 +973,25 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
+        #[cfg(feature = "rdma")]
+        PerfCommand::ConnRate {
+            connections,
+            device: Some(device),
+            json,
+            ..
+        } => {
+            let report = ibal_cli::perf::conn_rdma::run(&device, connections)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        #[cfg(not(feature = "rdma"))]
+        PerfCommand::ConnRate {
+            device: Some(device),
+            ..
+        } => Err(format!(
+            "--device {device}: this ibal was built without the rdma feature \
+             (cargo build --features rdma -p ibal-cli; docs/rdma-provider.md)"
+        )),
         PerfCommand::ConnRate {
             connections,
             in_flight,
@@ -975,6 +999,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             mode,
             transport,
             json,
+            ..
         } => {
             use ibal_cli::perf::conn::ConnModes;
             let cfg = ibal_cli::perf::conn::ConnRateConfig {
@@ -1152,7 +1177,7 @@ fn overview() -> Result<(), String> {
     out!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     out!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
     out!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
-    out!("  ibal perf send-lat|send-rate|write-bw --device NAME");
+    out!("  ibal perf send-lat|send-rate|write-bw|conn-rate --device NAME");
     out!("                                                the RoCEv2 benchmarks on an RDMA device, to compare with perftest (--features rdma)");
     out!("  ibal perf conn-rate [--mode M] [--transport soft|udp] [--json]");
     out!("                                                CM connect latency and rate vs a 256-byte MAD round trip (udp: RoCEv2 on lo vs a UDP round trip)");

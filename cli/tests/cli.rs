@@ -463,6 +463,7 @@ fn device_runs_say_plainly_when_they_cannot_run() {
         &["pingpong", "--device", "nosuchdev0"][..],
         &["perf", "send-lat", "--device", "nosuchdev0"][..],
         &["perf", "write-bw", "--device", "nosuchdev0"][..],
+        &["perf", "conn-rate", "--device", "nosuchdev0"][..],
     ] {
         let out = ibal(args);
         assert_ne!(out.status.code(), Some(0), "{args:?}");
