@@ -1,7 +1,6 @@
 //! What a [`crate::RoceProvider`] is configured with: devices, their
 //! ports, and how a GID becomes a UDP socket address.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use parking_lot::RwLock;
@@ -138,7 +137,7 @@ pub fn ip_of(gid: &Gid) -> IpAddr {
 /// host). Shared by every device a provider opens.
 #[derive(Debug, Default)]
 pub(crate) struct Directory {
-    map: RwLock<HashMap<Gid, SocketAddr, crate::keyhash::KeyHash>>,
+    map: RwLock<al::fast_hash::IdMap<Gid, SocketAddr>>,
 }
 
 impl Directory {

@@ -495,7 +495,7 @@ pub(crate) struct DevShared {
     pub(crate) attr: DeviceAttr,
     pub(crate) ports: Vec<PortShared>,
     pub(crate) mrs: MrTable,
-    pub(crate) qps: RwLock<HashMap<u32, Arc<QpInner>, crate::keyhash::KeyHash>>,
+    pub(crate) qps: RwLock<al::fast_hash::IdMap<u32, Arc<QpInner>>>,
     next_qpn: AtomicU32,
     base: Instant,
     /// Whether applications busy-poll the device's CQs: while they do the

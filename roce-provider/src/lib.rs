@@ -27,7 +27,6 @@ mod counters;
 mod cq;
 mod device;
 mod driver;
-mod keyhash;
 mod keys;
 mod mmsg;
 mod mr;

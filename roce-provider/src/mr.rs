@@ -57,7 +57,7 @@ impl MrInner {
 /// The MRs of a device by key. Keys are random (never 0), so a key seen
 /// on the wire says nothing about the others.
 pub(crate) struct MrTable {
-    map: RwLock<HashMap<u32, Arc<MrInner>, crate::keyhash::KeyHash>>,
+    map: RwLock<al::fast_hash::IdMap<u32, Arc<MrInner>>>,
     max: usize,
     keys: KeyGen,
 }
