@@ -974,7 +974,7 @@ pub fn run_write_bw(sizes: &[usize], bytes_per_round: u64, rounds: usize) -> Ben
 
 /// One benchmark on an RDMA device (`--device NAME`): the same runs as on
 /// loopback, with no baseline in the same run (compare with perftest on
-/// the same device: `docs/benchmarks.md`, "On a NIC: against perftest").
+/// the same device: `docs/benchmarks.md`, "Issue 16: on a NIC, against perftest").
 #[derive(Debug, Clone)]
 pub struct DeviceReport {
     /// `send-lat`, `send-rate` or `write-bw`.
