@@ -10,7 +10,15 @@
 #      its file (posted bytes leased until polled): every check must pass
 #      except the ones listed in KNOWN_RXE below, each a documented difference of Linux 6.1's
 #      rxe or of the verbs API (docs/rdma-provider.md). A listed check that passes is
-#      reported (so the list can shrink); an unlisted failure fails the step, by name.
+#      reported (so the list can shrink); an unlisted failure fails the step, by name;
+#   3. the librdmacm-backed CEPs' tests (cep/tests/rdmacm.rs) against rxe0: both ends on rxe0
+#      through the kernel's rdma_cm; all must pass;
+#   4. `ibal pingpong --device rxe0 --connect` in the guest (librdmacm-backed CEPs on Linux's
+#      rxe and CM) against `ibal pingpong --listen` on the host, in the harness's namespace, on
+#      our userspace RoCEv2 provider and our own CM: RDMA WRITE + SEND round trips with every
+#      byte checked, disconnect, zero live objects, on both sides;
+#   5. the other way round: `ibal pingpong --device rxe0 --listen` in the guest, `ibal pingpong
+#      --connect` on the host; a failure says which side failed and shows its output.
 # Nothing is written to the harness directory: its own README describes this way in.
 # Needs root and the rxe-vm harness (default ../shared/rxe-vm next to the repo; RXE_VM=dir
 # overrides). Boots the VM (ACCEL=tcg by default, ~15 s) and stops it on exit.
@@ -49,7 +57,7 @@ fail() { echo "rdma-vm: FAILED: $*" >&2; exit 1; }
 [ -x "$RXE_VM/run.sh" ] || { echo "rdma-vm: no rxe-vm harness at $RXE_VM (set RXE_VM)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "rdma-vm: python3 missing (HTTP server, cmd.sh)" >&2; exit 2; }
 mkdir -p "$OUT"
-rm -f "$OUT"/*.log "$OUT"/ibal "$OUT"/conformance-rdma
+rm -f "$OUT"/*.log "$OUT"/ibal "$OUT"/conformance-rdma "$OUT"/rdmacm-tests
 
 PIDS=()
 cleanup() {
@@ -85,6 +93,20 @@ for line in open(sys.argv[1]):
 ' "$OUT/build.json" | tail -1)
 [ -n "$CONF" ] && [ -x "$CONF" ] || fail "no rdma conformance binary in cargo's output ($OUT/build.json)"
 cp "$CONF" "$OUT/conformance-rdma"
+cargo test -q --features rdma -p cep --test rdmacm --no-run --message-format=json \
+    >"$OUT/build-rdmacm.json" 2>"$OUT/build-rdmacm.log" || fail "building cep's rdmacm tests (see $OUT/build-rdmacm.log)"
+RDMACM=$(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "rdmacm":
+        print(m["executable"])
+' "$OUT/build-rdmacm.json" | tail -1)
+[ -n "$RDMACM" ] && [ -x "$RDMACM" ] || fail "no rdmacm test binary in cargo's output ($OUT/build-rdmacm.json)"
+cp "$RDMACM" "$OUT/rdmacm-tests"
 
 # ---- boot
 if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ]; then
@@ -107,7 +129,8 @@ done
 gcmd() { TIMEOUT=${T:-60} "$RXE_VM/cmd.sh" "$@"; }
 say "copying ibal and the conformance binary into the guest"
 gcmd "cd /tmp && wget -q -O ibal http://$HOST_IP:$HTTP_PORT/ibal && wget -q -O conformance-rdma \
-http://$HOST_IP:$HTTP_PORT/conformance-rdma && chmod +x ibal conformance-rdma && echo fetched" \
+http://$HOST_IP:$HTTP_PORT/conformance-rdma && wget -q -O rdmacm-tests http://$HOST_IP:$HTTP_PORT/rdmacm-tests \
+&& chmod +x ibal conformance-rdma rdmacm-tests && echo fetched" \
     >"$OUT/fetch.log" 2>&1 || { cat "$OUT/fetch.log" >&2; fail "fetching the binaries in the guest"; }
 
 # ---- 1. ibal devinfo lists rxe0
@@ -149,4 +172,87 @@ if [ "${#unexpected[@]}" -gt 0 ]; then
     fail "conformance checks failed on rxe0: ${unexpected[*]} (log: $OUT/conformance.log)"
 fi
 [ "$passed" -gt 0 ] || fail "no conformance check ran on rxe0 (did the fixture skip? see $OUT/conformance.log)"
+
+# ---- 3. the librdmacm-backed CEPs on rxe0 (cep/tests/rdmacm.rs)
+say "guest: cep's rdmacm tests on rxe0"
+rc=0
+T=200 gcmd "cd /tmp && IBAL_RDMA_DEVICE=rxe0 timeout 180 ./rdmacm-tests --test-threads 2 2>&1" \
+    >"$OUT/rdmacm.log" 2>&1 || rc=$?
+if ! grep -q '^test result: ok' "$OUT/rdmacm.log"; then
+    tail -40 "$OUT/rdmacm.log" >&2
+    fail "cep's rdmacm tests on rxe0 (rc $rc; log: $OUT/rdmacm.log)"
+fi
+say "rdmacm tests on rxe0: $(grep -c '^test .* \.\.\. ok$' "$OUT/rdmacm.log") passed"
+
+# ---- 4, 5. ibal pingpong: librdmacm-backed CEPs on rxe0 (guest) <-> our RoCEv2 provider and
+# CM (host, in the namespace). Each side must exit 0 and report every byte checked and no
+# object left live; the first side that did not is named, with its output.
+GUEST_IP=192.168.77.2
+pp_check() { # side-name log: the report's lines of a passing run
+    grep -q 'every byte checked' "$2" && grep -q 'AL closed with 0 objects live' "$2"
+}
+pp_fail() { # step, failed side's name, its log, the other side's log
+    say "$1: the $2 failed; its output:"
+    sed 's/^/    /' "$3" >&2
+    say "$1: the other side's output:"
+    sed 's/^/    /' "$4" >&2
+    fail "$1: the $2 failed (logs: $3, $4)"
+}
+
+STEP=pingpong-guest-connects
+PP1_ITERS=200 PP1_SIZE=4096
+say "$STEP: guest ibal pingpong --device rxe0 --connect $HOST_IP ($PP1_ITERS x $PP1_SIZE B) -> host ibal pingpong --listen $HOST_IP"
+ip netns exec "$NS" timeout 150 "$OUT/ibal" pingpong --listen "$HOST_IP:7471" --timeout 60 \
+    >"$OUT/$STEP.host.log" 2>&1 &
+host_pid=$!
+PIDS+=("$host_pid")
+# Wait until its RoCEv2 port has bound UDP 4791 in the namespace.
+for _ in $(seq 50); do
+    ip netns exec "$NS" ss -Hlun "sport = :4791" 2>/dev/null | grep -q 4791 && break
+    kill -0 "$host_pid" 2>/dev/null || break
+    sleep 0.1
+done
+rc=0
+T=150 gcmd "timeout 140 /tmp/ibal pingpong --device rxe0 --connect $HOST_IP:7471 \
+--iterations $PP1_ITERS --size $PP1_SIZE --timeout 60 2>&1; echo exit=\$?" >"$OUT/$STEP.guest.log" 2>&1 || rc=$?
+host_rc=0
+wait "$host_pid" || host_rc=$?
+grep -q '^exit=0$' "$OUT/$STEP.guest.log" && pp_check guest "$OUT/$STEP.guest.log" \
+    || pp_fail "$STEP" "guest side (ibal pingpong --device rxe0 --connect, librdmacm on rxe0)" \
+        "$OUT/$STEP.guest.log" "$OUT/$STEP.host.log"
+[ "$host_rc" = 0 ] && pp_check host "$OUT/$STEP.host.log" \
+    || pp_fail "$STEP" "host side (ibal pingpong --listen, our RoCEv2 provider and CM; exit $host_rc)" \
+        "$OUT/$STEP.host.log" "$OUT/$STEP.guest.log"
+say "$STEP: PASS ($(grep -o '[0-9]* round trips of [0-9]* bytes[^:]*' "$OUT/$STEP.guest.log" | head -1); both sides: 0 objects live)"
+
+STEP=pingpong-guest-listens
+PP2_ITERS=50 PP2_SIZE=65536
+say "$STEP: host ibal pingpong --connect $GUEST_IP ($PP2_ITERS x $PP2_SIZE B) -> guest ibal pingpong --device rxe0 --listen $GUEST_IP"
+gcmd "rm -f /tmp/pp_listen.log; (timeout 150 /tmp/ibal pingpong --device rxe0 --listen $GUEST_IP:7471 \
+--timeout 60 >/tmp/pp_listen.log 2>&1; echo exit=\$? >>/tmp/pp_listen.log) & echo started" >/dev/null 2>&1 \
+    || fail "$STEP: cannot start the guest's listener"
+# Wait until its rdma_cm id listens (the kernel lists it), so the REQ is not refused.
+listening=0
+for _ in $(seq 30); do
+    if gcmd "rdma res show cm_id | grep -q 'state LISTEN .*comm ibal src-addr $GUEST_IP:7471 '" \
+        >/dev/null 2>&1; then listening=1; break; fi
+    sleep 1
+done
+[ "$listening" = 1 ] || { gcmd "cat /tmp/pp_listen.log" >&2 || true; fail "$STEP: the guest side (ibal pingpong --device rxe0 --listen) never listened on $GUEST_IP:7471"; }
+host_rc=0
+ip netns exec "$NS" timeout 150 "$OUT/ibal" pingpong --connect "$GUEST_IP:7471" --local "$HOST_IP" \
+    --iterations $PP2_ITERS --size $PP2_SIZE --timeout 60 >"$OUT/$STEP.host.log" 2>&1 || host_rc=$?
+guest_done=0
+for _ in $(seq 60); do
+    if gcmd "grep -q '^exit=' /tmp/pp_listen.log" >/dev/null 2>&1; then guest_done=1; break; fi
+    sleep 1
+done
+gcmd "cat /tmp/pp_listen.log" >"$OUT/$STEP.guest.log" 2>&1 || true
+[ "$guest_done" = 1 ] && grep -q '^exit=0$' "$OUT/$STEP.guest.log" && pp_check guest "$OUT/$STEP.guest.log" \
+    || pp_fail "$STEP" "guest side (ibal pingpong --device rxe0 --listen, librdmacm on rxe0)" \
+        "$OUT/$STEP.guest.log" "$OUT/$STEP.host.log"
+[ "$host_rc" = 0 ] && pp_check host "$OUT/$STEP.host.log" \
+    || pp_fail "$STEP" "host side (ibal pingpong --connect, our RoCEv2 provider and CM; exit $host_rc)" \
+        "$OUT/$STEP.host.log" "$OUT/$STEP.guest.log"
+say "$STEP: PASS ($(grep -o '[0-9]* round trips of [0-9]* bytes[^:]*' "$OUT/$STEP.host.log" | head -1); both sides: 0 objects live)"
 say "PASS"

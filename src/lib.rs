@@ -257,6 +257,14 @@ pub mod rdma {
     //! the other providers. With no device it says "no RDMA devices found".
     //! See `docs/rdma-provider.md`.
     pub use rdma_provider::{RdmaDevice, RdmaProvider, NO_DEVICES};
+
+    /// Connections on an `rdma` CA: CEPs backed by librdmacm (QP1 belongs
+    /// to the kernel on a real device), with the CM's events, the CID
+    /// slot and the one-callback destroy (`cep::rdmacm`;
+    /// `docs/rdma-provider.md`, "Connections").
+    pub mod cm {
+        pub use cep::rdmacm::*;
+    }
 }
 
 pub mod cm {

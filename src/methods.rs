@@ -458,3 +458,96 @@ impl CepMethods for Handle<Cep> {
         cm::connection_attrs(al, self)
     }
 }
+
+/// Connections on an `rdma` CA through librdmacm (feature `rdma`;
+/// `ibal::rdma::cm`): the counterparts of [`QpMethods::connect_ip`] and
+/// [`CaMethods::listen_ip`], which need the project's CM agent on QP1 and
+/// so refuse an `rdma` CA (QP1 is the kernel's there). They take the same
+/// [`IpConnect`] and deliver the same events, to handlers of the
+/// rdma_cm-backed CEP type (`docs/rdma-provider.md`, "Connections").
+#[cfg(feature = "rdma")]
+pub trait RdmaCmMethods {
+    /// Connect this QP (RC) to `request.remote` through librdmacm
+    /// ([`cep::rdmacm::connect`]).
+    fn rdma_cm_connect(
+        self,
+        al: &Arc<AlInstance>,
+        request: &IpConnect,
+        handler: cep::rdmacm::RdmaCmHandler,
+    ) -> Result<Handle<cep::rdmacm::RdmaCep>>;
+}
+
+#[cfg(feature = "rdma")]
+impl RdmaCmMethods for Handle<Qp> {
+    fn rdma_cm_connect(
+        self,
+        al: &Arc<AlInstance>,
+        request: &IpConnect,
+        handler: cep::rdmacm::RdmaCmHandler,
+    ) -> Result<Handle<cep::rdmacm::RdmaCep>> {
+        cep::rdmacm::connect(al, self, request, handler)
+    }
+}
+
+/// Listening on an `rdma` CA through librdmacm (feature `rdma`).
+#[cfg(feature = "rdma")]
+pub trait RdmaCmListenMethods {
+    /// Listen on `addr` of this CA's device ([`cep::rdmacm::listen`]).
+    fn rdma_cm_listen(
+        self,
+        al: &Arc<AlInstance>,
+        addr: std::net::SocketAddr,
+        space: cep::wire::ip_cm::PortSpace,
+        on_request: cep::rdmacm::RdmaListenHandler,
+        handler: cep::rdmacm::RdmaCmHandler,
+    ) -> Result<Handle<cep::rdmacm::RdmaListen>>;
+}
+
+#[cfg(feature = "rdma")]
+impl RdmaCmListenMethods for Handle<Ca> {
+    fn rdma_cm_listen(
+        self,
+        al: &Arc<AlInstance>,
+        addr: std::net::SocketAddr,
+        space: cep::wire::ip_cm::PortSpace,
+        on_request: cep::rdmacm::RdmaListenHandler,
+        handler: cep::rdmacm::RdmaCmHandler,
+    ) -> Result<Handle<cep::rdmacm::RdmaListen>> {
+        cep::rdmacm::listen(al, self, addr, space, on_request, handler)
+    }
+}
+
+/// Methods of an rdma_cm-backed CEP, named as [`CepMethods`]' (feature
+/// `rdma`; the rules are `cep::rdmacm`'s).
+#[cfg(feature = "rdma")]
+pub trait RdmaCepMethods {
+    /// Accept the request on `qp` (passive side).
+    fn accept(self, al: &Arc<AlInstance>, qp: Handle<Qp>, reply: &AcceptReply) -> Result<()>;
+    /// Answer the reply (active side): QP to RTS, RTU (no private data).
+    fn rtu(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()>;
+    /// Reject the request or reply (librdmacm sends reason 28).
+    fn reject(self, al: &Arc<AlInstance>, reason: RejectReason, private_data: &[u8]) -> Result<()>;
+    /// Start a disconnect (DREQ).
+    fn disconnect(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()>;
+    /// Answer the peer's DREQ (DREP).
+    fn disconnect_reply(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()>;
+}
+
+#[cfg(feature = "rdma")]
+impl RdmaCepMethods for Handle<cep::rdmacm::RdmaCep> {
+    fn accept(self, al: &Arc<AlInstance>, qp: Handle<Qp>, reply: &AcceptReply) -> Result<()> {
+        cep::rdmacm::accept(al, self, qp, reply)
+    }
+    fn rtu(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
+        cep::rdmacm::rtu(al, self, private_data)
+    }
+    fn reject(self, al: &Arc<AlInstance>, reason: RejectReason, private_data: &[u8]) -> Result<()> {
+        cep::rdmacm::reject(al, self, reason, private_data)
+    }
+    fn disconnect(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
+        cep::rdmacm::disconnect(al, self, private_data)
+    }
+    fn disconnect_reply(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
+        cep::rdmacm::disconnect_reply(al, self, private_data)
+    }
+}

@@ -12,6 +12,8 @@ pub use crate::methods::{
     AlMethods, CaMethods, CepMethods, CqMethods, Destroy, MrMethods, PdMethods, QpMethods,
     SrqMethods,
 };
+#[cfg(feature = "rdma")]
+pub use crate::methods::{RdmaCepMethods, RdmaCmListenMethods, RdmaCmMethods};
 pub use crate::owned::{Own, Owned};
 pub use crate::roce::RoceProvider;
 pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};

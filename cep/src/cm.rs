@@ -1851,7 +1851,7 @@ fn accept_unbound_claimed(
 
 /// Put back the state a failed accept found `qp` in (RESET, INIT with its
 /// port, P_Key index and access, or ERR).
-fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
+pub(crate) fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
     if qp.query().is_ok_and(|now| now.state == before.state) {
         return;
     }

@@ -12,4 +12,5 @@ pub mod agent;
 pub mod cm;
 pub mod ip;
 pub mod proto;
+pub mod rdmacm;
 pub mod wire;

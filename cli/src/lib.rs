@@ -14,6 +14,8 @@ pub mod oob;
 pub mod perf;
 pub mod pingpong;
 pub mod pingpong_ip;
+#[cfg(feature = "rdma")]
+pub mod pingpong_rdma;
 pub mod qp_exchange;
 pub mod relay;
 pub mod rping;

@@ -92,6 +92,11 @@ enum Command {
         /// QP number of our device's first QP [default: random].
         #[arg(long, value_name = "QPN")]
         first_qpn: Option<u32>,
+        /// With --listen/--connect: run on this RDMA device (`rxe0`,
+        /// `mlx5_0`), connected through librdmacm, instead of our RoCEv2
+        /// port (needs a build with the rdma feature).
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
     },
     /// Print what this build contains and run a quick self-check.
     Overview,
@@ -376,6 +381,11 @@ enum PerfCommand {
         /// loopback at MTU 4096, vs raw UDP one-way throughput).
         #[arg(long, value_enum, default_value_t = Transport::Soft)]
         transport: Transport,
+        /// Run on this RDMA device instead (two contexts of it, looping
+        /// back through port 1; no baseline: compare with perftest,
+        /// docs/benchmarks.md). Needs a build with the rdma feature.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -392,6 +402,11 @@ enum PerfCommand {
         /// Rounds; the fastest round of each contender is reported.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Run on this RDMA device instead (two contexts of it, looping
+        /// back through port 1; no baseline: compare with perftest,
+        /// docs/benchmarks.md). Needs a build with the rdma feature.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -405,6 +420,11 @@ enum PerfCommand {
         /// Only `udp` (the soft provider completes within the post call).
         #[arg(long, value_enum, default_value_t = Transport::Udp)]
         transport: Transport,
+        /// Run on this RDMA device instead (two contexts of it, looping
+        /// back through port 1; no baseline: compare with perftest,
+        /// docs/benchmarks.md). Needs a build with the rdma feature.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -429,6 +449,11 @@ enum PerfCommand {
         /// sockets, against a UDP round trip between the same addresses.
         #[arg(long, value_enum, default_value_t = Transport::Soft)]
         transport: Transport,
+        /// Instead: serial connections through librdmacm on this RDMA
+        /// device (two contexts of it, to its own address; --connections
+        /// only). Needs a build with the rdma feature.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -480,10 +505,12 @@ fn main() -> ExitCode {
         hold: 0.0,
         guid: None,
         first_qpn: None,
+        device: None,
     }) {
         Command::Pingpong {
             listen: None,
             connect: None,
+            device: None,
             loopback,
             iterations,
             size,
@@ -503,6 +530,7 @@ fn main() -> ExitCode {
             hold,
             guid,
             first_qpn,
+            device,
             iterations,
             size,
             json,
@@ -512,7 +540,12 @@ fn main() -> ExitCode {
             let role = match (listen, connect) {
                 (Some(l), _) => Role::Listen(parse_ip_port(&l, DEFAULT_PORT)?),
                 (None, Some(c)) => Role::Connect(parse_ip_port(&c, DEFAULT_PORT)?),
-                (None, None) => unreachable!("matched above"),
+                (None, None) => {
+                    return Err(
+                        "--device runs between two processes: give --listen or --connect"
+                            .to_string(),
+                    )
+                }
             };
             let mut cfg = IpPingPongConfig::new(role);
             cfg.local = local;
@@ -527,6 +560,7 @@ fn main() -> ExitCode {
             cfg.hold = std::time::Duration::from_secs_f64(hold);
             cfg.guid = guid;
             cfg.first_qpn = first_qpn;
+            cfg.device = device;
             cfg.iterations = iterations;
             cfg.size = size;
             let report = ibal_cli::pingpong_ip::run(&cfg)?;
@@ -797,7 +831,44 @@ fn qp_exchange(
 }
 
 fn perf(bench: PerfCommand) -> Result<(), String> {
+    use ibal_cli::perf::udp as pu;
     match bench {
+        PerfCommand::WriteBw {
+            sizes,
+            iters,
+            rounds,
+            device: Some(device),
+            json,
+            ..
+        } => {
+            let bytes = iters.map_or(256 << 20, |i| {
+                i * sizes.iter().max().copied().unwrap_or(1) as u64
+            });
+            let report = pu::run_device_write_bw(&device, &sizes, bytes, rounds)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::SendRate {
+            msgs,
+            rounds,
+            device: Some(device),
+            json,
+            ..
+        } => {
+            let report = pu::run_device_send_rate(&device, msgs.unwrap_or(100_000), rounds)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::SendLat {
+            iters,
+            device: Some(device),
+            json,
+            ..
+        } => {
+            let report = pu::run_device_send_lat(&device, iters)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
         PerfCommand::Lookup {
             threads,
             ops,
@@ -831,6 +902,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             signal_every,
             transport: Transport::Udp,
             json,
+            ..
         } => {
             let bytes = iters.map_or(256 << 20, |i| {
                 i * sizes.iter().max().copied().unwrap_or(1) as u64
@@ -847,6 +919,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             signal_every,
             transport: Transport::Soft,
             json,
+            ..
         } => {
             let report =
                 ibal_cli::perf::verbs::run_write_bw(&ibal_cli::perf::verbs::WriteBwConfig {
@@ -863,6 +936,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             rounds,
             transport: Transport::Udp,
             json,
+            ..
         } => {
             let report = ibal_cli::perf::udp::run_send_rate(msgs.unwrap_or(100_000), rounds)?;
             print_report(json, report.to_json(), report.to_text());
@@ -873,6 +947,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             rounds,
             transport: Transport::Soft,
             json,
+            ..
         } => {
             let report =
                 ibal_cli::perf::verbs::run_send_rate(&ibal_cli::perf::verbs::SendRateConfig {
@@ -886,6 +961,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             iters,
             transport,
             json,
+            ..
         } => {
             if transport != Transport::Udp {
                 return Err(
@@ -897,6 +973,25 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
+        #[cfg(feature = "rdma")]
+        PerfCommand::ConnRate {
+            connections,
+            device: Some(device),
+            json,
+            ..
+        } => {
+            let report = ibal_cli::perf::conn_rdma::run(&device, connections)?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        #[cfg(not(feature = "rdma"))]
+        PerfCommand::ConnRate {
+            device: Some(device),
+            ..
+        } => Err(format!(
+            "--device {device}: this ibal was built without the rdma feature \
+             (cargo build --features rdma -p ibal-cli; docs/rdma-provider.md)"
+        )),
         PerfCommand::ConnRate {
             connections,
             in_flight,
@@ -904,6 +999,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             mode,
             transport,
             json,
+            ..
         } => {
             use ibal_cli::perf::conn::ConnModes;
             let cfg = ibal_cli::perf::conn::ConnRateConfig {
@@ -1075,10 +1171,14 @@ fn overview() -> Result<(), String> {
     out!("                                                librdmacm's rping exchange over RoCEv2, against Linux's rping or another ibal");
     out!("  ibal pingpong --listen IP[:PORT] | --connect IP[:PORT] [--local IP]");
     out!("                                                the same job between two processes or hosts over RoCEv2 (rdma_cm addressing)");
+    out!("  ibal pingpong --device NAME --listen IP[:PORT] | --connect IP[:PORT]");
+    out!("                                                the same job on an RDMA device through librdmacm (build with --features rdma)");
     out!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
     out!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     out!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
     out!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");
+    out!("  ibal perf send-lat|send-rate|write-bw|conn-rate --device NAME");
+    out!("                                                the RoCEv2 benchmarks on an RDMA device, to compare with perftest (--features rdma)");
     out!("  ibal perf conn-rate [--mode M] [--transport soft|udp] [--json]");
     out!("                                                CM connect latency and rate vs a 256-byte MAD round trip (udp: RoCEv2 on lo vs a UDP round trip)");
     out!("  ibal stress --seconds S --threads T [--drop P] [--dup P] [--reorder P] [--transport soft|udp]");

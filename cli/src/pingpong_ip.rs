@@ -78,6 +78,10 @@ pub struct IpPingPongConfig {
     pub guid: Option<u64>,
     /// Our device's first QPN (default: random).
     pub first_qpn: Option<u32>,
+    /// Run on this RDMA device (libibverbs name, `rxe0`, `mlx5_0`) with
+    /// librdmacm-backed CEPs instead of our RoCEv2 port (feature `rdma`;
+    /// `crate::pingpong_rdma`).
+    pub device: Option<String>,
 }
 
 impl IpPingPongConfig {
@@ -96,6 +100,7 @@ impl IpPingPongConfig {
             hold: Duration::ZERO,
             guid: None,
             first_qpn: None,
+            device: None,
         }
     }
 }
@@ -157,6 +162,9 @@ impl QpNumbers {
 /// The run's results.
 #[derive(Clone, Debug)]
 pub struct IpPingPongReport {
+    /// What carried the connection: `RoCEv2` (our provider), or an RDMA
+    /// device through librdmacm (`rxe0 (librdmacm)`).
+    pub transport: String,
     /// `listen` or `connect`.
     pub role: &'static str,
     /// Our RoCEv2 port's address.
@@ -171,8 +179,8 @@ impl IpPingPongReport {
     /// Lines for people.
     pub fn to_text(&self) -> String {
         let mut s = format!(
-            "ibal pingpong over RoCEv2 ({}), our port {}\n",
-            self.role, self.local
+            "ibal pingpong over {} ({}), our port {}\n",
+            self.transport, self.role, self.local
         );
         for c in &self.connections {
             s.push_str(&format!(
@@ -221,8 +229,13 @@ impl IpPingPongReport {
             })
             .collect();
         format!(
-            "{{\"command\":\"pingpong\",\"transport\":\"roce\",\"role\":\"{}\",\"local\":\"{}\",\
+            "{{\"command\":\"pingpong\",\"transport\":\"{}\",\"role\":\"{}\",\"local\":\"{}\",\
              \"connections\":[{}],\"live_after_close\":{}}}",
+            if self.transport == "RoCEv2" {
+                "roce"
+            } else {
+                "rdma"
+            },
             self.role,
             self.local,
             conns.join(","),
@@ -265,6 +278,15 @@ pub fn local_address_for(remote: IpAddr, peer_udp_port: u16) -> Result<IpAddr, S
 
 /// Runs the job.
 pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
+    if let Some(device) = &cfg.device {
+        #[cfg(feature = "rdma")]
+        return crate::pingpong_rdma::run(cfg, device);
+        #[cfg(not(feature = "rdma"))]
+        return Err(format!(
+            "--device {device}: this ibal was built without the rdma feature \
+             (cargo build --features rdma -p ibal-cli; docs/rdma-provider.md)"
+        ));
+    }
     if cfg.iterations == 0 || cfg.size == 0 || cfg.size > MAX_SIZE {
         return Err(format!(
             "--iterations must be >= 1 and --size between 1 and {MAX_SIZE} bytes"
@@ -321,6 +343,7 @@ pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
         return Err(format!("objects leaked: {stats}"));
     }
     Ok(IpPingPongReport {
+        transport: "RoCEv2".into(),
         role: match cfg.role {
             Role::Listen(_) => "listen",
             Role::Connect(_) => "connect",
@@ -332,7 +355,7 @@ pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
 }
 
 /// Largest --size (the whole MR is 2 * size + 16 bytes).
-const MAX_SIZE: usize = 64 << 20;
+pub(crate) const MAX_SIZE: usize = 64 << 20;
 
 const ALL: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
@@ -341,21 +364,21 @@ const ALL: Access = Access::LOCAL_WRITE
 /// One side's verbs objects. The MR: `[0, size)` where the peer writes,
 /// `[size, 2 size)` what we write, `[2 size, +8)` where the peer's SEND
 /// lands, `[2 size + 8, +8)` our SEND.
-struct Side {
+pub(crate) struct Side {
     pd: Handle<Pd>,
     cq: Handle<Cq>,
-    qp: Handle<Qp>,
+    pub(crate) qp: Handle<Qp>,
     mr: Handle<Mr>,
     buf: RegisteredBuffer,
     lkey: u32,
-    rkey: u32,
-    size: usize,
+    pub(crate) rkey: u32,
+    pub(crate) size: usize,
     /// Completions taken by a poll that waited for another one.
     early: std::cell::RefCell<Vec<u64>>,
 }
 
 impl Side {
-    fn open(al: &Al, ca: Handle<Ca>, size: usize) -> Result<Side, String> {
+    pub(crate) fn open(al: &Al, ca: Handle<Ca>, size: usize) -> Result<Side, String> {
         let e = |e: al::Error| e.to_string();
         let inst = al.instance();
         let pd = verbs::alloc_pd(inst, ca).map_err(e)?;
@@ -381,7 +404,7 @@ impl Side {
         })
     }
 
-    fn destroy(&self, al: &Al) -> Result<(), String> {
+    pub(crate) fn destroy(&self, al: &Al) -> Result<(), String> {
         for r in [
             al.destroy_sync(self.qp),
             al.destroy_sync(self.mr),
@@ -393,7 +416,7 @@ impl Side {
         Ok(())
     }
 
-    fn post_seq_recv(&self, al: &Al, i: u32) -> Result<(), String> {
+    pub(crate) fn post_seq_recv(&self, al: &Al, i: u32) -> Result<(), String> {
         let sge = [Sge {
             addr: 2 * self.size as u64,
             length: 8,
@@ -412,7 +435,7 @@ impl Side {
 
     /// Fills our write area with iteration `i`'s pattern of `side`, then
     /// WRITEs it to the peer's `(addr, rkey)` and SENDs `i`.
-    fn write_and_send(
+    pub(crate) fn write_and_send(
         &self,
         al: &Al,
         i: u32,
@@ -459,7 +482,7 @@ impl Side {
 
     /// Waits for the peer's SEND `i` and checks it and the WRITE before it
     /// (the peer's `side` pattern of iteration `i`).
-    fn take(&self, al: &Al, i: u32, side: u8, deadline: Instant) -> Result<(), String> {
+    pub(crate) fn take(&self, al: &Al, i: u32, side: u8, deadline: Instant) -> Result<(), String> {
         self.wait_for(al, RECV_BASE + u64::from(i), deadline, i)?;
         let mut seq = [0u8; 8];
         self.buf
@@ -505,7 +528,13 @@ impl Side {
         }
     }
 
-    fn wait_for(&self, al: &Al, wr_id: u64, deadline: Instant, i: u32) -> Result<(), String> {
+    pub(crate) fn wait_for(
+        &self,
+        al: &Al,
+        wr_id: u64,
+        deadline: Instant,
+        i: u32,
+    ) -> Result<(), String> {
         // The peer's SEND can complete before our own: a completion that
         // is not the one waited for is kept for its own wait.
         let mut early = self.early.borrow_mut();
@@ -557,7 +586,7 @@ const RECV_BASE: u64 = 1 << 32;
 /// The job's parameters after rdma_cm's header in the REQ: magic,
 /// version, iterations, size, the connecting side's buffer (address of its
 /// write target, R_Key).
-fn encode_hello(iterations: u32, size: usize, rkey: u32) -> Vec<u8> {
+pub(crate) fn encode_hello(iterations: u32, size: usize, rkey: u32) -> Vec<u8> {
     let mut v = Vec::with_capacity(25);
     v.extend_from_slice(MAGIC);
     v.push(VERSION);
@@ -569,7 +598,7 @@ fn encode_hello(iterations: u32, size: usize, rkey: u32) -> Vec<u8> {
 }
 
 /// `(iterations, size, addr, rkey)` of a hello, or why not.
-fn decode_hello(b: &[u8]) -> Result<(u32, usize, u64, u32), String> {
+pub(crate) fn decode_hello(b: &[u8]) -> Result<(u32, usize, u64, u32), String> {
     if b.len() < 25 || &b[..4] != MAGIC {
         return Err("the request does not come from `ibal pingpong --connect`".into());
     }
@@ -583,14 +612,14 @@ fn decode_hello(b: &[u8]) -> Result<(u32, usize, u64, u32), String> {
 
 /// The listener's answer in the REP: magic, the address and R_Key of its
 /// write target.
-fn encode_reply(rkey: u32) -> Vec<u8> {
+pub(crate) fn encode_reply(rkey: u32) -> Vec<u8> {
     let mut v = MAGIC.to_vec();
     v.extend_from_slice(&0u64.to_be_bytes());
     v.extend_from_slice(&rkey.to_be_bytes());
     v
 }
 
-fn decode_reply(b: &[u8]) -> Result<(u64, u32), String> {
+pub(crate) fn decode_reply(b: &[u8]) -> Result<(u64, u32), String> {
     if b.len() < 16 || &b[..4] != MAGIC {
         return Err("the peer's reply is not from `ibal pingpong --listen`".into());
     }
@@ -731,7 +760,7 @@ fn connect_on(
 
 /// `--hold`: keep the connection up, saying so on stderr (a test waits
 /// for the line to kill this process in the window).
-fn hold(cfg: &IpPingPongConfig, al: &Al, side: &Side) {
+pub(crate) fn hold(cfg: &IpPingPongConfig, al: &Al, side: &Side) {
     if !cfg.hold.is_zero() {
         side.settle(al);
         eprintln!(
@@ -828,7 +857,7 @@ pub(crate) fn reject_text(private: &[u8]) -> String {
     }
 }
 
-fn percentiles(v: &mut [f64]) -> (f64, f64) {
+pub(crate) fn percentiles(v: &mut [f64]) -> (f64, f64) {
     if v.is_empty() {
         return (0.0, 0.0);
     }

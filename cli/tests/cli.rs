@@ -446,3 +446,42 @@ fn perf_conn_rate_json() {
     assert!(out.contains("\"benchmark\":\"conn-rate\""));
     assert!(out.contains("\"connections\":20") && out.contains("\"in_flight\":4"));
 }
+
+/// `--device` names an RDMA device: without the rdma feature the command
+/// says how to build it; with it and no such device, it says so; never a
+/// panic, and nothing is sent anywhere.
+#[test]
+fn device_runs_say_plainly_when_they_cannot_run() {
+    for args in [
+        &[
+            "pingpong",
+            "--device",
+            "nosuchdev0",
+            "--connect",
+            "127.0.0.1",
+        ][..],
+        &["pingpong", "--device", "nosuchdev0"][..],
+        &["perf", "send-lat", "--device", "nosuchdev0"][..],
+        &["perf", "write-bw", "--device", "nosuchdev0"][..],
+        &["perf", "conn-rate", "--device", "nosuchdev0"][..],
+    ] {
+        let out = ibal(args);
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        if args.len() == 3 {
+            assert!(stderr.contains("give --listen or --connect"), "{stderr}");
+            continue;
+        }
+        #[cfg(not(feature = "rdma"))]
+        assert!(
+            stderr.contains("without the rdma feature"),
+            "{args:?}: {stderr}"
+        );
+        #[cfg(feature = "rdma")]
+        assert!(
+            stderr.contains("no RDMA device") || stderr.contains("nosuchdev0"),
+            "{args:?}: {stderr}"
+        );
+    }
+}

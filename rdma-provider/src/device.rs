@@ -824,7 +824,9 @@ impl Device for RdmaDevice {
     ) -> Result<RdmaQp> {
         Err(Error::Unsupported(
             format!(
-                "{} port {port}: QP1 belongs to the kernel on an rdma device",
+                "{} port {port}: QP1 belongs to the kernel on an rdma device, so the \
+                 project's CM cannot run there; connect through librdmacm \
+                 (ibal::rdma::cm, cep::rdmacm)",
                 self.inner.attr.name
             )
             .into(),

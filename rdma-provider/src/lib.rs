@@ -34,14 +34,22 @@
 //! * Every rdma-core failure is an [`al::Error`] naming the call and its
 //!   errno ([`convert::errno_error`]).
 //!
-//! # What does not work yet
+//! * rdma_cm ids without a QP on one event channel per process
+//!   (`CmId`, `CmEvent`; librdmacm): an event thread copies each event
+//!   out ([`cm::CmEventKind`]) and acknowledges it before the id's hook
+//!   runs. The CEP objects over them are `cep::rdmacm`; [`cm`] (event
+//!   codes and translation, `rdma_init_qp_attr` as a modify) is
+//!   device-free and built without the feature too.
 //!
-//! Connections (librdmacm-backed CEPs) and the tools on a NIC are later
-//! steps of issue 16 (`docs/rdma-provider.md`).
+//! `docs/rdma-provider.md` says what a librdmacm-backed CEP cannot do
+//! that the project's own CM does, and what only a NIC can show.
 #![deny(missing_docs)]
 // `deny`, not `forbid`: `sys` is the one module allowed `unsafe`.
 #![deny(unsafe_code)]
 
+pub mod cm;
+#[cfg(feature = "rdma")]
+mod cm_channel;
 pub mod convert;
 
 #[cfg(feature = "rdma")]
@@ -51,6 +59,11 @@ mod device;
 mod leases;
 #[cfg(feature = "rdma")]
 mod sys;
+#[cfg(feature = "rdma")]
+mod sys_cm;
+
+#[cfg(feature = "rdma")]
+pub use cm_channel::{available as rdma_cm_available, CmEvent, CmHook, CmId};
 
 #[cfg(feature = "rdma")]
 pub use device::{

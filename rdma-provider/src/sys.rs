@@ -319,6 +319,40 @@ impl Drop for AsyncEvent<'_> {
     }
 }
 
+/// `struct ibv_qp_attr` as plain data (`ibv_query_qp`, `rdma_init_qp_attr`).
+pub(crate) fn raw_qp_attr_of(a: &ffi::ibv_qp_attr) -> RawQpAttr {
+    RawQpAttr {
+        state: a.qp_state,
+        cur_state: a.cur_qp_state,
+        path_mtu: a.path_mtu,
+        mig_state: a.path_mig_state,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qpn: a.dest_qp_num,
+        access: a.qp_access_flags,
+        caps: [
+            a.cap.max_send_wr,
+            a.cap.max_recv_wr,
+            a.cap.max_send_sge,
+            a.cap.max_recv_sge,
+        ],
+        ah: raw_ah_of(&a.ah_attr),
+        alt_ah: raw_ah_of(&a.alt_ah_attr),
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+    }
+}
+
 /// Waits until one of `fds` is readable or `timeout_ms` passes (`poll(2)`
 /// with `POLLIN`); returns which are readable. An interrupted wait
 /// (`EINTR`) reports none.
@@ -1035,36 +1069,7 @@ impl Qp {
                 &mut init,
             )
         })?;
-        Ok(RawQpAttr {
-            state: a.qp_state,
-            cur_state: a.cur_qp_state,
-            path_mtu: a.path_mtu,
-            mig_state: a.path_mig_state,
-            qkey: a.qkey,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qpn: a.dest_qp_num,
-            access: a.qp_access_flags,
-            caps: [
-                a.cap.max_send_wr,
-                a.cap.max_recv_wr,
-                a.cap.max_send_sge,
-                a.cap.max_recv_sge,
-            ],
-            ah: raw_ah_of(&a.ah_attr),
-            alt_ah: raw_ah_of(&a.alt_ah_attr),
-            pkey_index: a.pkey_index,
-            en_sqd_async_notify: a.en_sqd_async_notify,
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            alt_port: a.alt_port_num,
-            alt_timeout: a.alt_timeout,
-        })
+        Ok(raw_qp_attr_of(&a))
     }
 
     /// `ibv_post_send`; on failure the requests before the failing one are

@@ -2,6 +2,8 @@
 //! run and reports ratios against it, because the machines are shared.
 
 pub mod conn;
+#[cfg(feature = "rdma")]
+pub mod conn_rdma;
 pub mod lookup;
 pub mod udp;
 pub mod verbs;

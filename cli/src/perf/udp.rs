@@ -67,19 +67,30 @@ struct End {
     rkey: u32,
 }
 
+/// Where a benchmark's two ends run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Two RoCEv2 ports of our provider on loopback (127.0.0.1, 127.0.0.2).
+    Loopback,
+    /// Two contexts of one RDMA device (feature `rdma`), looping back
+    /// through its port 1 as perftest's tools do on one host.
+    Device(String),
+}
+
+/// How one end is reached: by LID (InfiniBand) or by GID at an index.
+#[derive(Clone, Copy)]
+struct Route {
+    lid: u16,
+    gid: Option<([u8; 16], u8)>,
+}
+
 impl Pair {
-    fn new(mtu: Mtu, buf_len: usize, depth: u32) -> BenchResult<Pair> {
-        let port =
-            |ip: &str| PortConfig::new(SocketAddr::new(ip.parse().expect("literal"), 0)).mtu(mtu);
-        let provider = RoceProvider::new(vec![
-            DeviceConfig::new("bench-a", 0xbe0a, vec![port("127.0.0.1")]),
-            DeviceConfig::new("bench-b", 0xbe0b, vec![port("127.0.0.2")]),
-        ]);
+    fn on(target: &Target, mtu: Mtu, buf_len: usize, depth: u32) -> BenchResult<Pair> {
         let al = Al::open().map_err(err("open AL"))?;
+        let (cas, mtu) = open_cas(&al, target, mtu)?;
         let mut ends = Vec::new();
-        let mut gids = Vec::new();
-        for guid in [0xbe0a, 0xbe0b] {
-            let ca = al.open_ca(&provider, guid).map_err(err("open CA"))?;
+        let mut routes = Vec::new();
+        for (ca, route) in cas {
             let pd = ca.alloc_pd(&al).map_err(err("alloc PD"))?;
             let cq = ca
                 .create_cq(&al, 4 * depth + 64)
@@ -98,7 +109,7 @@ impl Pair {
                 .register(&al, &buf, access)
                 .and_then(|mr| mr.keys(&al))
                 .map_err(err("register"))?;
-            gids.push(ca.port(&al, 1).map_err(err("query port"))?.gid_table[0]);
+            routes.push(route);
             // The MR keeps the buffer's memory alive.
             ends.push(End { cq, qp, lkey, rkey });
         }
@@ -108,15 +119,93 @@ impl Pair {
             .collect::<Result<_>>()
             .map_err(err("query QP"))?;
         for i in 0..2 {
-            connect(&al, ends[i].qp, mtu, qpns[1 - i], gids[1 - i]).map_err(err("connect"))?;
+            connect(&al, ends[i].qp, mtu, qpns[1 - i], routes[1 - i]).map_err(err("connect"))?;
         }
         let ends: [End; 2] = ends.try_into().map_err(|_| "two ends".to_string())?;
         Ok(Pair { al, ends })
     }
 }
 
-/// RESET -> RTS towards `peer_qpn` at `peer_gid`, both PSNs 0.
-fn connect(al: &Al, qp: Handle<Qp>, mtu: Mtu, peer_qpn: u32, peer_gid: [u8; 16]) -> Result<()> {
+/// The two CAs of `target`, how each is reached, and the path MTU (at
+/// most `mtu`, at most the device port's active MTU).
+/// The two ends' CAs and routes.
+type Ends = Vec<(Handle<Ca>, Route)>;
+
+fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
+    match target {
+        Target::Loopback => {
+            let port = |ip: &str| {
+                PortConfig::new(SocketAddr::new(ip.parse().expect("literal"), 0)).mtu(mtu)
+            };
+            let provider = RoceProvider::new(vec![
+                DeviceConfig::new("bench-a", 0xbe0a, vec![port("127.0.0.1")]),
+                DeviceConfig::new("bench-b", 0xbe0b, vec![port("127.0.0.2")]),
+            ]);
+            let mut cas = Vec::new();
+            for guid in [0xbe0a, 0xbe0b] {
+                let ca = al.open_ca(&provider, guid).map_err(err("open CA"))?;
+                let gid = ca.port(al, 1).map_err(err("query port"))?.gid_table[0];
+                cas.push((
+                    ca,
+                    Route {
+                        lid: 0,
+                        gid: Some((gid, 0)),
+                    },
+                ));
+            }
+            Ok((cas, mtu))
+        }
+        #[cfg(feature = "rdma")]
+        Target::Device(name) => {
+            use hca::provider::LinkLayer;
+            let provider = rdma_provider::RdmaProvider::new();
+            let guid = provider
+                .list()
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .find(|d| &d.name == name)
+                .map(|d| d.node_guid)
+                .ok_or_else(|| format!("no RDMA device named {name} (ibal devinfo lists them)"))?;
+            let mut cas = Vec::new();
+            let mut path_mtu = mtu;
+            for _ in 0..2 {
+                let ca = al
+                    .open_ca(&provider, guid)
+                    .map_err(err("open the device"))?;
+                let port = ca.port(al, 1).map_err(err("query port 1"))?;
+                path_mtu = path_mtu.min(port.active_mtu);
+                let route = if port.link_layer == LinkLayer::InfiniBand {
+                    Route {
+                        lid: port.lid,
+                        gid: None,
+                    }
+                } else {
+                    // RoCE: the first IPv4-mapped GID (RoCEv2 over IPv4),
+                    // as the conformance fixture and perftest's -x pick.
+                    let idx = port
+                        .gid_table
+                        .iter()
+                        .position(|g| g[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff])
+                        .unwrap_or(0);
+                    Route {
+                        lid: 0,
+                        gid: Some((port.gid_table[idx], idx as u8)),
+                    }
+                };
+                cas.push((ca, route));
+            }
+            Ok((cas, path_mtu))
+        }
+        #[cfg(not(feature = "rdma"))]
+        Target::Device(name) => Err(format!(
+            "--device {name}: this ibal was built without the rdma feature \
+             (cargo build --features rdma -p ibal-cli; docs/rdma-provider.md)"
+        )),
+    }
+}
+
+/// RESET -> RTS towards `peer_qpn` by `peer`'s route, both PSNs 0.
+fn connect(al: &Al, qp: Handle<Qp>, mtu: Mtu, peer_qpn: u32, peer: Route) -> Result<()> {
     let access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
     qp.modify(
         al,
@@ -125,10 +214,10 @@ fn connect(al: &Al, qp: Handle<Qp>, mtu: Mtu, peer_qpn: u32, peer_gid: [u8; 16])
             .port(1)
             .access(access),
     )?;
-    let mut av = AvAttr::lid(1, 0);
-    av.grh = Some(GrhAttr {
-        dgid: peer_gid,
-        sgid_index: 0,
+    let mut av = AvAttr::lid(1, peer.lid);
+    av.grh = peer.gid.map(|(dgid, sgid_index)| GrhAttr {
+        dgid,
+        sgid_index,
         flow_label: 0,
         hop_limit: 64,
         traffic_class: 0,
@@ -310,7 +399,7 @@ pub fn run_send_lat(iters: u32) -> BenchResult<LatReport> {
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    let (roce_median_us, roce_mean_us) = roce_pingpong(iters)?;
+    let (roce_median_us, roce_mean_us) = roce_pingpong(&Target::Loopback, iters)?;
     let (udp_median_us, udp_mean_us) = udp_pingpong(iters, false)?;
     let (udp_busy_median_us, _) = udp_pingpong(iters, true)?;
     let udp_acked_median_us = udp_pingpong_acked(iters)?;
@@ -325,9 +414,9 @@ pub fn run_send_lat(iters: u32) -> BenchResult<LatReport> {
     })
 }
 
-fn roce_pingpong(iters: u32) -> BenchResult<(f64, f64)> {
+fn roce_pingpong(target: &Target, iters: u32) -> BenchResult<(f64, f64)> {
     const DEPTH: u32 = 64;
-    let pair = Pair::new(Mtu::Mtu1024, 2 * MSG, DEPTH)?;
+    let pair = Pair::on(target, Mtu::Mtu1024, 2 * MSG, DEPTH)?;
     let Pair { al, ends: [a, b] } = &pair;
     let sge = |e: &End, off: u64| {
         [Sge {
@@ -556,7 +645,8 @@ pub fn run_send_rate(msgs: u64, rounds: usize) -> BenchResult<RateReport> {
     }
     let (mut roce, mut udp, mut lost) = (0f64, 0f64, 0);
     for _ in 0..rounds.max(1) {
-        roce = roce.max(roce_stream(msgs, MSG, Mtu::Mtu1024, false)? / MSG as f64);
+        roce =
+            roce.max(roce_stream(&Target::Loopback, msgs, MSG, Mtu::Mtu1024, false)? / MSG as f64);
         let (rate, l) = udp_stream(msgs, SEND_DATAGRAM)?;
         if rate > udp {
             (udp, lost) = (rate, l);
@@ -575,9 +665,15 @@ pub fn run_send_rate(msgs: u64, rounds: usize) -> BenchResult<RateReport> {
 /// posted receives, or WRITEs when `write`); returns payload bytes per
 /// second, timed from the first post to the last completion at B (SEND)
 /// or at A (WRITE, whose completion follows the ACK of its last packet).
-fn roce_stream(count: u64, size: usize, mtu: Mtu, write: bool) -> BenchResult<f64> {
+fn roce_stream(
+    target: &Target,
+    count: u64,
+    size: usize,
+    mtu: Mtu,
+    write: bool,
+) -> BenchResult<f64> {
     const DEPTH: u32 = 512;
-    let pair = Pair::new(mtu, size.max(64), DEPTH)?;
+    let pair = Pair::on(target, mtu, size.max(64), DEPTH)?;
     let Pair { al, ends: [a, b] } = &pair;
     let sge = [Sge {
         addr: 0,
@@ -853,7 +949,8 @@ pub fn run_write_bw(sizes: &[usize], bytes_per_round: u64, rounds: usize) -> Ben
         let packets = iters * (size as u64).div_ceil(4096);
         let (mut roce, mut udp, mut work) = (0f64, 0f64, 0f64);
         for _ in 0..rounds.max(1) {
-            roce = roce.max(roce_stream(iters, size, Mtu::Mtu4096, true)? * 8.0 / 1e9);
+            roce = roce
+                .max(roce_stream(&Target::Loopback, iters, size, Mtu::Mtu4096, true)? * 8.0 / 1e9);
             let (rate, _) = udp_stream(packets, WRITE_DATAGRAM)?;
             udp = udp.max(rate * 4096.0 * 8.0 / 1e9);
             let (rate, _) = udp_stream_working(packets, size)?;
@@ -870,5 +967,133 @@ pub fn run_write_bw(sizes: &[usize], bytes_per_round: u64, rounds: usize) -> Ben
     Ok(BwReport {
         rounds: rounds.max(1),
         points,
+    })
+}
+
+// ------------------------------------------------------- on a device --
+
+/// One benchmark on an RDMA device (`--device NAME`): the same runs as on
+/// loopback, with no baseline in the same run (compare with perftest on
+/// the same device: `docs/benchmarks.md`, "Issue 16: on a NIC, against perftest").
+#[derive(Debug, Clone)]
+pub struct DeviceReport {
+    /// `send-lat`, `send-rate` or `write-bw`.
+    pub bench: &'static str,
+    /// The device.
+    pub device: String,
+    /// Rounds (best of) or round trips.
+    pub rounds: usize,
+    /// `(what, value, unit)`.
+    pub results: Vec<(String, f64, &'static str)>,
+}
+
+impl DeviceReport {
+    /// Lines for people.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "perf {} on {} (two contexts of the device, looping back through port 1; \
+             compare with perftest: docs/benchmarks.md)\n",
+            self.bench, self.device
+        );
+        for (what, v, unit) in &self.results {
+            out.push_str(&format!("  {what:<34} {v:>12.2} {unit}\n"));
+        }
+        out
+    }
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        let r: Vec<String> = self
+            .results
+            .iter()
+            .map(|(w, v, u)| {
+                format!(
+                    "{{\"what\":\"{w}\",\"value\":{},\"unit\":\"{u}\"}}",
+                    json_f64(*v, 3)
+                )
+            })
+            .collect();
+        format!(
+            "{{\"benchmark\":\"{}\",\"device\":\"{}\",\"rounds\":{},\"results\":[{}]}}",
+            self.bench,
+            self.device,
+            self.rounds,
+            r.join(",")
+        )
+    }
+}
+
+/// send-lat on `device`: 64-byte RC SEND ping-pong, median and mean.
+pub fn run_device_send_lat(device: &str, iters: u32) -> BenchResult<DeviceReport> {
+    if iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    let (median, mean) = roce_pingpong(&Target::Device(device.into()), iters)?;
+    Ok(DeviceReport {
+        bench: "send-lat",
+        device: device.into(),
+        rounds: 1,
+        results: vec![
+            (format!("{MSG}-byte SEND round trip, median"), median, "us"),
+            (format!("{MSG}-byte SEND round trip, mean"), mean, "us"),
+            (
+                format!("{MSG}-byte SEND one way (median / 2)"),
+                median / 2.0,
+                "us",
+            ),
+        ],
+    })
+}
+
+/// send-rate on `device`: 64-byte RC SENDs streamed, messages per second.
+pub fn run_device_send_rate(device: &str, msgs: u64, rounds: usize) -> BenchResult<DeviceReport> {
+    if msgs == 0 {
+        return Err("--msgs must be at least 1".into());
+    }
+    let target = Target::Device(device.into());
+    let mut best = 0f64;
+    for _ in 0..rounds.max(1) {
+        best = best.max(roce_stream(&target, msgs, MSG, Mtu::Mtu4096, false)? / MSG as f64);
+    }
+    Ok(DeviceReport {
+        bench: "send-rate",
+        device: device.into(),
+        rounds: rounds.max(1),
+        results: vec![
+            (format!("{MSG}-byte SENDs"), best / 1e6, "M msg/s"),
+            (
+                format!("{MSG}-byte SEND payload"),
+                best * MSG as f64 * 8.0 / 1e9,
+                "Gbit/s",
+            ),
+        ],
+    })
+}
+
+/// write-bw on `device`: RC WRITEs of each size, `bytes_per_round` per
+/// round (at least 4 WRITEs), at the port's active MTU.
+pub fn run_device_write_bw(
+    device: &str,
+    sizes: &[usize],
+    bytes_per_round: u64,
+    rounds: usize,
+) -> BenchResult<DeviceReport> {
+    if let Some(bad) = sizes.iter().find(|&&s| s == 0 || s > 64 << 20) {
+        return Err(format!("size {bad}: between 1 byte and 64 MiB"));
+    }
+    let target = Target::Device(device.into());
+    let mut results = Vec::new();
+    for &size in sizes {
+        let iters = (bytes_per_round / size as u64).max(4);
+        let mut best = 0f64;
+        for _ in 0..rounds.max(1) {
+            best = best.max(roce_stream(&target, iters, size, Mtu::Mtu4096, true)? * 8.0 / 1e9);
+        }
+        results.push((format!("WRITE {size} B x {iters}"), best, "Gbit/s"));
+    }
+    Ok(DeviceReport {
+        bench: "write-bw",
+        device: device.into(),
+        rounds: rounds.max(1),
+        results,
     })
 }
