@@ -25,7 +25,7 @@ pub const GENERATION_BITS: u32 = 24;
 /// The largest generation a handle can carry; a slot that reaches it is retired.
 pub const MAX_GENERATION: u32 = (1 << GENERATION_BITS) - 1;
 /// How many distinct object kinds the per-instance counters track.
-pub const MAX_KINDS: usize = 16;
+pub const MAX_KINDS: usize = 32;
 
 /// The type of an access-layer object, as carried in its handle.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -54,17 +54,26 @@ impl Kind {
     pub const LISTEN: Kind = Kind(10);
     /// The connection manager's attachment to one port of an opened CA.
     pub const CM_PORT: Kind = Kind(11);
-    /// Kinds 12..16 are free for tests and tools (benchmarks, models).
+    /// A connection endpoint backed by librdmacm (CAs of the `rdma`
+    /// provider, where QP1 is the kernel's).
+    pub const RDMA_CEP: Kind = Kind(12);
+    /// A listen backed by librdmacm.
+    pub const RDMA_LISTEN: Kind = Kind(13);
+    /// The first kind free for tests and tools.
+    pub const FIRST_CUSTOM: u8 = 16;
+    /// Kinds 16..32 are free for tests and tools (benchmarks, models);
+    /// the library's own objects never use them, so a tool's object type
+    /// cannot take the destroy dispatch of a library kind.
     pub const fn custom(id: u8) -> Kind {
         assert!(
-            id >= 12 && (id as usize) < MAX_KINDS,
-            "custom kinds are 12..16"
+            id >= Kind::FIRST_CUSTOM && (id as usize) < MAX_KINDS,
+            "custom kinds are 16..32"
         );
         Kind(id)
     }
 
     /// All named kinds, in counter order.
-    pub const NAMED: [Kind; 11] = [
+    pub const NAMED: [Kind; 13] = [
         Kind::AL,
         Kind::CA,
         Kind::PD,
@@ -76,6 +85,8 @@ impl Kind {
         Kind::CEP,
         Kind::LISTEN,
         Kind::CM_PORT,
+        Kind::RDMA_CEP,
+        Kind::RDMA_LISTEN,
     ];
 
     /// The kind's number (as stored in handles).
@@ -111,10 +122,9 @@ impl Kind {
             9 => "CEP",
             10 => "listen",
             11 => "CM port",
-            12 => "custom12",
-            13 => "custom13",
-            14 => "custom14",
-            15 => "custom15",
+            12 => "rdma_cm CEP",
+            13 => "rdma_cm listen",
+            16..=31 => "custom",
             _ => "unknown",
         }
     }

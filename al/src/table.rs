@@ -579,7 +579,7 @@ impl<T: fmt::Debug> fmt::Debug for Ref<'_, T> {
 mod tests {
     use super::*;
 
-    const K: Kind = Kind::custom(12);
+    const K: Kind = Kind::custom(16);
 
     #[test]
     fn locate_covers_pages_contiguously() {

@@ -16,7 +16,7 @@ struct Widget {
     label: u32,
 }
 impl Object for Widget {
-    const KIND: Kind = Kind::custom(12);
+    const KIND: Kind = Kind::custom(16);
     al::object_table!(Widget);
 }
 
@@ -26,7 +26,7 @@ struct Gadget {
     _parent: Arc<Obj<Widget>>,
 }
 impl Object for Gadget {
-    const KIND: Kind = Kind::custom(13);
+    const KIND: Kind = Kind::custom(17);
     al::object_table!(Gadget);
 }
 
@@ -159,7 +159,7 @@ fn stale_forged_wrong_type_and_foreign_handles_are_invalid() {
     assert_eq!(a.resolve(again).unwrap().label, 2);
     // The error text says what happened.
     let text = a.resolve(h).unwrap_err().to_string();
-    assert!(text.contains("invalid custom12 handle"), "{text}");
+    assert!(text.contains("invalid custom handle"), "{text}");
 }
 
 #[test]
@@ -401,7 +401,7 @@ fn destroy_raw_dispatches_on_the_kind_and_rejects_unknown_kinds() {
 #[derive(Debug)]
 struct Probe;
 impl Object for Probe {
-    const KIND: Kind = Kind::custom(14);
+    const KIND: Kind = Kind::custom(18);
     al::object_table!(Probe);
 }
 

@@ -44,7 +44,7 @@ proptest! {
 
     #[test]
     fn table_agrees_with_a_map_model(ops in proptest::collection::vec(table_op(), 1..200)) {
-        let kind = Kind::custom(14);
+        let kind = Kind::custom(18);
         // Small limits so exhaustion and generation retirement happen.
         let table = HandleTable::with_limits(kind, TableLimits { max_slots: 8, max_generation: 5 });
         let mut issued: Vec<(RawHandle, u64)> = Vec::new();
@@ -134,7 +134,7 @@ struct Node {
     _parent: Option<Arc<Obj<Node>>>,
 }
 impl Object for Node {
-    const KIND: Kind = Kind::custom(15);
+    const KIND: Kind = Kind::custom(19);
     al::object_table!(Node);
 }
 

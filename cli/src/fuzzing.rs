@@ -95,7 +95,7 @@ pub fn ib_capture(data: &[u8]) {
 /// handle it names, or the low bits of a forged handle).
 pub fn handle_table(data: &[u8]) {
     let table = HandleTable::with_limits(
-        Kind::custom(14),
+        Kind::custom(18),
         TableLimits {
             max_slots: 6,
             max_generation: 4,
@@ -158,7 +158,7 @@ pub fn handle_table(data: &[u8]) {
             _ => {
                 // A forged handle: the right kind with arbitrary generation
                 // and index bits, which must resolve only to a live object.
-                let raw = RawHandle::new(Kind::custom(14), (arg >> 4) as u32, (arg & 0xf) as u32);
+                let raw = RawHandle::new(Kind::custom(18), (arg >> 4) as u32, (arg & 0xf) as u32);
                 if let Ok(r) = table.get(raw) {
                     assert_eq!(
                         live.get(&raw),

@@ -12,7 +12,7 @@ use common::model;
 
 struct Widget;
 impl Object for Widget {
-    const KIND: Kind = Kind::custom(12);
+    const KIND: Kind = Kind::custom(16);
     al::object_table!(Widget);
 }
 

@@ -18,7 +18,7 @@ struct Widget {
     label: u32,
 }
 impl Object for Widget {
-    const KIND: Kind = Kind::custom(12);
+    const KIND: Kind = Kind::custom(16);
     al::object_table!(Widget);
 }
 
@@ -27,7 +27,7 @@ struct Gadget {
     _parent: Arc<Obj<Widget>>,
 }
 impl Object for Gadget {
-    const KIND: Kind = Kind::custom(13);
+    const KIND: Kind = Kind::custom(17);
     al::object_table!(Gadget);
 }
 
@@ -203,7 +203,7 @@ fn create_child_vs_destroy_parent() {
 #[test]
 fn table_resolve_vs_remove_vs_reuse() {
     model("table_resolve_vs_remove_vs_reuse", || {
-        let table = Arc::new(HandleTable::new(Kind::custom(14)));
+        let table = Arc::new(HandleTable::new(Kind::custom(18)));
         let old = table.insert(Arc::new(1u32)).unwrap();
         let reader = {
             let table = table.clone();

@@ -85,7 +85,7 @@ pub struct RdmaCep {
 }
 
 impl Object for RdmaCep {
-    const KIND: Kind = Kind::custom(14);
+    const KIND: Kind = Kind::RDMA_CEP;
     al::object_table!(RdmaCep);
 
     /// Close to new calls, destroy the rdma_cm id (the kernel sends the
@@ -583,7 +583,7 @@ pub struct RdmaListen {
 }
 
 impl Object for RdmaListen {
-    const KIND: Kind = Kind::custom(15);
+    const KIND: Kind = Kind::RDMA_LISTEN;
     al::object_table!(RdmaListen);
 
     /// Destroys the listening id (requests already handed over stay).

@@ -306,7 +306,7 @@ impl LookupReport {
 
 fn contenders() -> Vec<Box<dyn Contender>> {
     vec![
-        Box::new(IbalTable(HandleTable::new(Kind::custom(15)))),
+        Box::new(IbalTable(HandleTable::new(Kind::custom(19)))),
         Box::new(Sharded(sharded_slab::Slab::new())),
         Box::new(LockedMap {
             map: RwLock::new(HashMap::new()),
