@@ -383,17 +383,26 @@ pub fn rtu(al: &AlInstance, cep: Handle<RdmaCep>, private_data: &[u8]) -> Result
     }
     qp_to(&c, QpState::Rtr)?;
     qp_to(&c, QpState::Rts)?;
-    // Established before the RTU leaves: the peer's first DREQ may follow
-    // it at once, and its event must find the connection established.
-    let set = |from: Phase, to: Phase| {
-        let mut st = c.state.lock();
-        if st.phase == from {
-            st.phase = to;
-        }
-    };
-    set(Phase::ReplyReceived, Phase::Established);
-    // Queued before the RTU leaves, so that it precedes any event the
-    // peer's answer to the RTU causes; it is dropped if the RTU fails.
+    let id = c.id()?;
+    // The state lock is held until rdma_establish returns. The phase is
+    // Established before the RTU leaves (the peer's first DREQ may follow
+    // it at once, and its event must find the connection established), and
+    // the Established callback is queued before it (so it precedes any
+    // event the peer's answer causes) but takes the lock first: it runs
+    // only once the RTU's fate is known, and is dropped if it failed.
+    // rdma_establish writes to the rdma_cm device and calls none of our
+    // code, so nothing waits on this lock for longer than that call.
+    let mut st = c.state.lock();
+    if st.closed {
+        return Err(Error::invalid_state("the CEP is being destroyed"));
+    }
+    if st.phase != Phase::ReplyReceived {
+        return Err(Error::invalid_state(format!(
+            "rtu answers a received reply; the CEP is in {:?}",
+            st.phase
+        )));
+    }
+    st.phase = Phase::Established;
     let conn = c.conn;
     post_callback(&c, move |c| {
         let st = c.state.lock();
@@ -403,8 +412,8 @@ pub fn rtu(al: &AlInstance, cep: Handle<RdmaCep>, private_data: &[u8]) -> Result
             (c.handler)(c.handle(), &Event::Established { conn });
         }
     });
-    if let Err(e) = c.id().and_then(|id| id.establish()) {
-        set(Phase::Established, Phase::ReplyReceived);
+    if let Err(e) = id.establish() {
+        st.phase = Phase::ReplyReceived;
         return Err(e);
     }
     Ok(())
