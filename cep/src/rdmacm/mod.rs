@@ -10,7 +10,7 @@
 //! the object model is unchanged:
 //!
 //! * `RdmaCep` and `RdmaListen` are objects of their AL's handle
-//!   table (kinds 14 and 15), destroyed without blocking, with one
+//!   table (kinds `RDMA_CEP` and `RDMA_LISTEN`), destroyed without blocking, with one
 //!   destroy callback, and reclaimed by AL close (their teardown destroys
 //!   the rdma_cm id: the kernel sends the REJ or DREQ the state calls
 //!   for);
