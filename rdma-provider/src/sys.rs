@@ -27,13 +27,13 @@ use rdma_sys as ffi;
 use crate::convert::{errno_error, qp_mask, RawAh, RawDeviceAttr, RawPortAttr, RawQpAttr, RawWc};
 
 /// The calling thread's errno, as libibverbs left it.
-fn last_errno() -> i32 {
+pub(crate) fn last_errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 /// The result of a verb that returns 0 or an error: libibverbs' verbs
 /// return the errno itself (positive), older paths -1 with errno set.
-fn check(call: &str, rc: c_int) -> Result<()> {
+pub(crate) fn check(call: &str, rc: c_int) -> Result<()> {
     match rc {
         0 => Ok(()),
         rc if rc > 0 => Err(errno_error(call, rc)),

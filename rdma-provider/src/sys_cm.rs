@@ -22,18 +22,7 @@ use rdma_sys as ffi;
 
 use crate::cm::ConnParam;
 use crate::convert::{errno_error, RawQpAttr};
-
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-fn check(call: &str, rc: c_int) -> Result<()> {
-    match rc {
-        0 => Ok(()),
-        rc if rc > 0 => Err(errno_error(call, rc)),
-        _ => Err(errno_error(call, last_errno())),
-    }
-}
+use crate::sys::{check, last_errno};
 
 /// A socket address as the `sockaddr_storage` librdmacm reads.
 fn storage_of(addr: &SocketAddr) -> libc::sockaddr_storage {
