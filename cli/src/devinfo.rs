@@ -72,6 +72,22 @@ pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> roce_provider::RoceProvi
 /// list at all (no RDMA support in the kernel); an empty report when it
 /// lists none. Either way `ibal devinfo` says "no RDMA devices found" and
 /// exits as `ibv_devinfo` does then (255).
+/// The node GUID of the RDMA device named `device` (`mlx5_0`, `rxe0`), for
+/// the `--device` commands.
+#[cfg(feature = "rdma")]
+pub fn rdma_device_guid(
+    provider: &rdma_provider::RdmaProvider,
+    device: &str,
+) -> Result<u64, String> {
+    provider
+        .list()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|d| d.name == device)
+        .map(|d| d.node_guid)
+        .ok_or_else(|| format!("no RDMA device named {device} (ibal devinfo lists them)"))
+}
+
 #[cfg(feature = "rdma")]
 pub fn rdma_report() -> al::Result<DevinfoReport> {
     let provider = rdma_provider::RdmaProvider::new();

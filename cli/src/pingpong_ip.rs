@@ -416,6 +416,85 @@ impl Side {
         Ok(())
     }
 
+    /// Opens a side on `ca`, runs `job` with it, and destroys it whatever
+    /// the job's outcome (the job's error first, then the destroy's).
+    pub(crate) fn with<T>(
+        al: &Al,
+        ca: Handle<Ca>,
+        size: usize,
+        job: impl FnOnce(&Side) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let side = Side::open(al, ca, size)?;
+        let r = job(&side);
+        let d = side.destroy(al);
+        let report = r?;
+        d?;
+        Ok(report)
+    }
+
+    /// The connecting side's round trips: WRITE + SEND, then take the
+    /// peer's answer; the round-trip times in microseconds.
+    pub(crate) fn lead_round_trips(
+        &self,
+        al: &Al,
+        iterations: u32,
+        peer_buf: (u64, u32),
+        timeout: Duration,
+    ) -> Result<Vec<f64>, String> {
+        let mut rtts = Vec::with_capacity(iterations as usize);
+        for i in 0..iterations {
+            let start = Instant::now();
+            if i > 0 {
+                self.post_seq_recv(al, i)?;
+            }
+            self.write_and_send(al, i, 0, peer_buf, Instant::now() + timeout)?;
+            self.take(al, i, 1, Instant::now() + timeout)?;
+            rtts.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(rtts)
+    }
+
+    /// The listening side's round trips: take the peer's WRITE + SEND, then
+    /// answer with ours; the round-trip times in microseconds, and whether
+    /// the peer's DREQ already came. A failed take names the CM events seen
+    /// (`cm_events`). The last SEND flushed is handed to `last_flushed`:
+    /// the peer checked it and sent its DREQ at once, and the DREQ (which
+    /// moves our QP to ERR) overtook the SEND's ACK (a dropped or held ACK;
+    /// docs/capture.md, "Known flake"). The peer disconnects only after
+    /// checking our last SEND (or after failing, which it reports itself),
+    /// so `last_flushed` waits for that DREQ; without it the flush stands
+    /// (its error).
+    pub(crate) fn answer_round_trips(
+        &self,
+        al: &Al,
+        iterations: u32,
+        peer_buf: (u64, u32),
+        timeout: Duration,
+        cm_events: impl Fn() -> String,
+        mut last_flushed: impl FnMut(String) -> Result<(), String>,
+    ) -> Result<(Vec<f64>, bool), String> {
+        let mut rtts = Vec::with_capacity(iterations as usize);
+        let mut dreq_first = false;
+        for i in 0..iterations {
+            let start = Instant::now();
+            if let Err(e) = self.take(al, i, 0, Instant::now() + timeout) {
+                return Err(format!("{e} [CM events: {}]", cm_events()));
+            }
+            if i + 1 < iterations {
+                self.post_seq_recv(al, i + 1)?;
+            }
+            match self.write_and_send(al, i, 1, peer_buf, Instant::now() + timeout) {
+                Err(e) if i + 1 == iterations && e.contains("WrFlushError") => {
+                    last_flushed(e)?;
+                    dreq_first = true;
+                }
+                r => r?,
+            }
+            rtts.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok((rtts, dreq_first))
+    }
+
     pub(crate) fn post_seq_recv(&self, al: &Al, i: u32) -> Result<(), String> {
         let sge = [Sge {
             addr: 2 * self.size as u64,
@@ -598,7 +677,27 @@ pub(crate) fn encode_hello(iterations: u32, size: usize, rkey: u32) -> Vec<u8> {
 }
 
 /// `(iterations, size, addr, rkey)` of a hello, or why not.
-pub(crate) fn decode_hello(b: &[u8]) -> Result<(u32, usize, u64, u32), String> {
+/// A request's hello: iterations, size, the peer's buffer address and
+/// rkey.
+pub(crate) type Hello = (u32, usize, u64, u32);
+
+/// The hello of a request from `source`, checked. Otherwise what to
+/// reject it with (the REJ's private data) and why, in words.
+pub(crate) fn read_hello(
+    user_data: &[u8],
+    source: SocketAddr,
+) -> Result<Hello, (&'static [u8], String)> {
+    match decode_hello(user_data) {
+        Ok(h) if h.0 > 0 && h.1 > 0 && h.1 <= MAX_SIZE => Ok(h),
+        Ok(_) => Err((
+            b"bad size",
+            format!("{source} asked for a size or count out of range"),
+        )),
+        Err(e) => Err((b"not ibal pingpong", format!("{source}: {e}"))),
+    }
+}
+
+pub(crate) fn decode_hello(b: &[u8]) -> Result<Hello, String> {
     if b.len() < 25 || &b[..4] != MAGIC {
         return Err("the request does not come from `ibal pingpong --connect`".into());
     }
@@ -662,12 +761,7 @@ fn connect_once(
     remote: SocketAddr,
     cfg: &IpPingPongConfig,
 ) -> Result<ConnectionReport, String> {
-    let side = Side::open(al, ca, cfg.size)?;
-    let r = connect_on(al, &side, remote, cfg);
-    let d = side.destroy(al);
-    let report = r?;
-    d?;
-    Ok(report)
+    Side::with(al, ca, cfg.size, |side| connect_on(al, side, remote, cfg))
 }
 
 fn connect_on(
@@ -697,24 +791,14 @@ fn connect_on(
     let qp = QpNumbers::of(al, cep)?;
     let peer_buf = peer_buf.expect("set with the reply");
     let deadline = || Instant::now() + cfg.timeout;
-    let mut rtts = Vec::with_capacity(cfg.iterations as usize);
-    let run = (|| {
-        for i in 0..cfg.iterations {
-            let start = Instant::now();
-            if i > 0 {
-                side.post_seq_recv(al, i)?;
-            }
-            side.write_and_send(al, i, 0, (peer_buf.0, peer_buf.1), deadline())?;
-            side.take(al, i, 1, deadline())?;
-            rtts.push(start.elapsed().as_secs_f64() * 1e6);
+    let mut rtts = match side.lead_round_trips(al, cfg.iterations, peer_buf, cfg.timeout) {
+        Ok(rtts) => rtts,
+        Err(e) => {
+            let seen: Vec<&str> = events.try_iter().map(|e| e.name()).collect();
+            let _ = al.destroy_sync(cep);
+            return Err(format!("{e} [CM events: {seen:?}]"));
         }
-        Ok::<(), String>(())
-    })();
-    if let Err(e) = run {
-        let seen: Vec<&str> = events.try_iter().map(|e| e.name()).collect();
-        let _ = al.destroy_sync(cep);
-        return Err(format!("{e} [CM events: {seen:?}]"));
-    }
+    };
     hold(cfg, al, side);
     let t = Instant::now();
     cm::disconnect(inst, cep, &[]).map_err(|e| format!("disconnect: {e}"))?;
@@ -919,43 +1003,28 @@ fn serve_once(
             return Err(format!("a request without rdma_cm addressing: {e}"));
         }
     };
-    let (iterations, size, peer_addr, peer_rkey) = match decode_hello(&info.user_data) {
-        Ok(h) if h.0 > 0 && h.1 > 0 && h.1 <= MAX_SIZE => h,
-        Ok(_) => {
-            let _ = cm::reject(inst, cep, RejectReason::ConsumerReject, b"bad size");
+    let (iterations, size, peer_addr, peer_rkey) = match read_hello(&info.user_data, info.source) {
+        Ok(h) => h,
+        Err((why, e)) => {
+            let _ = cm::reject(inst, cep, RejectReason::ConsumerReject, why);
             let _ = al.destroy_sync(cep);
-            return Err(format!(
-                "{} asked for a size or count out of range",
-                info.source
-            ));
-        }
-        Err(e) => {
-            let _ = cm::reject(
-                inst,
-                cep,
-                RejectReason::ConsumerReject,
-                b"not ibal pingpong",
-            );
-            let _ = al.destroy_sync(cep);
-            return Err(format!("{}: {e}", info.source));
+            return Err(e);
         }
     };
-    let side = Side::open(al, ca, size)?;
-    let r = serve_on(
-        al,
-        &side,
-        listener,
-        cep,
-        (iterations, (peer_addr, peer_rkey)),
-        info.source,
-        t,
-        cfg,
-    );
-    let _ = al.destroy_sync(cep);
-    let d = side.destroy(al);
-    let report = r?;
-    d?;
-    Ok(report)
+    Side::with(al, ca, size, |side| {
+        let r = serve_on(
+            al,
+            side,
+            listener,
+            cep,
+            (iterations, (peer_addr, peer_rkey)),
+            info.source,
+            t,
+            cfg,
+        );
+        let _ = al.destroy_sync(cep);
+        r
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -980,7 +1049,6 @@ fn serve_on(
     let qp = QpNumbers::of(al, cep)?;
     // The QP is in RTR now; the peer sends only after our REP reached it.
     side.post_seq_recv(al, 0)?;
-    let deadline = || Instant::now() + cfg.timeout;
     let events = &listener.events;
     let ours = |ev: &(Handle<Cep>, Event)| ev.0 == cep;
     loop {
@@ -998,40 +1066,29 @@ fn serve_on(
         }
     }
     let connect_us = t.elapsed().as_secs_f64() * 1e6;
-    let mut rtts = Vec::with_capacity(iterations as usize);
-    let mut dreq_first = false;
-    for i in 0..iterations {
-        let start = Instant::now();
-        if let Err(e) = side.take(al, i, 0, deadline()) {
-            let seen: Vec<&str> = events.try_iter().map(|e| e.1.name()).collect();
-            return Err(format!("{e} [CM events: {seen:?}]"));
-        }
-        if i + 1 < iterations {
-            side.post_seq_recv(al, i + 1)?;
-        }
-        match side.write_and_send(al, i, 1, peer_buf, deadline()) {
-            // The last SEND flushed: the peer checked it and sent its DREQ
-            // at once, and the DREQ (which moves our QP to ERR) overtook
-            // the SEND's ACK (a dropped or held ACK; docs/capture.md, "Known
-            // flake"). The peer disconnects only after checking our last
-            // SEND (or after failing, which it reports itself), so its DREQ
-            // says the SEND arrived. Without that DREQ the flush stands.
-            Err(e) if i + 1 == iterations && e.contains("WrFlushError") => {
-                let until = Instant::now() + cfg.timeout;
-                loop {
-                    let left = until.saturating_duration_since(Instant::now());
-                    match events.recv_timeout(left) {
-                        Ok((c, Event::DisconnectRequest { .. })) if c == cep => break,
-                        Ok(_) => {}
-                        Err(_) => return Err(format!("{e} (and no DREQ from {peer} followed)")),
-                    }
+    let (mut rtts, dreq_first) = side.answer_round_trips(
+        al,
+        iterations,
+        peer_buf,
+        cfg.timeout,
+        || {
+            format!(
+                "{:?}",
+                events.try_iter().map(|e| e.1.name()).collect::<Vec<_>>()
+            )
+        },
+        |e| {
+            let until = Instant::now() + cfg.timeout;
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                match events.recv_timeout(left) {
+                    Ok((c, Event::DisconnectRequest { .. })) if c == cep => return Ok(()),
+                    Ok(_) => {}
+                    Err(_) => return Err(format!("{e} (and no DREQ from {peer} followed)")),
                 }
-                dreq_first = true;
             }
-            r => r?,
-        }
-        rtts.push(start.elapsed().as_secs_f64() * 1e6);
-    }
+        },
+    )?;
     // The peer disconnects: answer its DREQ, wait for the release (after
     // timewait). The time reported is from our last SEND to the DREP.
     let t = Instant::now();

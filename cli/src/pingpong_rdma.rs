@@ -23,7 +23,7 @@ use hca::verbs::{self, Ca};
 use rdma_provider::RdmaProvider;
 
 use crate::pingpong_ip::{
-    decode_hello, decode_reply, encode_hello, encode_reply, hold, percentiles, reject_text,
+    decode_reply, encode_hello, encode_reply, hold, percentiles, read_hello, reject_text,
     ConnectionReport, IpPingPongConfig, IpPingPongReport, QpNumbers, Role, Side, MAX_SIZE,
 };
 
@@ -35,13 +35,7 @@ pub fn run(cfg: &IpPingPongConfig, device: &str) -> Result<IpPingPongReport, Str
         ));
     }
     let provider = RdmaProvider::new();
-    let guid = provider
-        .list()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|d| d.name == device)
-        .map(|d| d.node_guid)
-        .ok_or_else(|| format!("no RDMA device named {device} (ibal devinfo lists them)"))?;
+    let guid = crate::devinfo::rdma_device_guid(&provider, device)?;
     rdma_provider::rdma_cm_available().map_err(|e| format!("librdmacm: {e}"))?;
     let al = Al::open().map_err(|e| e.to_string())?;
     let local = match &cfg.role {
@@ -152,12 +146,7 @@ fn connect_once(
     remote: SocketAddr,
     cfg: &IpPingPongConfig,
 ) -> Result<(ConnectionReport, Option<SocketAddr>), String> {
-    let side = Side::open(al, ca, cfg.size)?;
-    let r = connect_on(al, &side, remote, cfg);
-    let d = side.destroy(al);
-    let report = r?;
-    d?;
-    Ok(report)
+    Side::with(al, ca, cfg.size, |side| connect_on(al, side, remote, cfg))
 }
 
 fn connect_on(
@@ -221,24 +210,14 @@ fn connect_on(
     let qp = numbers(al, side)?;
     let peer_buf = peer_buf.expect("set with the reply");
     let deadline = || Instant::now() + cfg.timeout;
-    let mut rtts = Vec::with_capacity(cfg.iterations as usize);
-    let run = (|| {
-        for i in 0..cfg.iterations {
-            let start = Instant::now();
-            if i > 0 {
-                side.post_seq_recv(al, i)?;
-            }
-            side.write_and_send(al, i, 0, peer_buf, deadline())?;
-            side.take(al, i, 1, deadline())?;
-            rtts.push(start.elapsed().as_secs_f64() * 1e6);
+    let mut rtts = match side.lead_round_trips(al, cfg.iterations, peer_buf, cfg.timeout) {
+        Ok(rtts) => rtts,
+        Err(e) => {
+            let seen: Vec<&str> = events.try_iter().map(|e| e.1.name()).collect();
+            let _ = al.destroy_sync(cep);
+            return Err(format!("{e} [CM events: {seen:?}]"));
         }
-        Ok::<(), String>(())
-    })();
-    if let Err(e) = run {
-        let seen: Vec<&str> = events.try_iter().map(|e| e.1.name()).collect();
-        let _ = al.destroy_sync(cep);
-        return Err(format!("{e} [CM events: {seen:?}]"));
-    }
+    };
     hold(cfg, al, side);
     let t = Instant::now();
     let ended = rdmacm::disconnect(inst, cep, &[])
@@ -324,32 +303,24 @@ fn serve_once(
         Ok(info) => info,
         Err(e) => return refuse(b"not rdma_cm", format!("a request we cannot read: {e}")),
     };
-    let (iterations, size, peer_addr, peer_rkey) = match decode_hello(&info.user_data) {
-        Ok(h) if h.0 > 0 && h.1 > 0 && h.1 <= MAX_SIZE => h,
-        Ok(_) => {
-            return refuse(
-                b"bad size",
-                format!("{} asked for a size or count out of range", info.source),
-            )
-        }
-        Err(e) => return refuse(b"not ibal pingpong", format!("{}: {e}", info.source)),
+    let (iterations, size, peer_addr, peer_rkey) = match read_hello(&info.user_data, info.source) {
+        Ok(h) => h,
+        Err((why, e)) => return refuse(why, e),
     };
-    let side = Side::open(al, ca, size)?;
-    let r = serve_on(
-        al,
-        &side,
-        listener,
-        cep,
-        (iterations, (peer_addr, peer_rkey)),
-        info.source,
-        t,
-        cfg,
-    );
-    let _ = al.destroy_sync(cep);
-    let d = side.destroy(al);
-    let report = r?;
-    d?;
-    Ok(report)
+    Side::with(al, ca, size, |side| {
+        let r = serve_on(
+            al,
+            side,
+            listener,
+            cep,
+            (iterations, (peer_addr, peer_rkey)),
+            info.source,
+            t,
+            cfg,
+        );
+        let _ = al.destroy_sync(cep);
+        r
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -386,31 +357,24 @@ fn serve_on(
     })?;
     let connect_us = t.elapsed().as_secs_f64() * 1e6;
     let qp = numbers(al, side)?;
-    let mut rtts = Vec::with_capacity(iterations as usize);
-    let mut dreq_first = false;
-    for i in 0..iterations {
-        let start = Instant::now();
-        if let Err(e) = side.take(al, i, 0, deadline()) {
-            let seen: Vec<&str> = events.try_iter().map(|e| e.1.name()).collect();
-            return Err(format!("{e} [CM events: {seen:?}]"));
-        }
-        if i + 1 < iterations {
-            side.post_seq_recv(al, i + 1)?;
-        }
-        match side.write_and_send(al, i, 1, peer_buf, deadline()) {
-            // As in pingpong_ip: the peer's DREQ (after it checked our
-            // last SEND) can overtake the SEND's ACK and flush it.
-            Err(e) if i + 1 == iterations && e.contains("WrFlushError") => {
-                wait_for(events, cep, deadline(), "the peer's DREQ", |ev| {
-                    matches!(ev, Event::DisconnectRequest { .. }).then_some(Ok(()))
-                })
-                .map_err(|w| format!("{e} ({w})"))?;
-                dreq_first = true;
-            }
-            r => r?,
-        }
-        rtts.push(start.elapsed().as_secs_f64() * 1e6);
-    }
+    let (mut rtts, dreq_first) = side.answer_round_trips(
+        al,
+        iterations,
+        peer_buf,
+        cfg.timeout,
+        || {
+            format!(
+                "{:?}",
+                events.try_iter().map(|e| e.1.name()).collect::<Vec<_>>()
+            )
+        },
+        |e| {
+            wait_for(events, cep, deadline(), "the peer's DREQ", |ev| {
+                matches!(ev, Event::DisconnectRequest { .. }).then_some(Ok(()))
+            })
+            .map_err(|w| format!("{e} ({w})"))
+        },
+    )?;
     let t = Instant::now();
     if !dreq_first {
         wait_for(events, cep, deadline(), "the peer's DREQ", |ev| {

@@ -103,13 +103,7 @@ pub fn run(device: &str, connections: usize) -> BenchResult<RdmaConnReport> {
         return Err("--connections must be at least 1".into());
     }
     let provider = RdmaProvider::new();
-    let guid = provider
-        .list()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|d| d.name == device)
-        .map(|d| d.node_guid)
-        .ok_or_else(|| format!("no RDMA device named {device} (ibal devinfo lists them)"))?;
+    let guid = crate::devinfo::rdma_device_guid(&provider, device)?;
     rdma_provider::rdma_cm_available().map_err(|e| format!("librdmacm: {e}"))?;
     let al = Al::open().map_err(|e| e.to_string())?;
     let result = (|| -> BenchResult<RdmaConnReport> {

@@ -159,13 +159,7 @@ fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
         Target::Device(name) => {
             use hca::provider::LinkLayer;
             let provider = rdma_provider::RdmaProvider::new();
-            let guid = provider
-                .list()
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .find(|d| &d.name == name)
-                .map(|d| d.node_guid)
-                .ok_or_else(|| format!("no RDMA device named {name} (ibal devinfo lists them)"))?;
+            let guid = crate::devinfo::rdma_device_guid(&provider, name)?;
             let mut cas = Vec::new();
             let mut path_mtu = mtu;
             for _ in 0..2 {
