@@ -79,34 +79,27 @@ fi
 say "building ibal and the rdma conformance binary (--features rdma)"
 cargo build -q --features rdma -p ibal-cli || fail "cargo build --features rdma -p ibal-cli"
 cp target/debug/ibal "$OUT/ibal"
-cargo test -q --features rdma -p ibal-conformance --test rdma --no-run --message-format=json \
-    >"$OUT/build.json" 2>"$OUT/build.log" || fail "building the rdma conformance tests (see $OUT/build.log)"
-CONF=$(python3 -c '
+# Builds test target $2 of package $1 with the feature and copies its binary to $OUT/$3.
+build_test_binary() {
+    local pkg=$1 target=$2 dest=$3 exe
+    cargo test -q --features rdma -p "$pkg" --test "$target" --no-run --message-format=json \
+        >"$OUT/build-$target.json" 2>"$OUT/build-$target.log" \
+        || fail "building $pkg's $target tests (see $OUT/build-$target.log)"
+    exe=$(python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "rdma":
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[2]:
         print(m["executable"])
-' "$OUT/build.json" | tail -1)
-[ -n "$CONF" ] && [ -x "$CONF" ] || fail "no rdma conformance binary in cargo's output ($OUT/build.json)"
-cp "$CONF" "$OUT/conformance-rdma"
-cargo test -q --features rdma -p cep --test rdmacm --no-run --message-format=json \
-    >"$OUT/build-rdmacm.json" 2>"$OUT/build-rdmacm.log" || fail "building cep's rdmacm tests (see $OUT/build-rdmacm.log)"
-RDMACM=$(python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "rdmacm":
-        print(m["executable"])
-' "$OUT/build-rdmacm.json" | tail -1)
-[ -n "$RDMACM" ] && [ -x "$RDMACM" ] || fail "no rdmacm test binary in cargo's output ($OUT/build-rdmacm.json)"
-cp "$RDMACM" "$OUT/rdmacm-tests"
+' "$OUT/build-$target.json" "$target" | tail -1)
+    [ -n "$exe" ] && [ -x "$exe" ] || fail "no $target test binary in cargo's output ($OUT/build-$target.json)"
+    cp "$exe" "$OUT/$dest"
+}
+build_test_binary ibal-conformance rdma conformance-rdma
+build_test_binary cep rdmacm rdmacm-tests
 
 # ---- boot
 if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ]; then
