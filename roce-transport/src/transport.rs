@@ -596,10 +596,9 @@ impl<R: Clone> Transport<R> {
     /// if no packet still holds it and the bounds allow.
     pub(crate) fn recycle(&mut self, mut data: Arc<Vec<u8>>) {
         if data.capacity() < SPARE_MIN {
-            if self.sq.small.len() < SMALL_COUNT
-                && !Arc::ptr_eq(&data, &self.sq.empty)
-                && Arc::get_mut(&mut data).is_some()
-            {
+            // The shared empty message never qualifies: the transport
+            // holds it too.
+            if self.sq.small.len() < SMALL_COUNT && Arc::get_mut(&mut data).is_some() {
                 self.sq.small.push(data);
             }
             return;
