@@ -425,6 +425,13 @@ enum PerfCommand {
         /// docs/benchmarks.md). Needs a build with the rdma feature.
         #[arg(long, value_name = "NAME")]
         device: Option<String>,
+        /// Profiling aid, no baseline: one thread drives both ends in turn
+        /// (each poll finds the datagram the other end's post just sent),
+        /// so an instruction counter (`valgrind --tool=callgrind`) sees
+        /// exactly one round trip's work per iteration. Its times are not
+        /// a latency.
+        #[arg(long, conflicts_with = "device")]
+        one_thread: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -960,6 +967,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
         PerfCommand::SendLat {
             iters,
             transport,
+            one_thread,
             json,
             ..
         } => {
@@ -968,6 +976,11 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
                     "send-lat runs on --transport udp only (a soft SEND completes within its post)"
                         .into(),
                 );
+            }
+            if one_thread {
+                let report = ibal_cli::perf::udp::run_send_lat_one_thread(iters)?;
+                print_report(json, report.to_json(), report.to_text());
+                return Ok(());
             }
             let report = ibal_cli::perf::udp::run_send_lat(iters)?;
             print_report(json, report.to_json(), report.to_text());

@@ -408,6 +408,147 @@ pub fn run_send_lat(iters: u32) -> BenchResult<LatReport> {
     })
 }
 
+/// `send-lat --one-thread`: the RC SEND ping-pong with one thread driving
+/// both ends in turn. Not a latency (nothing overlaps, and the two ends'
+/// work adds up on one core): a profiling aid whose every poll finds the
+/// datagram the other end just sent, so an instruction count divided by
+/// the round trips is the per-message software path of both sides (their
+/// posts, the feeds, the ACKs, the CQ hand-offs), without empty polls.
+#[derive(Debug, Clone)]
+pub struct OneThreadReport {
+    /// Round trips.
+    pub iters: u32,
+    /// Mean wall time per round trip, us (both ends' work in series).
+    pub mean_us: f64,
+    /// Polls that found nothing (a datagram not yet fed: taken by a
+    /// receive thread, or not yet arrived), per round trip.
+    pub empty_polls_per_round_trip: f64,
+}
+
+impl OneThreadReport {
+    /// A table.
+    pub fn to_text(&self) -> String {
+        format!(
+            "perf send-lat --transport udp --one-thread: {MSG}-byte RC SEND ping-pong, both ends\n\
+             driven by one thread in turn (a profiling aid: run it under\n\
+             `valgrind --tool=callgrind` and divide by the round trips; not a latency)\n\n\
+             round trips {}\nmean us per round trip (both ends in series) {:.2}\n\
+             empty polls per round trip {:.3}\n",
+            self.iters, self.mean_us, self.empty_polls_per_round_trip
+        )
+    }
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"benchmark\":\"send-lat\",\"transport\":\"udp\",\"mode\":\"one-thread\",\
+             \"iters\":{},\"mean_us\":{},\"empty_polls_per_round_trip\":{}}}",
+            self.iters,
+            json_f64(self.mean_us, 3),
+            json_f64(self.empty_polls_per_round_trip, 4)
+        )
+    }
+}
+
+/// Runs `send-lat --one-thread` ([`OneThreadReport`]).
+pub fn run_send_lat_one_thread(iters: u32) -> BenchResult<OneThreadReport> {
+    if iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    const DEPTH: u32 = 64;
+    let pair = Pair::on(&Target::Loopback, Mtu::Mtu1024, 2 * MSG, DEPTH)?;
+    let Pair { al, ends } = &pair;
+    let sges: Vec<([Sge; 1], [Sge; 1])> = ends
+        .iter()
+        .map(|e| {
+            let sge = |off: u64| {
+                [Sge {
+                    addr: off,
+                    length: MSG as u32,
+                    lkey: e.lkey,
+                }]
+            };
+            (sge(0), sge(64))
+        })
+        .collect();
+    for (e, (_, recv)) in ends.iter().zip(&sges) {
+        let wrs: Vec<RecvWr> = (0..DEPTH).map(|i| recv_wr(recv, u64::from(i))).collect();
+        e.qp.post_recv(al, &wrs).map_err(err("post_recv"))?;
+    }
+    let mut wc = [Wc::default(); 4];
+    let mut empty = 0u64;
+    // Polls `cq` until a poll finds it empty (send completions only: no
+    // SEND is on its way now).
+    let keep_busy = |cq: Handle<Cq>| -> BenchResult<()> {
+        let mut spare = [Wc::default(); 4];
+        loop {
+            let n = cq.poll(al, &mut spare).map_err(err("poll"))?;
+            if n == 0 {
+                return Ok(());
+            }
+            if let Some(bad) = spare[..n]
+                .iter()
+                .find(|w| w.status != WcStatus::Success || w.opcode == WcOpcode::Recv)
+            {
+                return Err(format!(
+                    "work request {} completed with {:?} ({:?})",
+                    bad.wr_id, bad.status, bad.opcode
+                ));
+            }
+        }
+    };
+    // Polls `end`'s CQ until its SEND arrives, reposting that receive.
+    let mut await_recv = |end: usize| -> BenchResult<()> {
+        let (e, (_, recv)) = (&ends[end], &sges[end]);
+        let stall = Instant::now() + STALL;
+        loop {
+            let n = e.cq.poll(al, &mut wc).map_err(err("poll"))?;
+            if n == 0 {
+                empty += 1;
+                if Instant::now() > stall {
+                    return Err(format!("no completion within {STALL:?}"));
+                }
+                std::thread::yield_now();
+            }
+            for w in &wc[..n] {
+                if w.status != WcStatus::Success {
+                    return Err(format!(
+                        "work request {} completed with {:?}",
+                        w.wr_id, w.status
+                    ));
+                }
+                if w.opcode == WcOpcode::Recv {
+                    e.qp.post_recv(al, &[recv_wr(recv, w.wr_id)])
+                        .map_err(err("post_recv"))?;
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        // An empty poll of each end's CQ per round trip keeps both devices
+        // marked as busy-polled (a spinning application's empty polls do
+        // that), so their receive threads nap and leave every datagram to
+        // these polls: the path profiled is the busy-polling application's.
+        keep_busy(ends[0].cq)?;
+        keep_busy(ends[1].cq)?;
+        for (from, to) in [(0, 1), (1, 0)] {
+            ends[from]
+                .qp
+                .post_send(al, &[SendWr::new(1, SendOp::Send, &sges[from].0)])
+                .map_err(err("post_send"))?;
+            await_recv(to)?;
+        }
+    }
+    let mean_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+    drop(pair);
+    Ok(OneThreadReport {
+        iters,
+        mean_us,
+        empty_polls_per_round_trip: empty as f64 / f64::from(iters),
+    })
+}
+
 fn roce_pingpong(target: &Target, iters: u32) -> BenchResult<(f64, f64)> {
     const DEPTH: u32 = 64;
     let pair = Pair::on(target, Mtu::Mtu1024, 2 * MSG, DEPTH)?;
