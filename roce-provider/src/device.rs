@@ -106,18 +106,16 @@ pub(crate) struct PortShared {
     pub(crate) held: HeldAcks,
 }
 
-/// The longest acknowledgement held: BTH, AETH and ICRC (20 bytes), with
-/// room to spare.
-const HELD_ACK_MAX: usize = 48;
-
-/// A positive ACK encoded and waiting to leave.
+/// A positive ACK waiting to leave: its headers and flow, encoded (and
+/// its ICRC computed) only when it leaves, off the path from a received
+/// SEND to its completion.
 struct HeldAck {
     qpn: u32,
     /// Index of the send socket (`PortShared::batch`).
     sock: usize,
     to: SocketAddr,
-    len: usize,
-    bytes: [u8; HELD_ACK_MAX],
+    ep: Endpoints,
+    headers: roce::Headers,
 }
 
 /// Positive ACKs a polling thread held back instead of sending them before
@@ -153,56 +151,58 @@ impl HeldAcks {
         !self.any.load(Ordering::Acquire)
     }
 
-    /// Keeps the encoded ACK `bytes` of QP `qpn` for socket `sock`,
-    /// replacing an older one of the same QP. False if it does not fit
-    /// (the caller sends it now).
-    fn hold(&self, qpn: u32, sock: usize, to: SocketAddr, bytes: &[u8]) -> bool {
-        if bytes.len() > HELD_ACK_MAX {
-            return false;
-        }
-        let mut held = HeldAck {
+    /// Keeps the ACK (`headers`, for the flow `ep` to `to`) of QP `qpn`
+    /// for socket `sock`, replacing an older one of the same QP.
+    fn hold(&self, qpn: u32, sock: usize, to: SocketAddr, ep: Endpoints, headers: roce::Headers) {
+        let held = HeldAck {
             qpn,
             sock,
             to,
-            len: bytes.len(),
-            bytes: [0; HELD_ACK_MAX],
+            ep,
+            headers,
         };
-        held.bytes[..bytes.len()].copy_from_slice(bytes);
         let mut list = self.list.lock();
         match list.iter_mut().find(|h| h.qpn == qpn) {
             Some(old) => *old = held,
             None => list.push(held),
         }
         self.any.store(true, Ordering::Release);
-        true
     }
 
-    /// Moves the ACKs held for socket `sock` that `pick` selects into
-    /// `bytes`/`msgs`; returns how many.
+    /// Encodes the ACKs held for socket `sock` that `pick` selects into
+    /// `bytes`/`msgs` and forgets them; returns how many were taken and
+    /// how many of those failed to encode (dropped).
     fn take_for(
         &self,
         sock: usize,
         pick: impl Fn(u32) -> bool,
         bytes: &mut Vec<u8>,
         msgs: &mut Vec<(SocketAddr, usize, usize)>,
-    ) -> usize {
+    ) -> (usize, u64) {
         if self.is_empty() {
-            return 0;
+            return (0, 0);
         }
-        let mut taken = 0;
+        let (mut taken, mut failed) = (0, 0);
         let mut list = self.list.lock();
         list.retain(|h| {
             if h.sock != sock || !pick(h.qpn) {
                 return true;
             }
-            let start = bytes.len();
-            bytes.extend_from_slice(&h.bytes[..h.len]);
-            msgs.push((h.to, start, h.len));
-            taken += 1;
+            let pkt = Packet {
+                headers: h.headers,
+                payload: &[],
+            };
+            match encode_onto(bytes, &pkt, &h.ep) {
+                Some((start, n)) => {
+                    msgs.push((h.to, start, n));
+                    taken += 1;
+                }
+                None => failed += 1,
+            }
             false
         });
         self.any.store(!list.is_empty(), Ordering::Release);
-        taken
+        (taken, failed)
     }
 
     /// The socket indexes that have ACKs held.
@@ -233,6 +233,24 @@ pub(crate) fn holding_acks<R>(f: impl FnOnce() -> R) -> R {
     let r = f();
     HOLDING_ACKS.set(before);
     r
+}
+
+/// Appends `pkt` encoded for the flow `ep` to `bytes`; returns where it
+/// starts and its length, or None (and `bytes` as it was) if it does not
+/// encode.
+fn encode_onto(bytes: &mut Vec<u8>, pkt: &Packet<'_>, ep: &Endpoints) -> Option<(usize, usize)> {
+    let start = bytes.len();
+    bytes.resize(start + pkt.encoded_len(), 0);
+    match pkt.encode_into(ep, &mut bytes[start..]) {
+        Ok(n) => {
+            bytes.truncate(start + n);
+            Some((start, n))
+        }
+        Err(_) => {
+            bytes.truncate(start);
+            None
+        }
+    }
 }
 
 /// Whether `pkt` is a plain positive acknowledgement (may be held).
@@ -287,27 +305,16 @@ impl<'p> TxBatch<'p> {
             c.add(&c.tx_errors, 1);
             return;
         };
-        if HOLDING_ACKS.get() && is_positive_ack(pkt) {
-            let mut ack = [0u8; HELD_ACK_MAX];
-            if let Ok(n) = pkt.encode_into(&ep, &mut ack) {
-                if self.port.held.hold(self.qpn, self.sock, to, &ack[..n]) {
-                    return;
-                }
-            }
+        if HOLDING_ACKS.get() && is_positive_ack(pkt) && pkt.payload.is_empty() {
+            self.port
+                .held
+                .hold(self.qpn, self.sock, to, ep, pkt.headers);
+            return;
         }
         self.scratch();
-        let start = self.bytes.len();
-        let len = pkt.encoded_len();
-        self.bytes.resize(start + len, 0);
-        match pkt.encode_into(&ep, &mut self.bytes[start..]) {
-            Ok(n) => {
-                self.bytes.truncate(start + n);
-                self.msgs.push((to, start, n));
-            }
-            Err(_) => {
-                self.bytes.truncate(start);
-                c.add(&c.tx_errors, 1);
-            }
+        match encode_onto(&mut self.bytes, pkt, &ep) {
+            Some((start, n)) => self.msgs.push((to, start, n)),
+            None => c.add(&c.tx_errors, 1),
         }
         if self.msgs.len() >= TX_BATCH {
             self.flush();
@@ -348,10 +355,13 @@ impl<'p> TxBatch<'p> {
             }
             self.scratch();
             let qpn = self.qpn;
-            let first =
+            let (first, failed) =
                 self.port
                     .held
                     .take_for(self.sock, |q| q != qpn, &mut self.bytes, &mut self.msgs);
+            self.port
+                .counters
+                .add(&self.port.counters.tx_errors, failed);
             self.msgs.rotate_right(first);
         }
         if self.msgs.is_empty() {
@@ -468,8 +478,10 @@ impl PortShared {
     fn send_held_on(&self, sock: usize) {
         let mut b = self.batch_on(sock, u32::MAX);
         b.scratch();
-        self.held
+        let (_, failed) = self
+            .held
             .take_for(sock, |_| true, &mut b.bytes, &mut b.msgs);
+        self.counters.add(&self.counters.tx_errors, failed);
         b.send();
     }
 
@@ -1495,29 +1507,51 @@ mod held_ack_tests {
         );
     }
 
+    /// A positive ACK of `psn` for `qpn`, encoded for `ep`.
+    fn ack(qpn: u32, psn: u32) -> roce::Headers {
+        let mut h = roce::Headers::new(roce::Bth::new(roce::Opcode::RcAck, qpn, psn));
+        h.aeth = Some(roce::Aeth {
+            syndrome: roce::Syndrome::Ack { credits: 31 },
+            msn: psn,
+        });
+        h
+    }
+
     #[test]
     fn one_ack_per_qp_is_held_and_taken_by_its_socket_only() {
         let held = HeldAcks::default();
+        let from: SocketAddr = "127.0.0.8:4791".parse().unwrap();
         let to: SocketAddr = "127.0.0.9:4791".parse().unwrap();
+        let ep = Endpoints::new(from, to).unwrap();
+        let encoded = |h: roce::Headers| {
+            Packet {
+                headers: h,
+                payload: &[],
+            }
+            .encode(&ep)
+            .unwrap()
+        };
         assert!(held.is_empty());
-        assert!(held.hold(7, 0, to, &[1; 20]));
-        assert!(held.hold(7, 0, to, &[2; 20]), "the newer ACK of QP 7");
-        assert!(held.hold(8, 1, to, &[3; 20]));
-        assert!(
-            !held.hold(9, 1, to, &[4; HELD_ACK_MAX + 1]),
-            "too long to hold"
-        );
+        held.hold(7, 0, to, ep, ack(7, 1));
+        held.hold(7, 0, to, ep, ack(7, 2)); // the newer ACK of QP 7
+        held.hold(8, 1, to, ep, ack(8, 3));
         assert_eq!(held.sockets(), vec![0, 1]);
         assert_eq!(held.other_socket(0), Some(1));
         assert_eq!(held.other_socket(1), Some(0));
         let (mut bytes, mut msgs) = (Vec::new(), Vec::new());
-        assert_eq!(held.take_for(0, |_| true, &mut bytes, &mut msgs), 1);
-        assert_eq!(msgs, vec![(to, 0, 20)]);
-        assert_eq!(bytes, vec![2; 20], "only the newest ACK of QP 7 goes");
+        assert_eq!(held.take_for(0, |_| true, &mut bytes, &mut msgs), (1, 0));
+        let newest = encoded(ack(7, 2));
+        assert_eq!(msgs, vec![(to, 0, newest.len())]);
+        assert_eq!(
+            bytes, newest,
+            "only the newest ACK of QP 7 goes, encoded as sent"
+        );
         assert!(!held.is_empty(), "socket 1's ACK stays");
-        assert_eq!(held.take_for(1, |q| q != 8, &mut bytes, &mut msgs), 0);
+        assert_eq!(held.take_for(1, |q| q != 8, &mut bytes, &mut msgs), (0, 0));
         held.take_for(1, |q| q == 8, &mut bytes, &mut msgs);
-        assert_eq!(&bytes[20..], &[3; 20]);
+        assert_eq!(&bytes[newest.len()..], &encoded(ack(8, 3))[..]);
+        let decoded = Packet::decode(&bytes[newest.len()..], &ep).unwrap();
+        assert_eq!(decoded.headers.bth.psn, 3, "a valid packet, ICRC included");
         assert!(held.is_empty());
     }
 }
