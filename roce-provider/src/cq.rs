@@ -106,6 +106,10 @@ pub(crate) struct Deferred {
 
 impl Deferred {
     pub(crate) fn run(self) {
+        // Most calls (every post and drive) have nothing to run.
+        if self.hooks.is_empty() && self.events.is_empty() {
+            return;
+        }
         for h in self.hooks {
             h();
         }

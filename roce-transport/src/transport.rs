@@ -505,6 +505,11 @@ impl<R: Clone> Transport<R> {
         Ok(())
     }
 
+    /// Whether [`Transport::poll_completion`] has something to give.
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// The next completion, oldest first.
     pub fn poll_completion(&mut self) -> Option<Wc> {
         self.completions.pop_front()
