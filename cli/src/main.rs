@@ -432,6 +432,11 @@ enum PerfCommand {
         /// a latency.
         #[arg(long, conflicts_with = "device")]
         one_thread: bool,
+        /// Leave the polling threads where the scheduler puts them (by
+        /// default each contender's two threads are pinned to the same two
+        /// CPUs: docs/benchmarks.md, "the bimodal ping-pong").
+        #[arg(long)]
+        no_pin: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -968,6 +973,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             iters,
             transport,
             one_thread,
+            no_pin,
             json,
             ..
         } => {
@@ -982,7 +988,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
                 print_report(json, report.to_json(), report.to_text());
                 return Ok(());
             }
-            let report = ibal_cli::perf::udp::run_send_lat(iters)?;
+            let report = ibal_cli::perf::udp::run_send_lat(iters, !no_pin)?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }

@@ -347,10 +347,24 @@ fn perf_send_rate_json() {
 
 #[test]
 fn perf_over_udp_json() {
-    let cases: [(&[&str], &[&str]); 3] = [
+    let cases: [(&[&str], &[&str]); 5] = [
         (
             &["perf", "send-lat", "--iters", "200", "--json"],
-            &["roce_median_us", "udp_median_us", "ratio", "target_met"],
+            &[
+                "roce_median_us",
+                "udp_median_us",
+                "ratio",
+                "target_met",
+                "pinned_cpus",
+            ],
+        ),
+        (
+            &["perf", "send-lat", "--iters", "100", "--no-pin", "--json"],
+            &["roce_median_us", "pinned_cpus"],
+        ),
+        (
+            &["perf", "send-lat", "--iters", "100", "--one-thread", "--json"],
+            &["mean_us", "empty_polls_per_round_trip"],
         ),
         (
             &[

@@ -5,6 +5,7 @@ pub mod conn;
 #[cfg(feature = "rdma")]
 pub mod conn_rdma;
 pub mod lookup;
+pub mod placement;
 pub mod udp;
 pub mod verbs;
 

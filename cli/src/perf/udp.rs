@@ -37,6 +37,7 @@ use ibal::prelude::*;
 use ibal::roce::{DeviceConfig, PortConfig};
 use ibal::verbs::QpCaps;
 
+use super::placement::{on_cpu, pin_this_thread, two_cpus};
 use super::{json_f64, BenchResult};
 
 /// Payload of the latency and rate messages.
@@ -316,6 +317,9 @@ fn median(v: &mut [f64]) -> f64 {
 pub struct LatReport {
     /// Round trips per contender.
     pub iters: u32,
+    /// The CPUs each contender's two polling threads were pinned to
+    /// (`perf::placement`), or None (left to the scheduler).
+    pub cpus: Option<[usize; 2]>,
     /// RC SEND ping-pong: median round trip, us.
     pub roce_median_us: f64,
     /// Raw UDP ping-pong, blocking receive: median round trip, us.
@@ -342,16 +346,25 @@ impl LatReport {
     pub fn ratio(&self) -> f64 {
         self.roce_median_us / self.udp_median_us.min(self.udp_busy_median_us)
     }
+    /// Where the polling threads ran, in words.
+    fn placement(&self) -> String {
+        match self.cpus {
+            Some([a, b]) => format!("each contender's two threads pinned to CPUs {a} and {b}"),
+            None => "threads placed by the scheduler (not pinned)".into(),
+        }
+    }
+
     /// A table.
     pub fn to_text(&self) -> String {
         format!(
             "perf send-lat --transport udp: {MSG}-byte RC SEND ping-pong between two RoCEv2 ports on\n\
              loopback vs a raw UDP ping-pong of {SEND_DATAGRAM}-byte datagrams, blocking and polled;\n\
-             {} round trips each\n\n\
+             {} round trips each; {}\n\n\
              {:>16} {:>12} {:>12}\n{:>16} {:>12.2} {:>12.2}\n{:>16} {:>12.2} {:>12.2}\n{:>16} {:>12.2}\n\
              {:>16} {:>12.2}   (an ACK datagram each way after the answer, as RC sends)\n\n\
              ratio (median, vs the faster UDP): {:.2}x (target <= 1.5x); vs UDP + ACKs: {:.2}x\n",
             self.iters,
+            self.placement(),
             "",
             "median us",
             "mean us",
@@ -372,10 +385,12 @@ impl LatReport {
     /// One JSON object.
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"benchmark\":\"send-lat\",\"transport\":\"udp\",\"iters\":{},\"roce_median_us\":{},\
+            "{{\"benchmark\":\"send-lat\",\"transport\":\"udp\",\"iters\":{},\"pinned_cpus\":{},\"roce_median_us\":{},\
              \"roce_mean_us\":{},\"udp_median_us\":{},\"udp_mean_us\":{},\"udp_busy_median_us\":{},\
              \"udp_acked_median_us\":{},\"ratio\":{},\"target_ratio\":1.5,\"target_met\":{}}}",
             self.iters,
+            self.cpus
+                .map_or("null".to_string(), |[a, b]| format!("[{a},{b}]")),
             json_f64(self.roce_median_us, 3),
             json_f64(self.roce_mean_us, 3),
             json_f64(self.udp_median_us, 3),
@@ -389,16 +404,18 @@ impl LatReport {
 }
 
 /// Runs send-lat: `iters` round trips of each contender.
-pub fn run_send_lat(iters: u32) -> BenchResult<LatReport> {
+pub fn run_send_lat(iters: u32, pin: bool) -> BenchResult<LatReport> {
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    let (roce_median_us, roce_mean_us) = roce_pingpong(&Target::Loopback, iters)?;
-    let (udp_median_us, udp_mean_us) = udp_pingpong(iters, false)?;
-    let (udp_busy_median_us, _) = udp_pingpong(iters, true)?;
-    let udp_acked_median_us = udp_pingpong_acked(iters)?;
+    let cpus = if pin { two_cpus() } else { None };
+    let (roce_median_us, roce_mean_us) = roce_pingpong(&Target::Loopback, iters, cpus)?;
+    let (udp_median_us, udp_mean_us) = udp_pingpong(iters, false, cpus)?;
+    let (udp_busy_median_us, _) = udp_pingpong(iters, true, cpus)?;
+    let udp_acked_median_us = udp_pingpong_acked(iters, cpus)?;
     Ok(LatReport {
         iters,
+        cpus,
         roce_median_us,
         udp_median_us,
         udp_busy_median_us,
@@ -549,7 +566,7 @@ pub fn run_send_lat_one_thread(iters: u32) -> BenchResult<OneThreadReport> {
     })
 }
 
-fn roce_pingpong(target: &Target, iters: u32) -> BenchResult<(f64, f64)> {
+fn roce_pingpong(target: &Target, iters: u32, cpus: Option<[usize; 2]>) -> BenchResult<(f64, f64)> {
     const DEPTH: u32 = 64;
     let pair = Pair::on(target, Mtu::Mtu1024, 2 * MSG, DEPTH)?;
     let Pair { al, ends: [a, b] } = &pair;
@@ -568,6 +585,7 @@ fn roce_pingpong(target: &Target, iters: u32) -> BenchResult<(f64, f64)> {
     let echo = {
         let (al, qp, cq) = (Arc::clone(al), b.qp, b.cq);
         std::thread::spawn(move || -> BenchResult<()> {
+            pin_echo(cpus);
             let mut wc = [Wc::default(); 4];
             let mut received = 0;
             while received < iters {
@@ -585,30 +603,41 @@ fn roce_pingpong(target: &Target, iters: u32) -> BenchResult<(f64, f64)> {
             Ok(())
         })
     };
-    let mut rtts = Vec::with_capacity(iters as usize);
     let mut wc = [Wc::default(); 4];
-    let t0 = Instant::now();
-    for _ in 0..iters {
-        let start = Instant::now();
-        a.qp.post_send(al, &[SendWr::new(1, SendOp::Send, &a_send)])
-            .map_err(err("post_send"))?;
-        let mut got = false;
-        while !got {
-            let n = poll_some(al, a.cq, &mut wc, Wait::Yield)?;
-            for w in &wc[..n] {
-                if w.opcode == WcOpcode::Recv {
-                    got = true;
-                    a.qp.post_recv(al, &[recv_wr(&a_recv, w.wr_id)])
-                        .map_err(err("post_recv"))?;
+    let timed = on_cpu(cpus.map(|c| c[0]), || -> BenchResult<(Vec<f64>, f64)> {
+        let mut rtts = Vec::with_capacity(iters as usize);
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            let start = Instant::now();
+            a.qp.post_send(al, &[SendWr::new(1, SendOp::Send, &a_send)])
+                .map_err(err("post_send"))?;
+            let mut got = false;
+            while !got {
+                let n = poll_some(al, a.cq, &mut wc, Wait::Yield)?;
+                for w in &wc[..n] {
+                    if w.opcode == WcOpcode::Recv {
+                        got = true;
+                        a.qp.post_recv(al, &[recv_wr(&a_recv, w.wr_id)])
+                            .map_err(err("post_recv"))?;
+                    }
                 }
             }
+            rtts.push(start.elapsed().as_secs_f64() * 1e6);
         }
-        rtts.push(start.elapsed().as_secs_f64() * 1e6);
-    }
-    let mean = t0.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+        let mean = t0.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+        Ok((rtts, mean))
+    });
+    let (mut rtts, mean) = timed?;
     echo.join()
         .map_err(|_| "the echo thread panicked".to_string())??;
     Ok((median(&mut rtts), mean))
+}
+
+/// Pins a contender's echo thread to the second of `cpus`, if given.
+fn pin_echo(cpus: Option<[usize; 2]>) {
+    if let Some([_, cpu]) = cpus {
+        pin_this_thread(cpu);
+    }
 }
 
 /// Receives one datagram: blocking, or (`busy`) polling a non-blocking
@@ -627,7 +656,7 @@ fn recv_one(s: &UdpSocket, buf: &mut [u8], busy: bool) -> std::io::Result<(usize
     }
 }
 
-fn udp_pingpong(iters: u32, busy: bool) -> BenchResult<(f64, f64)> {
+fn udp_pingpong(iters: u32, busy: bool, cpus: Option<[usize; 2]>) -> BenchResult<(f64, f64)> {
     let (a, b) = udp_pair()?;
     for s in [&a, &b] {
         s.set_nonblocking(busy).map_err(|e| e.to_string())?;
@@ -637,6 +666,7 @@ fn udp_pingpong(iters: u32, busy: bool) -> BenchResult<(f64, f64)> {
         b.local_addr().map_err(|e| e.to_string())?,
     );
     let echo = std::thread::spawn(move || -> BenchResult<()> {
+        pin_echo(cpus);
         let mut buf = [0u8; 2048];
         for _ in 0..iters {
             let (n, from) = recv_one(&b, &mut buf, busy).map_err(|e| format!("echo recv: {e}"))?;
@@ -644,21 +674,25 @@ fn udp_pingpong(iters: u32, busy: bool) -> BenchResult<(f64, f64)> {
         }
         Ok(())
     });
-    let msg = [0x5au8; SEND_DATAGRAM];
-    let mut buf = [0u8; 2048];
-    let mut rtts = Vec::with_capacity(iters as usize);
-    let t0 = Instant::now();
-    for _ in 0..iters {
-        let start = Instant::now();
-        a.send_to(&msg, b_addr).map_err(|e| e.to_string())?;
-        let (n, _) =
-            recv_one(&a, &mut buf, busy).map_err(|e| format!("ping recv on {a_addr}: {e}"))?;
-        if n != SEND_DATAGRAM {
-            return Err(format!("echo of {n} bytes"));
+    let timed = on_cpu(cpus.map(|c| c[0]), || -> BenchResult<(Vec<f64>, f64)> {
+        let msg = [0x5au8; SEND_DATAGRAM];
+        let mut buf = [0u8; 2048];
+        let mut rtts = Vec::with_capacity(iters as usize);
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            let start = Instant::now();
+            a.send_to(&msg, b_addr).map_err(|e| e.to_string())?;
+            let (n, _) =
+                recv_one(&a, &mut buf, busy).map_err(|e| format!("ping recv on {a_addr}: {e}"))?;
+            if n != SEND_DATAGRAM {
+                return Err(format!("echo of {n} bytes"));
+            }
+            rtts.push(start.elapsed().as_secs_f64() * 1e6);
         }
-        rtts.push(start.elapsed().as_secs_f64() * 1e6);
-    }
-    let mean = t0.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+        let mean = t0.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+        Ok((rtts, mean))
+    });
+    let (mut rtts, mean) = timed?;
     echo.join()
         .map_err(|_| "the echo thread panicked".to_string())??;
     Ok((median(&mut rtts), mean))
@@ -680,7 +714,7 @@ fn recv_answer(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<()> {
 
 /// The polled raw ping-pong with an ACK datagram each way after the answer
 /// (as the provider's held ACKs leave); median round trip, us.
-fn udp_pingpong_acked(iters: u32) -> BenchResult<f64> {
+fn udp_pingpong_acked(iters: u32, cpus: Option<[usize; 2]>) -> BenchResult<f64> {
     let (a, b) = udp_pair()?;
     for s in [&a, &b] {
         s.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -691,6 +725,7 @@ fn udp_pingpong_acked(iters: u32) -> BenchResult<f64> {
     );
     let ack = [0x11u8; ACK_DATAGRAM];
     let echo = std::thread::spawn(move || -> BenchResult<()> {
+        pin_echo(cpus);
         let mut buf = [0u8; 2048];
         let msg = [0x5au8; SEND_DATAGRAM];
         for _ in 0..iters {
@@ -700,19 +735,23 @@ fn udp_pingpong_acked(iters: u32) -> BenchResult<f64> {
         }
         Ok(())
     });
-    let msg = [0x5au8; SEND_DATAGRAM];
-    let mut buf = [0u8; 2048];
-    let mut rtts = Vec::with_capacity(iters as usize);
-    for i in 0..iters {
-        let start = Instant::now();
-        a.send_to(&msg, b_addr).map_err(|e| e.to_string())?;
-        if i > 0 {
-            // The ACK of the answer just taken.
-            a.send_to(&ack, b_addr).map_err(|e| e.to_string())?;
+    let timed = on_cpu(cpus.map(|c| c[0]), || -> BenchResult<Vec<f64>> {
+        let msg = [0x5au8; SEND_DATAGRAM];
+        let mut buf = [0u8; 2048];
+        let mut rtts = Vec::with_capacity(iters as usize);
+        for i in 0..iters {
+            let start = Instant::now();
+            a.send_to(&msg, b_addr).map_err(|e| e.to_string())?;
+            if i > 0 {
+                // The ACK of the answer just taken.
+                a.send_to(&ack, b_addr).map_err(|e| e.to_string())?;
+            }
+            recv_answer(&a, &mut buf).map_err(|e| format!("ping recv: {e}"))?;
+            rtts.push(start.elapsed().as_secs_f64() * 1e6);
         }
-        recv_answer(&a, &mut buf).map_err(|e| format!("ping recv: {e}"))?;
-        rtts.push(start.elapsed().as_secs_f64() * 1e6);
-    }
+        Ok(rtts)
+    });
+    let mut rtts = timed?;
     echo.join()
         .map_err(|_| "the echo thread panicked".to_string())??;
     Ok(median(&mut rtts))
@@ -1162,7 +1201,7 @@ pub fn run_device_send_lat(device: &str, iters: u32) -> BenchResult<DeviceReport
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    let (median, mean) = roce_pingpong(&Target::Device(device.into()), iters)?;
+    let (median, mean) = roce_pingpong(&Target::Device(device.into()), iters, None)?;
     Ok(DeviceReport {
         bench: "send-lat",
         device: device.into(),
