@@ -323,14 +323,24 @@ impl roce_transport::Memory for DevMem<'_> {
         data: &[u8],
     ) -> std::result::Result<(), MemError> {
         // Check the whole range first: a message too long for the buffer,
-        // or one that meets a bad key part way, writes nothing.
-        self.walk(
-            sges,
-            offset,
-            data.len(),
-            Access::LOCAL_WRITE,
-            |_, _, _, _| true,
-        )?;
+        // or one that meets a bad key part way, writes nothing. A message
+        // inside one SGE needs no separate pass: its key and bounds are
+        // checked before its only copy.
+        let inside_one = match sges {
+            [s] => offset
+                .checked_add(data.len() as u64)
+                .is_some_and(|end| end <= u64::from(s.length)),
+            _ => false,
+        };
+        if !inside_one {
+            self.walk(
+                sges,
+                offset,
+                data.len(),
+                Access::LOCAL_WRITE,
+                |_, _, _, _| true,
+            )?;
+        }
         self.walk(
             sges,
             offset,
