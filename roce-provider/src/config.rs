@@ -2,6 +2,7 @@
 //! ports, and how a GID becomes a UDP socket address.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 use provider::{Gid, Mtu};
@@ -138,18 +139,52 @@ pub fn ip_of(gid: &Gid) -> IpAddr {
 #[derive(Debug, Default)]
 pub(crate) struct Directory {
     map: RwLock<al::fast_hash::IdMap<Gid, SocketAddr>>,
+    /// Bumped by every change of `map` (under its write lock), so that a
+    /// [`RouteCache`] knows when its answer may be stale.
+    version: AtomicU64,
+}
+
+/// One QP's last [`Directory::resolve`] answer, reused while the directory
+/// has not changed: a connected QP sends every packet to one GID, and the
+/// lookup (a read lock and a hash) was on every packet's path.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RouteCache {
+    entry: Option<(Gid, u16, u64, SocketAddr)>,
 }
 
 impl Directory {
     pub(crate) fn set(&self, gid: Gid, addr: SocketAddr) {
-        self.map.write().insert(gid, addr);
+        let mut m = self.map.write();
+        m.insert(gid, addr);
+        self.version.fetch_add(1, Ordering::Release);
     }
 
     pub(crate) fn remove(&self, gid: &Gid, addr: SocketAddr) {
         let mut m = self.map.write();
         if m.get(gid) == Some(&addr) {
             m.remove(gid);
+            self.version.fetch_add(1, Ordering::Release);
         }
+    }
+
+    /// [`Directory::resolve`] through `cache`.
+    pub(crate) fn resolve_cached(
+        &self,
+        cache: &mut RouteCache,
+        gid: &Gid,
+        default_port: u16,
+    ) -> SocketAddr {
+        let version = self.version.load(Ordering::Acquire);
+        if let Some((g, p, v, addr)) = cache.entry {
+            if v == version && p == default_port && g == *gid {
+                return addr;
+            }
+        }
+        // The version read before the lookup: a change racing it leaves
+        // an older version in the cache, so the next call looks again.
+        let addr = self.resolve(gid, default_port);
+        cache.entry = Some((*gid, default_port, version, addr));
+        addr
     }
 
     /// Where to send a datagram for `gid`: the directory's entry, else
@@ -159,5 +194,37 @@ impl Directory {
             return *a;
         }
         SocketAddr::new(ip_of(gid), default_port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_route_follows_every_directory_change() {
+        let dir = Directory::default();
+        let gid = gid_of("127.0.0.5".parse().unwrap());
+        let other = gid_of("127.0.0.6".parse().unwrap());
+        let mut cache = RouteCache::default();
+        let default = "127.0.0.5:4791".parse().unwrap();
+        assert_eq!(dir.resolve_cached(&mut cache, &gid, 4791), default);
+        let moved: SocketAddr = "127.0.0.5:5000".parse().unwrap();
+        dir.set(gid, moved);
+        assert_eq!(dir.resolve_cached(&mut cache, &gid, 4791), moved);
+        assert_eq!(
+            dir.resolve_cached(&mut cache, &gid, 4000),
+            moved,
+            "another default port looks again (the entry still wins)"
+        );
+        assert_eq!(
+            dir.resolve_cached(&mut cache, &other, 4791),
+            "127.0.0.6:4791".parse().unwrap(),
+            "another GID looks again"
+        );
+        dir.remove(&gid, moved);
+        assert_eq!(dir.resolve_cached(&mut cache, &gid, 4791), default);
+        dir.remove(&gid, moved); // no entry: no change
+        assert_eq!(dir.resolve_cached(&mut cache, &gid, 4791), default);
     }
 }

@@ -18,6 +18,7 @@ use provider::{
 use roce::{Endpoints, IpHeader, Ipv4Header, Ipv6Header, Packet};
 use roce_transport::{Config, Counters, Memory, Source, Transmit, Transport};
 
+use crate::config::RouteCache;
 use crate::cq::{CqInner, Deferred};
 use crate::device::{DevShared, PortShared, TxBatch};
 use crate::mr::{DevMem, Posted, RecvEntry};
@@ -82,6 +83,8 @@ pub(crate) struct QpCore {
     responding: VecDeque<Responding>,
     /// The transport's counters already added to the port's.
     seen: Counters,
+    /// Where its packets went last (UD: the last destination).
+    route: RouteCache,
 }
 
 pub(crate) struct QpInner {
@@ -161,6 +164,7 @@ impl QpCore {
             held: VecDeque::new(),
             responding: VecDeque::new(),
             seen: Counters::default(),
+            route: RouteCache::default(),
         }
     }
 }
@@ -744,6 +748,7 @@ impl QpInner {
             held,
             responding,
             seen,
+            route,
         } = core;
         let Some(t) = t.as_mut() else {
             self.deadline.store(NO_DEADLINE, Ordering::SeqCst);
@@ -755,11 +760,18 @@ impl QpInner {
             pd: self.pd,
         };
         if let Some(port) = port {
-            let mut batch = port.batch(self.qpn);
-            while let Some(tx) = t.poll_transmit(now, &mut mem) {
-                self.transmit(&mut batch, attr.av.as_ref(), &tx);
+            // The batch (the thread's encoding buffers) only when there
+            // is something to send: most drives (after a receive, an ACK)
+            // have nothing.
+            if let Some(first) = t.poll_transmit(now, &mut mem) {
+                let mut batch = port.batch(self.qpn);
+                self.transmit(&mut batch, attr.av.as_ref(), &first, route);
+                drop(first);
+                while let Some(tx) = t.poll_transmit(now, &mut mem) {
+                    self.transmit(&mut batch, attr.av.as_ref(), &tx, route);
+                }
+                batch.flush();
             }
-            batch.flush();
         } else {
             while t.poll_transmit(now, &mut mem).is_some() {}
         }
@@ -819,17 +831,23 @@ impl QpInner {
         }
     }
 
-    fn transmit(&self, batch: &mut TxBatch<'_>, av: Option<&AvAttr>, tx: &Transmit<AvAttr>) {
+    fn transmit(
+        &self,
+        batch: &mut TxBatch<'_>,
+        av: Option<&AvAttr>,
+        tx: &Transmit<AvAttr>,
+        route: &mut RouteCache,
+    ) {
         let port = batch.port();
         let av = tx.route.as_ref().or(av);
         let Some(grh) = av.and_then(|a| a.grh) else {
             port.counters.add(&port.counters.tx_errors, 1);
             return;
         };
-        let to: SocketAddr = self
-            .dev
-            .directory
-            .resolve(&grh.dgid, port.cfg.peer_udp_port);
+        let to: SocketAddr =
+            self.dev
+                .directory
+                .resolve_cached(route, &grh.dgid, port.cfg.peer_udp_port);
         batch.push(to, &tx.packet());
     }
 
