@@ -6,7 +6,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use al::{Error, Result};
 use parking_lot::{Mutex, RwLock};
@@ -19,6 +19,7 @@ use provider::{
 };
 use roce::{Endpoints, Packet};
 
+use crate::clock::monotonic_ns;
 use crate::config::{gid_of, DeviceConfig, Directory, PortConfig, ROCE_PORT};
 use crate::counters::{AtomicCounters, PortCounters};
 use crate::cq::CqInner;
@@ -509,7 +510,8 @@ pub(crate) struct DevShared {
     pub(crate) mrs: MrTable,
     pub(crate) qps: RwLock<al::fast_hash::IdMap<u32, Arc<QpInner>>>,
     next_qpn: AtomicU32,
-    base: Instant,
+    /// When the device opened ([`monotonic_ns`]).
+    base: u64,
     /// Whether applications busy-poll the device's CQs: while they do the
     /// receive threads leave the sockets to them (`driver::run_port`).
     polls: PollWatch,
@@ -565,7 +567,7 @@ impl DevShared {
 
     /// Monotonic time since the device opened.
     pub(crate) fn now(&self) -> Duration {
-        self.base.elapsed()
+        Duration::from_nanos(monotonic_ns().saturating_sub(self.base))
     }
 
     /// An application is polling one of the device's CQs now.
@@ -849,7 +851,7 @@ impl RoceDevice {
             mrs,
             qps: RwLock::new(HashMap::default()),
             next_qpn: AtomicU32::new(first_qpn),
-            base: Instant::now(),
+            base: monotonic_ns(),
             polls: PollWatch::default(),
             directory,
             timers: Timers::default(),
