@@ -363,7 +363,14 @@ fn perf_over_udp_json() {
             &["roce_median_us", "pinned_cpus"],
         ),
         (
-            &["perf", "send-lat", "--iters", "100", "--one-thread", "--json"],
+            &[
+                "perf",
+                "send-lat",
+                "--iters",
+                "100",
+                "--one-thread",
+                "--json",
+            ],
             &["mean_us", "empty_polls_per_round_trip"],
         ),
         (
