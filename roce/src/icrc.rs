@@ -141,8 +141,59 @@ fn icrc_from(mut head: [u8; HEAD_ROOM], n: usize, bth_to_end: &[u8]) -> u32 {
 /// is `8 + bth_to_end.len() + 4`). Fails only if that exceeds the IP
 /// length fields.
 pub fn icrc(endpoints: &Endpoints, bth_to_end: &[u8]) -> Result<u32, EncodeError> {
-    let (headers, n) = endpoints.masked_headers(bth_to_end.len() + crate::ICRC_LEN)?;
-    Ok(icrc_from(headers, n, bth_to_end))
+    let crc = headers_register(endpoints, bth_to_end.len() + crate::ICRC_LEN)?;
+    Ok(match bth_to_end.get(..BTH_LEN) {
+        Some(b) => {
+            let mut bth = [0u8; BTH_LEN];
+            bth.copy_from_slice(b);
+            bth[4] = 0xff; // FECN, BECN, Resv6
+            !crc32_update(crc32_update(crc, &bth), &bth_to_end[BTH_LEN..])
+        }
+        // Shorter than a BTH: no packet, but the value is defined.
+        None => {
+            let (head, n) = endpoints.masked_headers(bth_to_end.len() + crate::ICRC_LEN)?;
+            icrc_from(head, n, bth_to_end)
+        }
+    })
+}
+
+/// Flows and lengths whose header register a thread keeps
+/// ([`headers_register`]).
+const HEADER_MEMO: usize = 4;
+
+/// A thread's memo of (flow, UDP payload length) -> CRC register after the
+/// LRH seed and the masked IP and UDP headers.
+type HeaderMemo = [Option<(Endpoints, usize, u32)>; HEADER_MEMO];
+
+std::thread_local! {
+    /// The last few flows' header registers, and the slot the next new
+    /// one takes. A pure function's memo: a miss only costs the
+    /// computation.
+    static HEADER_MEMO_SLOTS: std::cell::RefCell<(HeaderMemo, usize)> =
+        const { std::cell::RefCell::new(([None; HEADER_MEMO], 0)) };
+}
+
+/// The CRC register after the LRH seed and the masked IP and UDP headers
+/// of a datagram of `endpoints` whose UDP payload is `udp_payload_len`
+/// bytes. Those headers are the same for every packet of a flow of one
+/// length (a ping-pong's SENDs, its ACKs): kept per thread for the last
+/// [`HEADER_MEMO`] of them, they cost a compare instead of building the
+/// headers and running the CRC over 28 or 48 bytes on every packet.
+fn headers_register(endpoints: &Endpoints, udp_payload_len: usize) -> Result<u32, EncodeError> {
+    HEADER_MEMO_SLOTS.with_borrow_mut(|(memo, next)| {
+        if let Some(&(_, _, crc)) = memo
+            .iter()
+            .flatten()
+            .find(|(e, len, _)| *len == udp_payload_len && e == endpoints)
+        {
+            return Ok(crc);
+        }
+        let (head, n) = endpoints.masked_headers(udp_payload_len)?;
+        let crc = crc32_update(LRH_SEED, &head[..n]);
+        memo[*next] = Some((*endpoints, udp_payload_len, crc));
+        *next = (*next + 1) % HEADER_MEMO;
+        Ok(crc)
+    })
 }
 
 /// The ICRC of a received packet from its raw IP and UDP headers as they
@@ -268,6 +319,57 @@ pub fn solve_ipv4_identification(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ICRC without the thread's memo of header registers.
+    fn icrc_unmemoized(ep: &Endpoints, bth_to_end: &[u8]) -> u32 {
+        let (head, n) = ep
+            .masked_headers(bth_to_end.len() + crate::ICRC_LEN)
+            .unwrap();
+        icrc_from(head, n, bth_to_end)
+    }
+
+    #[test]
+    fn the_header_memo_never_answers_for_another_flow_or_length() {
+        let ep = |s: &str, d: &str| Endpoints::new(s.parse().unwrap(), d.parse().unwrap()).unwrap();
+        // More flows x lengths than the memo holds, revisited in turns,
+        // IPv4 and IPv6, so entries are found, missed and replaced.
+        let flows = [
+            ep("10.0.0.1:49152", "10.0.0.2:4791"),
+            ep("10.0.0.2:49152", "10.0.0.1:4791"),
+            ep("10.0.0.1:49153", "10.0.0.2:4791"),
+            ep("[fd00::1]:49152", "[fd00::2]:4791"),
+            ep("[fd00::2]:49152", "[fd00::1]:4791"),
+        ];
+        let mut body = [0u8; 96];
+        for (i, b) in body.iter_mut().enumerate() {
+            *b = (i * 37) as u8;
+        }
+        let check = |f: usize, len: usize| {
+            let bytes = &body[..len];
+            // Twice: a miss, then (usually) a hit.
+            for _ in 0..2 {
+                assert_eq!(
+                    icrc(&flows[f], bytes).unwrap(),
+                    icrc_unmemoized(&flows[f], bytes),
+                    "flow {f}, {len} bytes"
+                );
+            }
+        };
+        let lens = [3, 16, 20, 80, 96];
+        for _round in 0..2 {
+            // Lengths within a flow, then flows within a length.
+            for f in 0..flows.len() {
+                for len in lens {
+                    check(f, len);
+                }
+            }
+            for len in lens {
+                for f in 0..flows.len() {
+                    check(f, len);
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_senders_identification_is_found() {
