@@ -132,7 +132,7 @@ struct HeldAck {
 /// us per round trip against 7.2-7.8 us now.)
 /// A held ACK is never late by more than this: every poller's next
 /// [`crate::driver::progress`] and every turn of the port's receive thread
-/// (at most a nap, 100 us, apart while pollers are active) sends what is
+/// (at most a nap, 100 us to 1.6 ms, apart while pollers are active) sends what is
 /// held. At most one per QP is kept (a newer ACK of a QP acknowledges
 /// everything the older one did), so the list is bounded by the QPs of
 /// the port. NAKs, RNR NAKs and atomic ACKs are never held. A packet of

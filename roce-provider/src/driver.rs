@@ -117,6 +117,19 @@ const RX_BATCH: usize = crate::mmsg::MAX_BATCH;
 /// A device whose CQs were polled this recently has active pollers.
 const POLLERS_ACTIVE: Duration = Duration::from_micros(200);
 
+/// A receive thread's first nap while pollers are active ([`run_port`]).
+const NAP_FIRST: Duration = Duration::from_micros(100);
+
+/// Its longest: each nap in a row doubles, up to this. A held ACK waits at
+/// most this once its poller stops (`HeldAcks`): far below an RC ACK
+/// timeout a LAN uses (14: 67 ms; the relay tests' 11: 8.4 ms).
+const NAP_MAX: Duration = Duration::from_micros(1600);
+
+/// The nap after `nap` while the pollers stay active.
+fn next_nap(nap: Duration) -> Duration {
+    (nap * 2).min(NAP_MAX)
+}
+
 /// The receive loop of port `idx` until `stop` is set.
 ///
 /// A turn blocks for one datagram and takes whatever else is already
@@ -130,6 +143,7 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
     let port = &dev.ports[idx];
     let mut batch = RecvBatch::new(RX_BATCH, RX_BUF);
     let mut reached: Vec<Arc<QpInner>> = Vec::with_capacity(RX_BATCH);
+    let mut nap = NAP_FIRST;
     loop {
         // While an application polls the device's CQs, the pollers take
         // the datagrams (`progress`); a receive thread blocked in the
@@ -138,14 +152,22 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // takes over within a nap of the polling's end.
         // ACKs a poller held go now if nobody sent them since (they are
         // never later than one nap).
+        // The naps double while the polling goes on (100 us, 200 us, ...
+        // 1.6 ms): every wake-up of this thread takes a CPU from a poller
+        // for tens of microseconds on a VM, and at 100 us apart they put
+        // one round trip in ten of a ping-pong above 20 us (`perf
+        // send-lat`, docs/benchmarks.md); a short burst of polling still
+        // hands the socket back within 100-300 us.
         port.flush_held();
         if dev.polled_within(POLLERS_ACTIVE) {
-            std::thread::sleep(POLLERS_ACTIVE / 2);
+            std::thread::sleep(nap);
+            nap = next_nap(nap);
             if stop.load(Ordering::Acquire) {
                 break;
             }
             continue;
         }
+        nap = NAP_FIRST;
         // The port's feeding lock is held across the blocking receive, so
         // a poller cannot feed a later datagram of this port while this
         // thread holds an earlier one it has not fed yet (that reordered
@@ -343,6 +365,18 @@ pub(crate) fn handle_datagram(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn naps_double_up_to_a_bound_far_below_an_ack_timeout() {
+        let mut naps = vec![NAP_FIRST];
+        while naps.len() < 10 {
+            naps.push(next_nap(*naps.last().unwrap()));
+        }
+        let us: Vec<u128> = naps.iter().map(|d| d.as_micros()).collect();
+        assert_eq!(us, [100, 200, 400, 800, 1600, 1600, 1600, 1600, 1600, 1600]);
+        // 4.096 us * 2^11, the shortest ACK timeout the two-process tests use.
+        assert!(NAP_MAX * 4 < Duration::from_nanos(4096 << 11));
+    }
 
     #[test]
     fn a_poller_asks_for_one_datagram_until_one_is_not_enough() {
