@@ -225,6 +225,8 @@ std::thread_local! {
     /// Whether this poller's next receive asks for a whole batch
     /// ([`poller_batch`]).
     static RX_WIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// A polling thread's list of the QPs its [`progress`] reached.
+    static REACHED: std::cell::Cell<Vec<Arc<QpInner>>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// How many datagrams a poller's receive asks for: one, unless its last
@@ -254,7 +256,17 @@ fn poller_took(asked: usize, took: usize) {
 /// to wake. A port whose receive thread (or another poller) is busy
 /// feeding it is skipped. Returns whether any datagram was taken.
 pub(crate) fn progress(dev: &DevShared) -> bool {
-    let mut reached: Vec<Arc<QpInner>> = Vec::new();
+    // The thread's list from its last progress (no allocation per poll
+    // that takes a datagram); a nested progress (a CQ hook that polls)
+    // finds it taken and uses a new one.
+    let mut reached = REACHED.take();
+    let any = progress_with(dev, &mut reached);
+    reached.clear();
+    REACHED.set(reached);
+    any
+}
+
+fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
     let mut any = false;
     for port in &dev.ports {
         // What the last progress held back goes before anything new.
@@ -269,7 +281,7 @@ pub(crate) fn progress(dev: &DevShared) -> bool {
             let asked = poller_batch();
             let n = batch.recv(&port.socket, asked, false);
             poller_took(asked, n);
-            feed(dev, port, batch, n, &mut reached);
+            feed(dev, port, batch, n, reached);
             n
         });
         any |= taken > 0;
