@@ -200,22 +200,22 @@ fn feed(
     n: usize,
     reached: &mut Vec<Arc<QpInner>>,
 ) {
+    let c = &port.counters;
+    // Every datagram and its bytes, counted once per batch (two atomic
+    // additions per receive, not per datagram).
+    let (mut datagrams, mut bytes) = (0u64, 0u64);
     for d in (0..n).filter_map(|i| batch.get(i)) {
-        let c = &port.counters;
+        datagrams += 1;
+        bytes += d.bytes.len() as u64;
         match d.from {
-            _ if d.truncated => {
-                // Longer than the buffer: longer than any packet.
-                c.add(&c.rx_datagrams, 1);
-                c.add(&c.rx_bytes, d.bytes.len() as u64);
-                c.add(&c.rx_oversized, 1);
-            }
+            // Longer than the buffer: longer than any packet.
+            _ if d.truncated => c.add(&c.rx_oversized, 1),
             Some(src) => handle_datagram(dev, port, d.bytes, src, reached),
-            None => {
-                c.add(&c.rx_datagrams, 1);
-                c.add(&c.rx_decode_error, 1);
-            }
+            None => c.add(&c.rx_decode_error, 1),
         }
     }
+    c.add(&c.rx_datagrams, datagrams);
+    c.add(&c.rx_bytes, bytes);
 }
 
 std::thread_local! {
@@ -297,8 +297,9 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
     any
 }
 
-/// One datagram from `src`: checked, decoded, delivered or dropped and
-/// counted. Nothing here panics on any input.
+/// One datagram from `src` (already counted as a datagram by [`feed`]):
+/// checked, decoded, delivered or dropped and counted by fate. Nothing
+/// here panics on any input.
 ///
 /// The QP the packet reached is added to `reached` (once), for the caller
 /// to drive when its batch is done.
@@ -310,8 +311,6 @@ pub(crate) fn handle_datagram(
     reached: &mut Vec<Arc<QpInner>>,
 ) {
     let c = &port.counters;
-    c.add(&c.rx_datagrams, 1);
-    c.add(&c.rx_bytes, bytes.len() as u64);
     if bytes.len() > max_packet(port.cfg.mtu.bytes()) {
         c.add(&c.rx_oversized, 1);
         return;
