@@ -425,11 +425,10 @@ enum PerfCommand {
         /// docs/benchmarks.md). Needs a build with the rdma feature.
         #[arg(long, value_name = "NAME")]
         device: Option<String>,
-        /// Profiling aid, no baseline: one thread drives both ends in turn
-        /// (each poll finds the datagram the other end's post just sent),
-        /// so an instruction counter (`valgrind --tool=callgrind`) sees
-        /// exactly one round trip's work per iteration. Its times are not
-        /// a latency.
+        /// Profiling aid, no baseline: one thread drives both ends in turn,
+        /// each poll finding the datagram the other end's post just sent
+        /// (at full speed; under valgrind the receive threads take some:
+        /// read per-call costs there). Its times are not a latency.
         #[arg(long, conflicts_with = "device")]
         one_thread: bool,
         /// Leave the polling threads where the scheduler puts them (by

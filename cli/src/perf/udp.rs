@@ -427,10 +427,15 @@ pub fn run_send_lat(iters: u32, pin: bool) -> BenchResult<LatReport> {
 
 /// `send-lat --one-thread`: the RC SEND ping-pong with one thread driving
 /// both ends in turn. Not a latency (nothing overlaps, and the two ends'
-/// work adds up on one core): a profiling aid whose every poll finds the
-/// datagram the other end just sent, so an instruction count divided by
-/// the round trips is the per-message software path of both sides (their
-/// posts, the feeds, the ACKs, the CQ hand-offs), without empty polls.
+/// work adds up on one core): a profiling aid in which a poll finds the
+/// datagram the other end just sent, so every function on the
+/// per-message path runs once or twice per round trip (their posts, the
+/// feeds, the ACKs, the CQ hand-offs). Under `valgrind --tool=callgrind`
+/// time runs tens of times slower, the busy-poll detection (empty polls
+/// 50 us apart) fails and the receive threads take some datagrams: read
+/// callgrind's cost per call of each function, not its total over the
+/// round trips (`empty_polls_per_round_trip` shows how far a run is from
+/// the ideal 0).
 #[derive(Debug, Clone)]
 pub struct OneThreadReport {
     /// Round trips.
@@ -448,7 +453,7 @@ impl OneThreadReport {
         format!(
             "perf send-lat --transport udp --one-thread: {MSG}-byte RC SEND ping-pong, both ends\n\
              driven by one thread in turn (a profiling aid: run it under\n\
-             `valgrind --tool=callgrind` and divide by the round trips; not a latency)\n\n\
+             `valgrind --tool=callgrind` and read each function's cost per call; not a latency)\n\n\
              round trips {}\nmean us per round trip (both ends in series) {:.2}\n\
              empty polls per round trip {:.3}\n",
             self.iters, self.mean_us, self.empty_polls_per_round_trip
