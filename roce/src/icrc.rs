@@ -109,31 +109,28 @@ pub fn from_wire(bytes: [u8; 4]) -> u32 {
 /// Bytes of the BTH.
 const BTH_LEN: usize = 12;
 
-/// Size of the buffer the masked IP and UDP headers are built in: room
-/// for the BTH after the longest (IPv6) of them.
-pub(crate) const HEAD_ROOM: usize = IPV6_LEN + UDP_LEN + BTH_LEN;
-
-/// The ICRC from the LRH seed over the masked IP and UDP headers (the
-/// first `n` bytes of `head`), the BTH with its byte 4 masked, and the
-/// rest of `bth_to_end`. The headers and the BTH go through the table in
-/// one pass (40 or 60 bytes, whole 8-byte steps), not as three short runs
-/// with byte-at-a-time tails: this is on every packet's path.
-fn icrc_from(mut head: [u8; HEAD_ROOM], n: usize, bth_to_end: &[u8]) -> u32 {
-    let bth = match bth_to_end.get(..BTH_LEN) {
-        Some(b) => {
-            head[n..n + BTH_LEN].copy_from_slice(b);
-            BTH_LEN
-        }
+/// Continues from the register after the masked IP and UDP headers over
+/// the BTH with its byte 4 masked and the rest, and complements. The BTH
+/// goes through the table from a fixed 12-byte copy (one step and a short
+/// tail, not three short runs): this is on every packet's path.
+fn finish(crc: u32, bth_to_end: &[u8]) -> u32 {
+    let (bth, rest) = match bth_to_end.split_first_chunk::<BTH_LEN>() {
+        Some((bth, rest)) => (*bth, rest),
+        // Shorter than a BTH: no packet, but the value is defined (masked
+        // the same way if it reaches byte 4).
         None => {
-            head[n..n + bth_to_end.len()].copy_from_slice(bth_to_end);
-            bth_to_end.len()
+            let mut short = [0u8; BTH_LEN];
+            short[..bth_to_end.len()].copy_from_slice(bth_to_end);
+            let n = bth_to_end.len();
+            if n > 4 {
+                short[4] = 0xff;
+            }
+            return !crc32_update(crc, &short[..n]);
         }
     };
-    if bth > 4 {
-        head[n + 4] = 0xff; // FECN, BECN, Resv6
-    }
-    let crc = crc32_update(LRH_SEED, &head[..n + bth]);
-    !crc32_update(crc, &bth_to_end[bth..])
+    let mut bth = bth;
+    bth[4] = 0xff; // FECN, BECN, Resv6
+    !crc32_update(crc32_update(crc, &bth), rest)
 }
 
 /// The ICRC of a packet sent over `endpoints`: `bth_to_end` is the UDP
@@ -142,19 +139,7 @@ fn icrc_from(mut head: [u8; HEAD_ROOM], n: usize, bth_to_end: &[u8]) -> u32 {
 /// length fields.
 pub fn icrc(endpoints: &Endpoints, bth_to_end: &[u8]) -> Result<u32, EncodeError> {
     let crc = headers_register(endpoints, bth_to_end.len() + crate::ICRC_LEN)?;
-    Ok(match bth_to_end.get(..BTH_LEN) {
-        Some(b) => {
-            let mut bth = [0u8; BTH_LEN];
-            bth.copy_from_slice(b);
-            bth[4] = 0xff; // FECN, BECN, Resv6
-            !crc32_update(crc32_update(crc, &bth), &bth_to_end[BTH_LEN..])
-        }
-        // Shorter than a BTH: no packet, but the value is defined.
-        None => {
-            let (head, n) = endpoints.masked_headers(bth_to_end.len() + crate::ICRC_LEN)?;
-            icrc_from(head, n, bth_to_end)
-        }
-    })
+    Ok(finish(crc, bth_to_end))
 }
 
 /// Flows and lengths whose header register a thread keeps
@@ -201,7 +186,7 @@ fn headers_register(endpoints: &Endpoints, udp_payload_len: usize) -> Result<u32
 /// the 8-byte UDP header; the masked fields may hold anything) and the UDP
 /// payload up to the ICRC.
 pub fn icrc_over_headers(ip_udp: &[u8], bth_to_end: &[u8]) -> Result<u32, DecodeError> {
-    let mut h = [0u8; HEAD_ROOM];
+    let mut h = [0u8; IPV6_LEN + UDP_LEN];
     let version = ip_udp.first().map_or(0, |b| b >> 4);
     let n = match version {
         4 => IPV4_LEN + UDP_LEN,
@@ -241,7 +226,7 @@ pub fn icrc_over_headers(ip_udp: &[u8], bth_to_end: &[u8]) -> Result<u32, Decode
     };
     h[udp + 6] = 0xff; // UDP checksum
     h[udp + 7] = 0xff;
-    Ok(icrc_from(h, n, bth_to_end))
+    Ok(finish(crc32_update(LRH_SEED, &h[..n]), bth_to_end))
 }
 
 /// For each top byte, the table index whose entry has it (the reflected
@@ -288,7 +273,7 @@ pub fn solve_ipv4_identification(
     let (h, n) = ep.masked_headers(bth_to_end.len() + crate::ICRC_LEN).ok()?;
     // Forward over the 4 bytes before the identification.
     let before = crc32_update(LRH_SEED, &h[..4]);
-    // Backwards from the final register over what `icrc_from` and the rest
+    // Backwards from the final register over what `finish` and the rest
     // of the headers fed it.
     let mut after = !carried;
     for (i, &b) in bth_to_end.iter().enumerate().rev() {
@@ -325,7 +310,7 @@ mod tests {
         let (head, n) = ep
             .masked_headers(bth_to_end.len() + crate::ICRC_LEN)
             .unwrap();
-        icrc_from(head, n, bth_to_end)
+        finish(crc32_update(LRH_SEED, &head[..n]), bth_to_end)
     }
 
     #[test]

@@ -125,13 +125,12 @@ impl Endpoints {
     /// `udp_payload_len` bytes, with the fields the ICRC masks set to ones
     /// (IPv4: TOS, TTL, header checksum; IPv6: traffic class, flow label,
     /// hop limit; UDP: checksum). Returns the buffer and how many of its
-    /// bytes are used (28 or 48); the buffer has room for a BTH after them
-    /// (the ICRC runs over both in one pass).
+    /// bytes are used (28 or 48).
     pub(crate) fn masked_headers(
         &self,
         udp_payload_len: usize,
-    ) -> Result<([u8; crate::icrc::HEAD_ROOM], usize), EncodeError> {
-        let mut h = [0u8; crate::icrc::HEAD_ROOM];
+    ) -> Result<([u8; IPV6_LEN + UDP_LEN], usize), EncodeError> {
+        let mut h = [0u8; IPV6_LEN + UDP_LEN];
         let udp_len = udp_payload_len + UDP_LEN;
         let (ip_len, sport, dport) = match self {
             Endpoints::V4(e) => {
