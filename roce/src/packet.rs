@@ -57,10 +57,8 @@ impl Headers {
     pub fn check(&self) -> Result<(), EncodeError> {
         let opcode = self.bth.opcode;
         let layout = opcode.layout();
-        // The common case (every packet the transport builds) by two
-        // bit masks; the error names the first header out of place.
-        let bits = |v: [bool; 7]| v.iter().fold(0u8, |m, &b| (m << 1) | u8::from(b));
-        let wanted = bits([
+        // In the order the wire carries them.
+        let wanted = [
             layout.deth,
             layout.reth,
             layout.atomic_eth,
@@ -68,8 +66,8 @@ impl Headers {
             layout.atomic_ack_eth,
             layout.imm,
             layout.ieth,
-        ]);
-        let has = bits([
+        ];
+        let has = [
             self.deth.is_some(),
             self.reth.is_some(),
             self.atomic_eth.is_some(),
@@ -77,28 +75,22 @@ impl Headers {
             self.atomic_ack_eth.is_some(),
             self.imm.is_some(),
             self.ieth.is_some(),
-        ]);
+        ];
+        // The common case (every packet the transport builds) by one
+        // compare; the error names the first header out of place.
         if wanted == has {
             return Ok(());
         }
-        let present = [
-            (layout.deth, self.deth.is_some(), Deth::NAME),
-            (layout.reth, self.reth.is_some(), Reth::NAME),
-            (
-                layout.atomic_eth,
-                self.atomic_eth.is_some(),
-                AtomicEth::NAME,
-            ),
-            (layout.aeth, self.aeth.is_some(), Aeth::NAME),
-            (
-                layout.atomic_ack_eth,
-                self.atomic_ack_eth.is_some(),
-                AtomicAckEth::NAME,
-            ),
-            (layout.imm, self.imm.is_some(), ImmDt::NAME),
-            (layout.ieth, self.ieth.is_some(), Ieth::NAME),
+        const NAMES: [&str; 7] = [
+            Deth::NAME,
+            Reth::NAME,
+            AtomicEth::NAME,
+            Aeth::NAME,
+            AtomicAckEth::NAME,
+            ImmDt::NAME,
+            Ieth::NAME,
         ];
-        for (wanted, has, header) in present {
+        for ((wanted, has), header) in wanted.into_iter().zip(has).zip(NAMES) {
             match (wanted, has) {
                 (true, false) => return Err(EncodeError::MissingHeader { opcode, header }),
                 (false, true) => return Err(EncodeError::UnexpectedHeader { opcode, header }),
