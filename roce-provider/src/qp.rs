@@ -763,14 +763,13 @@ impl QpInner {
             // The batch (the thread's encoding buffers) only when there
             // is something to send: most drives (after a receive, an ACK)
             // have nothing.
-            if let Some(first) = t.poll_transmit(now, &mut mem) {
-                let mut batch = port.batch(self.qpn);
-                self.transmit(&mut batch, attr.av.as_ref(), &first, route);
-                drop(first);
-                while let Some(tx) = t.poll_transmit(now, &mut mem) {
-                    self.transmit(&mut batch, attr.av.as_ref(), &tx, route);
-                }
-                batch.flush();
+            let mut batch = None;
+            while let Some(tx) = t.poll_transmit(now, &mut mem) {
+                let b = batch.get_or_insert_with(|| port.batch(self.qpn));
+                self.transmit(b, attr.av.as_ref(), &tx, route);
+            }
+            if let Some(mut b) = batch {
+                b.flush();
             }
         } else {
             while t.poll_transmit(now, &mut mem).is_some() {}
