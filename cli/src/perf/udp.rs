@@ -476,26 +476,8 @@ pub fn run_send_lat_one_thread(iters: u32) -> BenchResult<OneThreadReport> {
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    const DEPTH: u32 = 64;
-    let pair = Pair::on(&Target::Loopback, Mtu::Mtu1024, 2 * MSG, DEPTH)?;
+    let (pair, sges) = pingpong_pair(&Target::Loopback)?;
     let Pair { al, ends } = &pair;
-    let sges: Vec<([Sge; 1], [Sge; 1])> = ends
-        .iter()
-        .map(|e| {
-            let sge = |off: u64| {
-                [Sge {
-                    addr: off,
-                    length: MSG as u32,
-                    lkey: e.lkey,
-                }]
-            };
-            (sge(0), sge(64))
-        })
-        .collect();
-    for (e, (_, recv)) in ends.iter().zip(&sges) {
-        let wrs: Vec<RecvWr> = (0..DEPTH).map(|i| recv_wr(recv, u64::from(i))).collect();
-        e.qp.post_recv(al, &wrs).map_err(err("post_recv"))?;
-    }
     let mut wc = [Wc::default(); 4];
     let mut empty = 0u64;
     // Polls `cq` until a poll finds it empty (send completions only: no
@@ -571,22 +553,35 @@ pub fn run_send_lat_one_thread(iters: u32) -> BenchResult<OneThreadReport> {
     })
 }
 
-fn roce_pingpong(target: &Target, iters: u32, cpus: Option<[usize; 2]>) -> BenchResult<(f64, f64)> {
+/// A ping-pong's send (offset 0) and receive (offset [`MSG`]) SGEs of one
+/// end.
+type PingSges = ([Sge; 1], [Sge; 1]);
+
+/// The two ends of a [`MSG`]-byte ping-pong on `target`: the pair, each
+/// end's SGEs, and 64 receives posted on each.
+fn pingpong_pair(target: &Target) -> BenchResult<(Pair, [PingSges; 2])> {
     const DEPTH: u32 = 64;
     let pair = Pair::on(target, Mtu::Mtu1024, 2 * MSG, DEPTH)?;
-    let Pair { al, ends: [a, b] } = &pair;
-    let sge = |e: &End, off: u64| {
-        [Sge {
-            addr: off,
-            length: MSG as u32,
-            lkey: e.lkey,
-        }]
-    };
-    let (a_send, a_recv, b_send, b_recv) = (sge(a, 0), sge(a, 64), sge(b, 0), sge(b, 64));
-    for e in [(a, &a_recv), (b, &b_recv)] {
-        let wrs: Vec<RecvWr> = (0..DEPTH).map(|i| recv_wr(e.1, u64::from(i))).collect();
-        e.0.qp.post_recv(al, &wrs).map_err(err("post_recv"))?;
+    let sges = pair.ends.each_ref().map(|e| {
+        let sge = |off: u64| {
+            [Sge {
+                addr: off,
+                length: MSG as u32,
+                lkey: e.lkey,
+            }]
+        };
+        (sge(0), sge(MSG as u64))
+    });
+    for (e, (_, recv)) in pair.ends.iter().zip(&sges) {
+        let wrs: Vec<RecvWr> = (0..DEPTH).map(|i| recv_wr(recv, u64::from(i))).collect();
+        e.qp.post_recv(&pair.al, &wrs).map_err(err("post_recv"))?;
     }
+    Ok((pair, sges))
+}
+
+fn roce_pingpong(target: &Target, iters: u32, cpus: Option<[usize; 2]>) -> BenchResult<(f64, f64)> {
+    let (pair, [(a_send, a_recv), (b_send, b_recv)]) = pingpong_pair(target)?;
+    let Pair { al, ends: [a, b] } = &pair;
     let echo = {
         let (al, qp, cq) = (Arc::clone(al), b.qp, b.cq);
         std::thread::spawn(move || -> BenchResult<()> {
