@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use roce::{DecodeError, Endpoints, Packet};
 
+use crate::cq::Deferred;
 use crate::device::{DevShared, PortShared};
 use crate::mmsg::RecvBatch;
 use crate::qp::{QpInner, GSI_KEY, NO_DEADLINE};
@@ -183,7 +184,7 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // executor is idle, instead of waking its thread (one wake-up per
         // CM message: `al::executor::inline`).
         let callbacks = al::executor::InlineScope::enter();
-        feed(&dev, port, &batch, n, &mut reached);
+        feed(&dev, port, &batch, n, &mut Reached::Later(&mut reached));
         for qp in reached.drain(..) {
             qp.drive_now();
         }
@@ -192,13 +193,24 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
     }
 }
 
+/// What becomes of a QP a datagram reached.
+pub(crate) enum Reached<'a> {
+    /// Listed (once), for the caller to drive when its batch is done (one
+    /// drive per QP per batch).
+    Later(&'a mut Vec<Arc<QpInner>>),
+    /// Driven at once, under the lock its packet was taken with (a lone
+    /// datagram); the hooks go on the [`Deferred`], for the caller to run
+    /// once it holds no receive buffer.
+    Now(&'a mut Deferred),
+}
+
 /// Feeds the `n` datagrams of `batch` to their QPs.
 fn feed(
     dev: &DevShared,
     port: &PortShared,
     batch: &RecvBatch,
     n: usize,
-    reached: &mut Vec<Arc<QpInner>>,
+    reached: &mut Reached<'_>,
 ) {
     let c = &port.counters;
     // Every datagram and its bytes, counted once per batch (two atomic
@@ -274,16 +286,29 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
         let Some(_feeding) = port.rx_lock.try_lock() else {
             continue;
         };
-        // The scratch buffers are released before the QPs are driven: a
-        // CQ hook run by the drive may poll (and so come back here).
+        // A lone datagram's QP is driven as the packet is taken, a
+        // batch's QPs once the batch is fed; either way the completion
+        // hooks run only once the scratch buffers are released: a hook
+        // may poll (and so come back here, or take them in another
+        // device's progress).
+        let mut hooks = Deferred::default();
         let taken = RX_SCRATCH.with_borrow_mut(|slot| {
             let batch = slot.get_or_insert_with(|| RecvBatch::new(RX_BATCH, RX_BUF));
             let asked = poller_batch();
             let n = batch.recv(&port.socket, asked, false);
             poller_took(asked, n);
-            feed(dev, port, batch, n, reached);
+            if n == 1 {
+                // A lone datagram (a ping-pong's): its QP is driven as it
+                // takes the packet, its positive ACK held as below.
+                crate::device::holding_acks(|| {
+                    feed(dev, port, batch, n, &mut Reached::Now(&mut hooks));
+                });
+            } else {
+                feed(dev, port, batch, n, &mut Reached::Later(reached));
+            }
             n
         });
+        hooks.run();
         any |= taken > 0;
         // The positive ACKs these drives produce are held: the caller's
         // application is about to see the completions and often answers
@@ -301,14 +326,13 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
 /// checked, decoded, delivered or dropped and counted by fate. Nothing
 /// here panics on any input.
 ///
-/// The QP the packet reached is added to `reached` (once), for the caller
-/// to drive when its batch is done.
-pub(crate) fn handle_datagram(
+/// The QP the packet reached is driven or listed as `reached` says.
+fn handle_datagram(
     dev: &DevShared,
     port: &PortShared,
     bytes: &[u8],
     src: SocketAddr,
-    reached: &mut Vec<Arc<QpInner>>,
+    reached: &mut Reached<'_>,
 ) {
     let c = &port.counters;
     if bytes.len() > max_packet(port.cfg.mtu.bytes()) {
@@ -368,8 +392,13 @@ pub(crate) fn handle_datagram(
         return;
     };
     c.add(&c.rx_packets, 1);
-    if qp.on_packet(port, &ep, &pkt) && !reached.iter().any(|q| Arc::ptr_eq(q, &qp)) {
-        reached.push(qp);
+    match reached {
+        Reached::Now(hooks) => qp.on_packet_and_drive(port, &ep, &pkt, hooks),
+        Reached::Later(list) => {
+            if qp.on_packet(port, &ep, &pkt) && !list.iter().any(|q| Arc::ptr_eq(q, &qp)) {
+                list.push(qp);
+            }
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use al::{Error, Result};
 use parking_lot::Mutex;
@@ -741,7 +742,12 @@ impl QpInner {
     /// Send what the transport has to send, move its completions to the
     /// CQs, follow its state, and publish its next deadline.
     pub(crate) fn drive(&self, core: &mut QpCore, d: &mut Deferred) {
-        let now = self.dev.now();
+        self.drive_at(core, d, self.dev.now());
+    }
+
+    /// [`QpInner::drive`] at `now` (read by the caller, already holding
+    /// the QP's lock).
+    fn drive_at(&self, core: &mut QpCore, d: &mut Deferred, now: Duration) {
         let QpCore {
             attr,
             t,
@@ -859,53 +865,81 @@ impl QpInner {
     /// batch of datagrams. Returns whether the transport took the packet
     /// (so the QP needs driving).
     pub(crate) fn on_packet(&self, port: &PortShared, ep: &Endpoints, pkt: &Packet<'_>) -> bool {
-        {
-            let mut core = self.core.lock();
-            if !core.attr.state.can_receive() || core.t.is_none() {
-                port.counters.add(&port.counters.rx_bad_state_or_opcode, 1);
-                return false;
-            }
-            let now = self.dev.now();
-            let src = Source {
-                ip: ip_header(ep),
-                src_port: ep.src().port(),
-                dst_port: ep.dst().port(),
-            };
-            let mut mem = self.mem();
-            let t = core.t.as_mut().expect("checked above");
-            let lend = self.srq.as_ref().filter(|_| {
-                takes_receive(pkt.headers.bth.opcode.value()) && t.recv_queue_len() == 0
-            });
-            match lend {
-                Some(srq) => {
-                    // Lend the SRQ's first receive for this packet; keep
-                    // it here if the packet took it, else give it back.
-                    let mut sq = srq.q.lock();
-                    let lent = match sq.wrs.front() {
-                        Some(e) => t
-                            .post_recv(&RecvWr {
-                                wr_id: e.wr_id,
-                                sg_list: &e.sg,
-                            })
-                            .is_ok(),
-                        None => false,
-                    };
-                    t.handle_packet(now, &src, pkt, &mut mem);
-                    if lent {
-                        if t.recv_queue_len() > 0 {
-                            t.unpost_recv();
-                        } else if let Some(e) = sq.wrs.pop_front() {
-                            let mut rq = self.rq.lock();
-                            let list = &mut *rq;
-                            for sge in &e.sg {
-                                self.dev.mrs.note_poster(sge, &mut list.seen, &self.rq);
-                            }
-                            list.wrs.push_back(e);
+        let mut core = self.core.lock();
+        self.take_packet(&mut core, port, ep, pkt, self.dev.now())
+    }
+
+    /// [`QpInner::on_packet`] and [`QpInner::drive_now`] in one: for a
+    /// packet that arrived alone (a poller's receive of one datagram),
+    /// one lock of the QP and one clock reading instead of two. Hooks go
+    /// on `d`, for the caller to run once it holds no buffer of the
+    /// driver's (a hook may poll).
+    pub(crate) fn on_packet_and_drive(
+        &self,
+        port: &PortShared,
+        ep: &Endpoints,
+        pkt: &Packet<'_>,
+        d: &mut Deferred,
+    ) {
+        let mut core = self.core.lock();
+        let now = self.dev.now();
+        if self.take_packet(&mut core, port, ep, pkt, now) {
+            self.drive_at(&mut core, d, now);
+        }
+    }
+
+    fn take_packet(
+        &self,
+        core: &mut QpCore,
+        port: &PortShared,
+        ep: &Endpoints,
+        pkt: &Packet<'_>,
+        now: Duration,
+    ) -> bool {
+        if !core.attr.state.can_receive() || core.t.is_none() {
+            port.counters.add(&port.counters.rx_bad_state_or_opcode, 1);
+            return false;
+        }
+        let src = Source {
+            ip: ip_header(ep),
+            src_port: ep.src().port(),
+            dst_port: ep.dst().port(),
+        };
+        let mut mem = self.mem();
+        let t = core.t.as_mut().expect("checked above");
+        let lend = self
+            .srq
+            .as_ref()
+            .filter(|_| takes_receive(pkt.headers.bth.opcode.value()) && t.recv_queue_len() == 0);
+        match lend {
+            Some(srq) => {
+                // Lend the SRQ's first receive for this packet; keep
+                // it here if the packet took it, else give it back.
+                let mut sq = srq.q.lock();
+                let lent = match sq.wrs.front() {
+                    Some(e) => t
+                        .post_recv(&RecvWr {
+                            wr_id: e.wr_id,
+                            sg_list: &e.sg,
+                        })
+                        .is_ok(),
+                    None => false,
+                };
+                t.handle_packet(now, &src, pkt, &mut mem);
+                if lent {
+                    if t.recv_queue_len() > 0 {
+                        t.unpost_recv();
+                    } else if let Some(e) = sq.wrs.pop_front() {
+                        let mut rq = self.rq.lock();
+                        let list = &mut *rq;
+                        for sge in &e.sg {
+                            self.dev.mrs.note_poster(sge, &mut list.seen, &self.rq);
                         }
+                        list.wrs.push_back(e);
                     }
                 }
-                None => t.handle_packet(now, &src, pkt, &mut mem),
             }
+            None => t.handle_packet(now, &src, pkt, &mut mem),
         }
         true
     }
