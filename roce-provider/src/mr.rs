@@ -215,17 +215,36 @@ impl SeenKeys {
     }
 }
 
-/// The memory of one QP's protection domain as its transport sees it:
-/// every access looks the key up, checks the PD, the rights and the
-/// bounds, then copies under the memory's lock.
+/// The memory of one QP's protection domain as its transport sees it,
+/// for the length of one call into the transport: every access looks the
+/// key up, checks the PD, the rights and the bounds, then copies under
+/// the memory's lock.
 pub(crate) struct DevMem<'a> {
-    pub(crate) mrs: &'a MrTable,
-    pub(crate) pd: u64,
+    mrs: &'a MrTable,
+    pd: u64,
+    /// The MR the last access found: a send's check then its copy, or a
+    /// message's packets into one receive buffer, look the table up once
+    /// (a lookup is a read lock and a reference count, four atomic
+    /// operations). Held only for this call, as one lookup's result
+    /// would be.
+    last: Option<Arc<MrInner>>,
 }
 
-impl DevMem<'_> {
-    fn mr(&self, key: u32, need: Access) -> std::result::Result<Arc<MrInner>, MemError> {
-        let mr = self.mrs.lookup(key).ok_or(MemError::BadKey)?;
+impl<'a> DevMem<'a> {
+    pub(crate) fn new(mrs: &'a MrTable, pd: u64) -> DevMem<'a> {
+        DevMem {
+            mrs,
+            pd,
+            last: None,
+        }
+    }
+
+    fn mr(&mut self, key: u32, need: Access) -> std::result::Result<&MrInner, MemError> {
+        let mr = match self.last.take() {
+            Some(mr) if mr.key == key => mr,
+            _ => self.mrs.lookup(key).ok_or(MemError::BadKey)?,
+        };
+        let mr = &**self.last.insert(mr);
         if mr.pd != self.pd {
             return Err(MemError::BadKey);
         }
@@ -238,7 +257,7 @@ impl DevMem<'_> {
     /// Walk `len` bytes of the message `sges` describe from `offset`,
     /// calling `f(mr, offset in mem, position in message, n)`.
     fn walk(
-        &self,
+        &mut self,
         sges: &[Sge],
         mut offset: u64,
         len: usize,
@@ -262,7 +281,7 @@ impl DevMem<'_> {
                 .locate(s.addr, u64::from(s.length))
                 .ok_or(MemError::OutOfBounds)?;
             let n = ((u64::from(s.length) - offset) as usize).min(len - done);
-            if !f(&mr, base + offset as usize, done, n) {
+            if !f(mr, base + offset as usize, done, n) {
                 return Err(MemError::BadKey);
             }
             done += n;
@@ -275,12 +294,12 @@ impl DevMem<'_> {
     }
 
     fn remote(
-        &self,
+        &mut self,
         rkey: u32,
         va: u64,
         len: u64,
         need: Access,
-    ) -> std::result::Result<(Arc<MrInner>, usize), MemError> {
+    ) -> std::result::Result<(&MrInner, usize), MemError> {
         let mr = self.mr(rkey, need)?;
         let at = mr.locate(va, len).ok_or(MemError::OutOfBounds)?;
         Ok((mr, at))

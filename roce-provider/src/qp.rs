@@ -201,10 +201,7 @@ fn ip_header(ep: &Endpoints) -> IpHeader {
 
 impl QpInner {
     fn mem(&self) -> DevMem<'_> {
-        DevMem {
-            mrs: &self.dev.mrs,
-            pd: self.pd,
-        }
+        DevMem::new(&self.dev.mrs, self.pd)
     }
 
     fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Wc {
@@ -761,10 +758,7 @@ impl QpInner {
             return;
         };
         let port = self.dev.port(attr.port);
-        let mut mem = DevMem {
-            mrs: &self.dev.mrs,
-            pd: self.pd,
-        };
+        let mut mem = DevMem::new(&self.dev.mrs, self.pd);
         if let Some(port) = port {
             // The batch (the thread's encoding buffers) only when there
             // is something to send: most drives (after a receive, an ACK)
