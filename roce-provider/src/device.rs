@@ -140,16 +140,52 @@ struct HeldAck {
 /// a DREQ must not reach the peer before the ACK of a request the
 /// application already saw complete), and modifying or destroying a QP
 /// or closing the device sends what is held.
-#[derive(Default)]
 pub(crate) struct HeldAcks {
     any: AtomicBool,
+    /// The (socket, QPN) of the one ACK held, packed by [`sole_key`];
+    /// [`NOT_SOLE`] when none or several are. Lets a batch see without a
+    /// lock that the only ACK held is its own QP's (a ping-pong's answer
+    /// finds its own ACK held, every time).
+    sole: AtomicU64,
     list: Mutex<Vec<HeldAck>>,
+}
+
+impl Default for HeldAcks {
+    fn default() -> Self {
+        HeldAcks {
+            any: AtomicBool::new(false),
+            sole: AtomicU64::new(NOT_SOLE),
+            list: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+const NOT_SOLE: u64 = u64::MAX;
+
+fn sole_key(sock: usize, qpn: u32) -> u64 {
+    ((sock as u64) << 32) | u64::from(qpn)
 }
 
 impl HeldAcks {
     /// Whether anything is held (one load; no lock).
     pub(crate) fn is_empty(&self) -> bool {
         !self.any.load(Ordering::Acquire)
+    }
+
+    /// Whether nothing is held but (at most) QP `qpn`'s ACK on socket
+    /// `sock` (loads; no lock).
+    fn only(&self, sock: usize, qpn: u32) -> bool {
+        self.is_empty() || self.sole.load(Ordering::Acquire) == sole_key(sock, qpn)
+    }
+
+    /// Publishes what `list` now holds (under its lock).
+    fn publish(&self, list: &[HeldAck]) {
+        let sole = match list {
+            [h] => sole_key(h.sock, h.qpn),
+            _ => NOT_SOLE,
+        };
+        self.sole.store(sole, Ordering::Release);
+        self.any.store(!list.is_empty(), Ordering::Release);
     }
 
     /// Keeps the ACK (`headers`, for the flow `ep` to `to`) of QP `qpn`
@@ -167,7 +203,7 @@ impl HeldAcks {
             Some(old) => *old = held,
             None => list.push(held),
         }
-        self.any.store(true, Ordering::Release);
+        self.publish(&list);
     }
 
     /// Encodes the ACKs held for socket `sock` that `pick` selects into
@@ -202,7 +238,7 @@ impl HeldAcks {
             }
             false
         });
-        self.any.store(!list.is_empty(), Ordering::Release);
+        self.publish(&list);
         (taken, failed)
     }
 
@@ -346,7 +382,7 @@ impl<'p> TxBatch<'p> {
     /// Sends what is encoded, the ACKs held for other QPs of the port
     /// first.
     fn send(&mut self) {
-        if !self.port.held.is_empty() {
+        if !self.port.held.only(self.sock, self.qpn) {
             // A packet of another QP (a DREQ on QP1) must not overtake the
             // ACK of a request the application already saw complete: held
             // ACKs on other sockets go first by their own sockets, those of
