@@ -101,10 +101,36 @@ pub(crate) struct PortShared {
     /// Held by whoever is taking datagrams off `socket` and feeding them
     /// to QPs (the port's receive thread, or a poller making progress), so
     /// two threads never feed one port's packets concurrently (which could
-    /// reorder them).
-    pub(crate) rx_lock: Mutex<()>,
+    /// reorder them). Taken as a [`Feeding`].
+    rx_lock: Mutex<()>,
     /// Positive ACKs a polling thread held back (see [`HeldAcks`]).
     pub(crate) held: HeldAcks,
+}
+
+/// The right to feed a port's datagrams to its QPs: its `rx_lock`, held.
+/// The receive counters of the datagram path (`rx_datagrams` to
+/// `rx_unknown_qpn`, [`Feeding::count`]) are written only with it, so by
+/// one thread at a time: each is added with a load and a store, not a
+/// locked read-modify-write (three of those per datagram saved on a
+/// ping-pong's path). Counters a drive also writes (`add_transport`) stay
+/// atomic additions.
+pub(crate) struct Feeding<'p> {
+    port: &'p PortShared,
+    _lock: parking_lot::MutexGuard<'p, ()>,
+}
+
+impl<'p> Feeding<'p> {
+    pub(crate) fn port(&self) -> &'p PortShared {
+        self.port
+    }
+
+    /// Adds `n` to the counter `which` picks.
+    pub(crate) fn count(&self, which: fn(&AtomicCounters) -> &AtomicU64, n: u64) {
+        if n != 0 {
+            let c = which(&self.port.counters);
+            c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        }
+    }
 }
 
 /// A positive ACK waiting to leave: its headers and flow, encoded (and
@@ -512,6 +538,22 @@ impl PortShared {
             msgs: Vec::new(),
         }
     }
+    /// The right to feed this port's datagrams, waiting for it.
+    pub(crate) fn feeding(&self) -> Feeding<'_> {
+        Feeding {
+            port: self,
+            _lock: self.rx_lock.lock(),
+        }
+    }
+
+    /// The right to feed this port's datagrams, if nobody holds it.
+    pub(crate) fn try_feeding(&self) -> Option<Feeding<'_>> {
+        Some(Feeding {
+            port: self,
+            _lock: self.rx_lock.try_lock()?,
+        })
+    }
+
     /// Sends every ACK held on this port ([`HeldAcks`]).
     pub(crate) fn flush_held(&self) {
         if self.held.is_empty() {

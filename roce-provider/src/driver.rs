@@ -20,7 +20,7 @@ use std::time::Duration;
 use roce::{DecodeError, Endpoints, Packet};
 
 use crate::cq::Deferred;
-use crate::device::{DevShared, PortShared};
+use crate::device::{DevShared, Feeding};
 use crate::mmsg::RecvBatch;
 use crate::qp::{QpInner, GSI_KEY, NO_DEADLINE};
 
@@ -174,7 +174,7 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // thread holds an earlier one it has not fed yet (that reordered
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
-        let feeding = port.rx_lock.lock();
+        let feeding = port.feeding();
         let n = batch.recv(&port.socket, RX_BATCH, true);
         if stop.load(Ordering::Acquire) {
             break;
@@ -184,7 +184,7 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // executor is idle, instead of waking its thread (one wake-up per
         // CM message: `al::executor::inline`).
         let callbacks = al::executor::InlineScope::enter();
-        feed(&dev, port, &batch, n, &mut Reached::Later(&mut reached));
+        feed(&dev, &feeding, &batch, n, &mut Reached::Later(&mut reached));
         for qp in reached.drain(..) {
             qp.drive_now();
         }
@@ -207,27 +207,25 @@ pub(crate) enum Reached<'a> {
 /// Feeds the `n` datagrams of `batch` to their QPs.
 fn feed(
     dev: &DevShared,
-    port: &PortShared,
+    fed: &Feeding<'_>,
     batch: &RecvBatch,
     n: usize,
     reached: &mut Reached<'_>,
 ) {
-    let c = &port.counters;
-    // Every datagram and its bytes, counted once per batch (two atomic
-    // additions per receive, not per datagram).
+    // Every datagram and its bytes, counted once per batch.
     let (mut datagrams, mut bytes) = (0u64, 0u64);
     for d in (0..n).filter_map(|i| batch.get(i)) {
         datagrams += 1;
         bytes += d.bytes.len() as u64;
         match d.from {
             // Longer than the buffer: longer than any packet.
-            _ if d.truncated => c.add(&c.rx_oversized, 1),
-            Some(src) => handle_datagram(dev, port, d.bytes, src, reached),
-            None => c.add(&c.rx_decode_error, 1),
+            _ if d.truncated => fed.count(|c| &c.rx_oversized, 1),
+            Some(src) => handle_datagram(dev, fed, d.bytes, src, reached),
+            None => fed.count(|c| &c.rx_decode_error, 1),
         }
     }
-    c.add(&c.rx_datagrams, datagrams);
-    c.add(&c.rx_bytes, bytes);
+    fed.count(|c| &c.rx_datagrams, datagrams);
+    fed.count(|c| &c.rx_bytes, bytes);
 }
 
 std::thread_local! {
@@ -283,7 +281,7 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
     for port in &dev.ports {
         // What the last progress held back goes before anything new.
         port.flush_held();
-        let Some(_feeding) = port.rx_lock.try_lock() else {
+        let Some(feeding) = port.try_feeding() else {
             continue;
         };
         // A lone datagram's QP is driven as the packet is taken, a
@@ -301,10 +299,10 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
                 // A lone datagram (a ping-pong's): its QP is driven as it
                 // takes the packet, its positive ACK held as below.
                 crate::device::holding_acks(|| {
-                    feed(dev, port, batch, n, &mut Reached::Now(&mut hooks));
+                    feed(dev, &feeding, batch, n, &mut Reached::Now(&mut hooks));
                 });
             } else {
-                feed(dev, port, batch, n, &mut Reached::Later(reached));
+                feed(dev, &feeding, batch, n, &mut Reached::Later(reached));
             }
             n
         });
@@ -329,18 +327,18 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
 /// The QP the packet reached is driven or listed as `reached` says.
 fn handle_datagram(
     dev: &DevShared,
-    port: &PortShared,
+    fed: &Feeding<'_>,
     bytes: &[u8],
     src: SocketAddr,
     reached: &mut Reached<'_>,
 ) {
-    let c = &port.counters;
+    let port = fed.port();
     if bytes.len() > max_packet(port.cfg.mtu.bytes()) {
-        c.add(&c.rx_oversized, 1);
+        fed.count(|c| &c.rx_oversized, 1);
         return;
     }
     let Ok(ep) = Endpoints::new(src, port.local) else {
-        c.add(&c.rx_decode_error, 1);
+        fed.count(|c| &c.rx_decode_error, 1);
         return;
     };
     let pkt = match Packet::decode(bytes, &ep) {
@@ -358,21 +356,21 @@ fn handle_datagram(
             };
             match solved.map(|_| Packet::decode_without_icrc(bytes)) {
                 Some(Ok(p)) => {
-                    c.add(&c.rx_ipv4_id_solved, 1);
+                    fed.count(|c| &c.rx_ipv4_id_solved, 1);
                     p
                 }
                 _ => {
-                    c.add(&c.rx_bad_icrc, 1);
+                    fed.count(|c| &c.rx_bad_icrc, 1);
                     return;
                 }
             }
         }
         Err(DecodeError::Truncated { .. }) => {
-            c.add(&c.rx_truncated, 1);
+            fed.count(|c| &c.rx_truncated, 1);
             return;
         }
         Err(_) => {
-            c.add(&c.rx_decode_error, 1);
+            fed.count(|c| &c.rx_decode_error, 1);
             return;
         }
     };
@@ -388,10 +386,10 @@ fn handle_datagram(
         dev.qps.read().get(&key).cloned()
     };
     let Some(qp) = qp else {
-        c.add(&c.rx_unknown_qpn, 1);
+        fed.count(|c| &c.rx_unknown_qpn, 1);
         return;
     };
-    c.add(&c.rx_packets, 1);
+    fed.count(|c| &c.rx_packets, 1);
     match reached {
         Reached::Now(hooks) => qp.on_packet_and_drive(port, &ep, &pkt, hooks),
         Reached::Later(list) => {
