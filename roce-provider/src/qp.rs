@@ -812,9 +812,15 @@ impl QpInner {
         let deadline = t.poll_timeout().map_or(NO_DEADLINE, |x| {
             x.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
         });
-        self.deadline.store(deadline, Ordering::SeqCst);
-        if deadline != NO_DEADLINE {
-            self.dev.timers.armed(deadline);
+        // Every writer holds the QP's lock, so the value read is the last
+        // one written; an unchanged deadline (a drive after a SEND taken,
+        // most drives) was published and announced to the timer thread
+        // by the drive that set it: no store (a locked exchange) again.
+        if self.deadline.load(Ordering::Relaxed) != deadline {
+            self.deadline.store(deadline, Ordering::SeqCst);
+            if deadline != NO_DEADLINE {
+                self.dev.timers.armed(deadline);
+            }
         }
         if t.state() == QpState::Err && !matches!(attr.state, QpState::Err | QpState::Reset) {
             attr.state = QpState::Err;
