@@ -215,36 +215,45 @@ impl SeenKeys {
     }
 }
 
-/// The memory of one QP's protection domain as its transport sees it,
-/// for the length of one call into the transport: every access looks the
-/// key up, checks the PD, the rights and the bounds, then copies under
-/// the memory's lock.
+/// The MR a QP's last memory access found (kept in the QP's core, under
+/// its lock): a send's key check then its copy, the packets of a message
+/// into one receive buffer, and the next message through the same MR
+/// find it without the table (a lookup is a read lock and a reference
+/// count: four atomic operations, and a hash). It is used only while the
+/// MR is registered: [`MrTable::remove`] marks it deregistered, and a
+/// marked MR is looked up again (and so not found). Holding it keeps
+/// only its bookkeeping alive past a deregistration, until the QP's next
+/// access or its end; its memory is invalidated as always.
+#[derive(Default)]
+pub(crate) struct MrCache(Option<Arc<MrInner>>);
+
+/// The memory of one QP's protection domain as its transport sees it, for
+/// the length of one call into the transport: every access finds the MR
+/// (in the QP's [`MrCache`] or the table), checks the PD, the rights and
+/// the bounds, then copies under the memory's lock.
 pub(crate) struct DevMem<'a> {
     mrs: &'a MrTable,
     pd: u64,
-    /// The MR the last access found: a send's check then its copy, or a
-    /// message's packets into one receive buffer, look the table up once
-    /// (a lookup is a read lock and a reference count, four atomic
-    /// operations). Held only for this call, as one lookup's result
-    /// would be.
-    last: Option<Arc<MrInner>>,
+    last: &'a mut MrCache,
 }
 
 impl<'a> DevMem<'a> {
-    pub(crate) fn new(mrs: &'a MrTable, pd: u64) -> DevMem<'a> {
-        DevMem {
-            mrs,
-            pd,
-            last: None,
-        }
+    pub(crate) fn new(mrs: &'a MrTable, pd: u64, last: &'a mut MrCache) -> DevMem<'a> {
+        DevMem { mrs, pd, last }
     }
 
     fn mr(&mut self, key: u32, need: Access) -> std::result::Result<&MrInner, MemError> {
-        let mr = match self.last.take() {
-            Some(mr) if mr.key == key => mr,
-            _ => self.mrs.lookup(key).ok_or(MemError::BadKey)?,
+        let cached = self
+            .last
+            .0
+            .as_ref()
+            .is_some_and(|m| m.key == key && !m.deregistered.load(Ordering::Acquire));
+        if !cached {
+            self.last.0 = Some(self.mrs.lookup(key).ok_or(MemError::BadKey)?);
+        }
+        let Some(mr) = self.last.0.as_deref() else {
+            return Err(MemError::BadKey);
         };
-        let mr = &**self.last.insert(mr);
         if mr.pd != self.pd {
             return Err(MemError::BadKey);
         }

@@ -22,7 +22,7 @@ use roce_transport::{Config, Counters, Memory, Source, Transmit, Transport};
 use crate::config::RouteCache;
 use crate::cq::{CqInner, Deferred};
 use crate::device::{DevShared, PortShared, TxBatch};
-use crate::mr::{DevMem, Posted, RecvEntry};
+use crate::mr::{DevMem, MrCache, Posted, RecvEntry};
 
 pub(crate) const QPN_MASK: u32 = 0x00ff_ffff;
 /// Key of port `p`'s GSI QP in the QP map (QP numbers are 24 bits).
@@ -86,6 +86,8 @@ pub(crate) struct QpCore {
     seen: Counters,
     /// Where its packets went last (UD: the last destination).
     route: RouteCache,
+    /// The MR its last memory access found.
+    mrs_seen: MrCache,
 }
 
 pub(crate) struct QpInner {
@@ -166,6 +168,7 @@ impl QpCore {
             responding: VecDeque::new(),
             seen: Counters::default(),
             route: RouteCache::default(),
+            mrs_seen: MrCache::default(),
         }
     }
 }
@@ -200,8 +203,10 @@ fn ip_header(ep: &Endpoints) -> IpHeader {
 }
 
 impl QpInner {
-    fn mem(&self) -> DevMem<'_> {
-        DevMem::new(&self.dev.mrs, self.pd)
+    /// The QP's memory, as its transport sees it, for one call (`seen`:
+    /// the QP's [`MrCache`]).
+    fn mem<'a>(&'a self, seen: &'a mut MrCache) -> DevMem<'a> {
+        DevMem::new(&self.dev.mrs, self.pd, seen)
     }
 
     fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Wc {
@@ -376,6 +381,7 @@ impl QpInner {
             0
         };
         core.attr = fresh_attr(self.qpn, self.qp_type, self.caps, self.sq_sig_all, port);
+        core.mrs_seen = MrCache::default();
         self.deadline.store(NO_DEADLINE, Ordering::SeqCst);
     }
 
@@ -667,7 +673,10 @@ impl QpInner {
                 .t
                 .as_ref()
                 .map_or(1024, |t| t.config().path_mtu.bytes()) as u64;
-            let status = match self.mem().check_local(wr.sg_list, Access::NONE) {
+            let status = match self
+                .mem(&mut core.mrs_seen)
+                .check_local(wr.sg_list, Access::NONE)
+            {
                 Err(e) => Some(e.local_status()),
                 Ok(len) if self.qp_type.is_datagram() && len > mtu => {
                     Some(WcStatus::LocalLengthError)
@@ -688,16 +697,13 @@ impl QpInner {
         );
         let mut twr = *wr;
         twr.signaled |= responds;
-        let mut mem = self.mem();
-        let t = core.t.as_mut().expect("checked above");
-        let r = match t.post_send(&twr, &mut mem) {
+        let r = match self.transport_post(core, &twr) {
             Ok(()) => Ok(()),
             Err(roce_transport::Error::QueueFull) => {
                 // Completions waiting to be moved out count against the
                 // queue: move them, then try once more.
                 self.drive(core, d);
-                let t = core.t.as_mut().expect("checked above");
-                t.post_send(&twr, &mut mem).map_err(|_| {
+                self.transport_post(core, &twr).map_err(|_| {
                     Error::insufficient_resources(format!(
                         "the send queue is full ({} requests)",
                         self.caps.max_send_wr
@@ -714,6 +720,19 @@ impl QpInner {
             });
         }
         r
+    }
+
+    /// Gives `wr` to the transport (the QP has one: `submit` checked).
+    fn transport_post(
+        &self,
+        core: &mut QpCore,
+        wr: &SendWr<'_, AvAttr>,
+    ) -> std::result::Result<(), roce_transport::Error> {
+        let mut mem = self.mem(&mut core.mrs_seen);
+        match core.t.as_mut() {
+            Some(t) => t.post_send(wr, &mut mem),
+            None => Err(roce_transport::Error::InvalidWr("the QP has no transport")),
+        }
     }
 
     /// Gives back the bytes of every send the transport reads as it sends
@@ -752,13 +771,14 @@ impl QpInner {
             responding,
             seen,
             route,
+            mrs_seen,
         } = core;
         let Some(t) = t.as_mut() else {
             self.deadline.store(NO_DEADLINE, Ordering::SeqCst);
             return;
         };
         let port = self.dev.port(attr.port);
-        let mut mem = DevMem::new(&self.dev.mrs, self.pd);
+        let mut mem = self.mem(mrs_seen);
         if let Some(port) = port {
             // The batch (the thread's encoding buffers) only when there
             // is something to send: most drives (after a receive, an ACK)
@@ -905,7 +925,7 @@ impl QpInner {
             src_port: ep.src().port(),
             dst_port: ep.dst().port(),
         };
-        let mut mem = self.mem();
+        let mut mem = self.mem(&mut core.mrs_seen);
         let t = core.t.as_mut().expect("checked above");
         let lend = self
             .srq
@@ -983,6 +1003,7 @@ impl QpInner {
         let mut core = self.core.lock();
         self.release_leases(&mut core);
         core.t = None;
+        core.mrs_seen = MrCache::default();
         self.release_responding(&mut core);
         for h in core.held.drain(..) {
             if h.leased {
