@@ -493,6 +493,9 @@ fn send_one(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) -> std::io::Result
 
 impl Drop for TxBatch<'_> {
     fn drop(&mut self) {
+        if self.bytes.capacity() == 0 && self.msgs.capacity() == 0 {
+            return; // nothing was encoded (an ACK held, a drive with nothing to send)
+        }
         self.flush();
         let (bytes, msgs) = (
             std::mem::take(&mut self.bytes),
