@@ -1,7 +1,7 @@
 //! The provider, the device and its objects (PD, CQ, MR, SRQ, AV, QP),
 //! and the `provider::Device` implementation.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use al::{Error, Result};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
 use provider::qp_state::{DeviceLimits, PortLimits};
 use provider::{
@@ -26,6 +26,7 @@ use crate::cq::CqInner;
 use crate::driver::{run_port, run_timers, Timers, RECV_TIMEOUT};
 use crate::mr::{MrInner, MrTable, Posted, RecvEntry};
 use crate::qp::{fresh_attr, QpCore, QpInner, SrqInner, GSI_KEY, NO_DEADLINE, QPN_MASK};
+use crate::qp_map::{QpMap, QpMemo};
 
 /// [`BUSY_POLL_STREAK`] empty polls of a device's CQs, each this close
 /// behind the one before, mean an application busy-polls
@@ -102,7 +103,7 @@ pub(crate) struct PortShared {
     /// to QPs (the port's receive thread, or a poller making progress), so
     /// two threads never feed one port's packets concurrently (which could
     /// reorder them). Taken as a [`Feeding`].
-    rx_lock: Mutex<()>,
+    rx_lock: Mutex<QpMemo>,
     /// Positive ACKs a polling thread held back (see [`HeldAcks`]).
     pub(crate) held: HeldAcks,
 }
@@ -116,12 +117,19 @@ pub(crate) struct PortShared {
 /// atomic additions.
 pub(crate) struct Feeding<'p> {
     port: &'p PortShared,
-    _lock: parking_lot::MutexGuard<'p, ()>,
+    /// The lock, and what it guards: the last QP this port's datagrams
+    /// reached.
+    memo: parking_lot::MutexGuard<'p, QpMemo>,
 }
 
 impl<'p> Feeding<'p> {
     pub(crate) fn port(&self) -> &'p PortShared {
         self.port
+    }
+
+    /// The last QP this port's datagrams reached ([`QpMap::find`]).
+    pub(crate) fn memo(&mut self) -> &mut QpMemo {
+        &mut self.memo
     }
 
     /// Adds `n` to the counter `which` picks.
@@ -545,7 +553,7 @@ impl PortShared {
     pub(crate) fn feeding(&self) -> Feeding<'_> {
         Feeding {
             port: self,
-            _lock: self.rx_lock.lock(),
+            memo: self.rx_lock.lock(),
         }
     }
 
@@ -553,7 +561,7 @@ impl PortShared {
     pub(crate) fn try_feeding(&self) -> Option<Feeding<'_>> {
         Some(Feeding {
             port: self,
-            _lock: self.rx_lock.try_lock()?,
+            memo: self.rx_lock.try_lock()?,
         })
     }
 
@@ -600,7 +608,7 @@ pub(crate) struct DevShared {
     pub(crate) attr: DeviceAttr,
     pub(crate) ports: Vec<PortShared>,
     pub(crate) mrs: MrTable,
-    pub(crate) qps: RwLock<al::fast_hash::IdMap<u32, Arc<QpInner>>>,
+    pub(crate) qps: QpMap,
     next_qpn: AtomicU32,
     /// When the device opened ([`monotonic_ns`]).
     base: u64,
@@ -902,7 +910,7 @@ impl RoceDevice {
                 local,
                 gid: gid_of(local.ip()),
                 counters: AtomicCounters::default(),
-                rx_lock: Mutex::new(()),
+                rx_lock: Mutex::new(QpMemo::default()),
                 held: HeldAcks::default(),
             });
         }
@@ -941,7 +949,7 @@ impl RoceDevice {
             attr,
             ports,
             mrs,
-            qps: RwLock::new(HashMap::default()),
+            qps: QpMap::new(),
             next_qpn: AtomicU32::new(first_qpn),
             base: monotonic_ns(),
             polls: PollWatch::default(),
@@ -1086,17 +1094,19 @@ impl RoceDevice {
             rq: Posted::new(),
             deadline: AtomicU64::new(NO_DEADLINE),
         });
-        let mut qps = self.shared.qps.write();
-        if qps.len() >= self.shared.attr.max_qp as usize {
-            return Err(Error::insufficient_resources(format!(
-                "max_qp reached: the device allows {} QPs",
-                self.shared.attr.max_qp
-            )));
-        }
-        if qps.contains_key(&key) {
-            return Err(Error::busy(format!("port {port} already has a GSI QP")));
-        }
-        qps.insert(key, inner.clone());
+        self.shared.qps.change(|qps| {
+            if qps.len() >= self.shared.attr.max_qp as usize {
+                return Err(Error::insufficient_resources(format!(
+                    "max_qp reached: the device allows {} QPs",
+                    self.shared.attr.max_qp
+                )));
+            }
+            if qps.contains_key(&key) {
+                return Err(Error::busy(format!("port {port} already has a GSI QP")));
+            }
+            qps.insert(key, inner.clone());
+            Ok(())
+        })?;
         Ok(RoceQp { inner })
     }
 }
@@ -1220,7 +1230,7 @@ impl std::fmt::Debug for RoceQp {
 
 impl Drop for RoceQp {
     fn drop(&mut self) {
-        self.inner.dev.qps.write().remove(&self.inner.key);
+        self.inner.dev.qps.change(|qps| qps.remove(&self.inner.key));
         self.inner.destroy();
     }
 }
@@ -1647,5 +1657,53 @@ mod held_ack_tests {
         let decoded = Packet::decode(&bytes[newest.len()..], &ep).unwrap();
         assert_eq!(decoded.headers.bth.psn, 3, "a valid packet, ICRC included");
         assert!(held.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod qp_memo_tests {
+    use super::*;
+    use provider::{CqInit, QpCaps, QpInit};
+
+    #[test]
+    fn a_memo_follows_every_change_of_the_qp_map() {
+        let port = PortConfig::new("127.0.0.1:0".parse().unwrap());
+        let d = RoceProvider::new(vec![DeviceConfig::new("memo", 1, vec![port])])
+            .open(1)
+            .unwrap();
+        let pd = d.alloc_pd().unwrap();
+        let cq = d
+            .create_cq(CqInit {
+                capacity: 16,
+                ..CqInit::default()
+            })
+            .unwrap();
+        let init = QpInit {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        };
+        let (a, b) = (
+            d.create_qp(&pd, &init).unwrap(),
+            d.create_qp(&pd, &init).unwrap(),
+        );
+        let (map, key) = (&d.shared.qps, a.inner.key);
+        let mut memo = QpMemo::default();
+        let found = |memo: &mut QpMemo| map.find(key, memo);
+        assert!(Arc::ptr_eq(&found(&mut memo).unwrap(), &a.inner));
+        assert!(
+            Arc::ptr_eq(&found(&mut memo).unwrap(), &a.inner),
+            "from the memo"
+        );
+        // The key names another QP while the first is still alive (as the
+        // GSI key does when a port's QP1 is made again): a memo made
+        // before the change must not match.
+        map.change(|m| m.insert(key, b.inner.clone()));
+        assert!(Arc::ptr_eq(&found(&mut memo).unwrap(), &b.inner));
+        map.change(|m| m.remove(&key));
+        assert!(found(&mut memo).is_none(), "removed, though alive");
     }
 }

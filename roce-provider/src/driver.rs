@@ -174,7 +174,7 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // thread holds an earlier one it has not fed yet (that reordered
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
-        let feeding = port.feeding();
+        let mut feeding = port.feeding();
         let n = batch.recv(&port.socket, RX_BATCH, true);
         if stop.load(Ordering::Acquire) {
             break;
@@ -184,7 +184,13 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // executor is idle, instead of waking its thread (one wake-up per
         // CM message: `al::executor::inline`).
         let callbacks = al::executor::InlineScope::enter();
-        feed(&dev, &feeding, &batch, n, &mut Reached::Later(&mut reached));
+        feed(
+            &dev,
+            &mut feeding,
+            &batch,
+            n,
+            &mut Reached::Later(&mut reached),
+        );
         for qp in reached.drain(..) {
             qp.drive_now();
         }
@@ -207,7 +213,7 @@ pub(crate) enum Reached<'a> {
 /// Feeds the `n` datagrams of `batch` to their QPs.
 fn feed(
     dev: &DevShared,
-    fed: &Feeding<'_>,
+    fed: &mut Feeding<'_>,
     batch: &RecvBatch,
     n: usize,
     reached: &mut Reached<'_>,
@@ -281,7 +287,7 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
     for port in &dev.ports {
         // What the last progress held back goes before anything new.
         port.flush_held();
-        let Some(feeding) = port.try_feeding() else {
+        let Some(mut feeding) = port.try_feeding() else {
             continue;
         };
         // A lone datagram's QP is driven as the packet is taken, a
@@ -299,10 +305,10 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
                 // A lone datagram (a ping-pong's): its QP is driven as it
                 // takes the packet, its positive ACK held as below.
                 crate::device::holding_acks(|| {
-                    feed(dev, &feeding, batch, n, &mut Reached::Now(&mut hooks));
+                    feed(dev, &mut feeding, batch, n, &mut Reached::Now(&mut hooks));
                 });
             } else {
-                feed(dev, &feeding, batch, n, &mut Reached::Later(reached));
+                feed(dev, &mut feeding, batch, n, &mut Reached::Later(reached));
             }
             n
         });
@@ -327,7 +333,7 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
 /// The QP the packet reached is driven or listed as `reached` says.
 fn handle_datagram(
     dev: &DevShared,
-    fed: &Feeding<'_>,
+    fed: &mut Feeding<'_>,
     bytes: &[u8],
     src: SocketAddr,
     reached: &mut Reached<'_>,
@@ -383,7 +389,7 @@ fn handle_datagram(
     let qp = if dqp == 0 {
         None
     } else {
-        dev.qps.read().get(&key).cloned()
+        dev.qps.find(key, fed.memo())
     };
     let Some(qp) = qp else {
         fed.count(|c| &c.rx_unknown_qpn, 1);

@@ -32,6 +32,7 @@ mod keys;
 mod mmsg;
 mod mr;
 mod qp;
+mod qp_map;
 
 pub use config::{gid_of, ip_of, DeviceConfig, PortConfig, ROCE_PORT};
 pub use counters::PortCounters;
