@@ -114,6 +114,14 @@ pub struct Counters {
 /// allocation and free per message).
 pub(crate) type SgList = smallvec::SmallVec<[Sge; 2]>;
 
+/// What [`Transport::post_send`] learned of a message: its length, and
+/// its copy (none for READs, atomics and leased sends).
+struct Prepared {
+    len: u32,
+    data: Option<Arc<Vec<u8>>>,
+    leased: bool,
+}
+
 /// One send work request as the transport keeps it.
 #[derive(Debug, Clone)]
 pub(crate) struct SendWqe<R> {
@@ -350,30 +358,40 @@ impl<R: Clone> Transport<R> {
             (QpType::Ud | QpType::Gsi, SendOp::Send | SendOp::SendImm(_)) => {}
             _ => return Err(Error::InvalidWr("operation not supported by this QP type")),
         }
+        let sges = SgList::from_slice(wr.sg_list);
+        // The message is checked and copied before the request is built,
+        // so that it is built with its buffer (not with the shared empty
+        // one, then replaced: two reference-count operations per send).
+        let prepared = match self.state {
+            QpState::Err => Err(WcStatus::WrFlushError),
+            _ => self.prepare(wr.op, &sges, mem),
+        };
+        let (data, len, leased, failed) = match prepared {
+            Ok(p) => (p.data, p.len, p.leased, None),
+            Err(status) => (None, 0, false, Some(status)),
+        };
         let mut wqe = SendWqe {
             wr_id: wr.wr_id,
             op: wr.op,
-            sges: SgList::from_slice(wr.sg_list),
+            sges,
             signaled: wr.signaled,
             solicited: wr.solicited,
             route,
             remote_qpn,
             remote_qkey,
-            data: Arc::clone(&self.sq.empty),
-            len: 0,
+            data: data.unwrap_or_else(|| Arc::clone(&self.sq.empty)),
+            len,
             first_psn: self.sq.next_psn,
             npkts: 1,
             resp_pkts: 0,
             read_base: 0,
-            failed: None,
-            leased: false,
+            failed,
+            leased,
         };
         if self.state == QpState::Err {
-            wqe.failed = Some(WcStatus::WrFlushError);
             self.complete_send(&wqe, WcStatus::WrFlushError);
             return Ok(());
         }
-        wqe.failed = self.prepare(&mut wqe, mem).err();
         if wqe.failed.is_none() {
             wqe.npkts = match wqe.op {
                 SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
@@ -388,21 +406,33 @@ impl<R: Clone> Transport<R> {
         Ok(())
     }
 
-    /// Checks a send's local memory and copies its message.
-    fn prepare<M: Memory>(&mut self, wqe: &mut SendWqe<R>, mem: &mut M) -> Result<(), WcStatus> {
-        let need = if wqe.needs_response() {
+    /// Checks a send's local memory and copies its message (unless it is
+    /// leased: read as it is sent).
+    fn prepare<M: Memory>(
+        &mut self,
+        op: SendOp,
+        sges: &[Sge],
+        mem: &mut M,
+    ) -> Result<Prepared, WcStatus> {
+        let responds = matches!(
+            op,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        );
+        let need = if responds {
             Access::LOCAL_WRITE
         } else {
             Access::NONE
         };
-        let len = mem
-            .check_local(&wqe.sges, need)
-            .map_err(|e| e.local_status())?;
+        let len = mem.check_local(sges, need).map_err(|e| e.local_status())?;
         if len > u64::from(crate::MAX_MSG) {
             return Err(WcStatus::LocalLengthError);
         }
-        wqe.len = len as u32;
-        match wqe.op {
+        let mut p = Prepared {
+            len: len as u32,
+            data: None,
+            leased: false,
+        };
+        match op {
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
                 // A misaligned target goes to the wire: the responder
                 // NAKs it as an invalid request, as IBTA says.
@@ -415,21 +445,17 @@ impl<R: Clone> Transport<R> {
                 if self.is_datagram() && len > u64::from(self.mtu) {
                     return Err(WcStatus::LocalLengthError);
                 }
-                if !self.is_datagram() && len >= LEASE_MIN && mem.lease(&wqe.sges) {
-                    wqe.leased = true;
-                    return Ok(());
+                if !self.is_datagram() && len >= LEASE_MIN && mem.lease(sges) {
+                    p.leased = true;
+                    return Ok(p);
                 }
-                let mut data = self.message_data(len as usize);
-                let Some(bytes) = Arc::get_mut(&mut data) else {
-                    // message_data hands out only buffers nothing else holds.
-                    return Err(WcStatus::LocalQpOpError);
-                };
-                mem.gather(&wqe.sges, 0, bytes)
-                    .map_err(|e| e.local_status())?;
-                wqe.data = data;
+                let data = self.message_data(len as usize, |bytes| {
+                    mem.gather(sges, 0, bytes).map_err(|e| e.local_status())
+                })?;
+                p.data = Some(data);
             }
         }
-        Ok(())
+        Ok(p)
     }
 
     /// Posts a receive work request (its memory is checked when a message
@@ -580,21 +606,30 @@ impl<R: Clone> Transport<R> {
         vec![0; len]
     }
 
-    /// A buffer of `len` bytes for a message copied at post, held by
-    /// nothing else: a kept one when there is one.
-    fn message_data(&mut self, len: usize) -> Arc<Vec<u8>> {
+    /// A buffer of the `len` bytes `fill` writes, for a message copied at
+    /// post, held by nothing else: a kept one when there is one.
+    fn message_data(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), WcStatus>,
+    ) -> Result<Arc<Vec<u8>>, WcStatus> {
         if len < SPARE_MIN {
             if let Some(mut kept) = self.sq.small.pop() {
                 if let Some(v) = Arc::get_mut(&mut kept) {
                     self.counters.message_buffers_reused += 1;
                     v.clear();
                     v.resize(len, 0);
-                    return kept;
+                    fill(v)?;
+                    return Ok(kept);
                 }
             }
-            return Arc::new(vec![0; len]);
+            let mut v = vec![0; len];
+            fill(&mut v)?;
+            return Ok(Arc::new(v));
         }
-        Arc::new(self.message_buffer(len))
+        let mut v = self.message_buffer(len);
+        fill(&mut v)?;
+        Ok(Arc::new(v))
     }
 
     /// Keeps the message buffer of a completed send for the next posts,
