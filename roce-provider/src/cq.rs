@@ -2,6 +2,7 @@
 //! provider lock is released.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use provider::{AsyncEvent, AsyncHook, CompletionHook, CqArm, Wc, WcStatus};
@@ -10,6 +11,10 @@ pub(crate) struct CqInner {
     /// The device that made it (a QP may only use its own device's CQs).
     pub(crate) device: u64,
     state: Mutex<CqState>,
+    /// How many completions `state` holds, written under its lock: a
+    /// poll of an empty CQ (a busy-polling application's every poll but
+    /// one) reads it and returns without taking the lock.
+    queued: AtomicUsize,
     on_completion: Option<CompletionHook>,
     on_async: Option<AsyncHook>,
 }
@@ -38,6 +43,7 @@ impl CqInner {
                 armed: None,
                 lost: 0,
             }),
+            queued: AtomicUsize::new(0),
             on_completion,
             on_async,
         }
@@ -56,6 +62,7 @@ impl CqInner {
             return;
         }
         s.q.push_back(wc);
+        self.queued.store(s.q.len(), Ordering::Release);
         let fire = match s.armed {
             Some(CqArm::NextCompletion) => true,
             Some(CqArm::Solicited) => wc.solicited || wc.status != WcStatus::Success,
@@ -71,11 +78,17 @@ impl CqInner {
     }
 
     pub(crate) fn poll(&self, out: &mut [Wc]) -> usize {
+        // A completion pushed while this reads 0 is found by the next poll,
+        // as it would be had it come just after this one.
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let mut s = self.state.lock();
         let n = out.len().min(s.q.len());
         for (slot, wc) in out.iter_mut().zip(s.q.drain(..n)) {
             *slot = wc;
         }
+        self.queued.store(s.q.len(), Ordering::Release);
         n
     }
 
