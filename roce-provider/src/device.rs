@@ -57,13 +57,21 @@ struct PollWatch {
 
 impl PollWatch {
     /// A poll at `now` found `found` completions.
+    ///
+    /// Loads and stores, not read-modify-writes (two locked instructions
+    /// on every empty poll): pollers of one device racing here may lose
+    /// a step of each other's streak, which delays the receive threads'
+    /// stepping aside by a poll or two; a lone poller counts exactly.
     fn note(&self, now: u64, found: usize) {
         if found > 0 {
             return;
         }
-        let before = self.last_empty.swap(now, Ordering::Relaxed);
+        let before = self.last_empty.load(Ordering::Relaxed);
+        self.last_empty.store(now, Ordering::Relaxed);
         let streak = if now.saturating_sub(before) < BUSY_POLL_GAP.as_nanos() as u64 {
-            self.streak.fetch_add(1, Ordering::Relaxed) + 1
+            let s = self.streak.load(Ordering::Relaxed).saturating_add(1);
+            self.streak.store(s, Ordering::Relaxed);
+            s
         } else {
             self.streak.store(1, Ordering::Relaxed);
             1
