@@ -6,86 +6,107 @@
 
 mod common;
 
-use provider::{Device, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, WcStatus};
+use provider::{Device, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, Wc, WcStatus};
+use roce_provider::{RoceCq, RoceDevice, RoceQp};
 
-use common::{connect, cq, devices, qp, wait, ALL};
+use common::{connected_qps, cq, devices, wait, ALL};
 
-fn sge(lkey: u32) -> [Sge; 1] {
-    [Sge {
-        addr: 0,
-        length: 64,
-        lkey,
-    }]
+/// A fresh connected pair; `a` sends from `la`, `b` receives into `lb`.
+struct Pair<'d> {
+    a: &'d RoceDevice,
+    b: &'d RoceDevice,
+    ca: RoceCq,
+    cb: RoceCq,
+    qa: RoceQp,
+    qb: RoceQp,
+}
+
+impl Pair<'_> {
+    /// Posts one receive of 64 bytes into `lb` and one SEND of 64 bytes
+    /// from `la`, both tagged `id`.
+    fn post(&self, la: u32, lb: u32, id: u64) {
+        let sge = |lkey| {
+            [Sge {
+                addr: 0,
+                length: 64,
+                lkey,
+            }]
+        };
+        let (rs, ss) = (sge(lb), sge(la));
+        self.b
+            .post_recv(
+                &self.qb,
+                &[RecvWr {
+                    wr_id: id,
+                    sg_list: &rs,
+                }],
+            )
+            .unwrap();
+        self.a
+            .post_send::<()>(&self.qa, &[SendWr::new(id, SendOp::Send, &ss)], &|_| None)
+            .unwrap();
+    }
+
+    fn receiver(&self) -> Wc {
+        wait(self.b, &self.cb, 1)[0]
+    }
+
+    fn sender(&self) -> Wc {
+        wait(self.a, &self.ca, 1)[0]
+    }
 }
 
 #[test]
 fn a_deregistered_mr_fails_even_after_the_qp_used_it() {
     let (a, b) = devices();
-    let (ca, cb) = (cq(&a), cq(&b));
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (qa, qb) = (qp(&a, &pa, &ca, None), qp(&b, &pb, &cb, None));
-    let (na, nb) = (a.query_qp(&qa).unwrap().qpn, b.query_qp(&qb).unwrap().qpn);
-    connect(&a, &qa, &b, nb);
-    connect(&b, &qb, &a, na);
     let (ba, bb) = (RegisteredBuffer::new(64), RegisteredBuffer::new(64));
     let ma = a.register_mr(&pa, &ba, 0, 64, 0, ALL).unwrap();
+    let la = a.mr_keys(&ma).0;
+    let pair = || {
+        let (ca, cb) = (cq(&a), cq(&b));
+        let (qa, qb) = connected_qps((&a, &pa, &ca), (&b, &pb, &cb));
+        Pair {
+            a: &a,
+            b: &b,
+            ca,
+            cb,
+            qa,
+            qb,
+        }
+    };
+
+    // The receiver's MR goes after its QP used it: a message into its key
+    // is refused.
+    let p = pair();
     let mb = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();
-    let (la, lb) = (a.mr_keys(&ma).0, b.mr_keys(&mb).0);
-    let recv = |wr_id| {
-        let s = sge(lb);
-        b.post_recv(&qb, &[RecvWr { wr_id, sg_list: &s }]).unwrap();
-    };
-    let send = |wr_id| {
-        let s = sge(la);
-        a.post_send::<()>(&qa, &[SendWr::new(wr_id, SendOp::Send, &s)], &|_| None)
-            .unwrap();
-    };
-
-    // Both QPs use their MR once: each now holds it.
-    recv(1);
-    send(1);
-    assert_eq!(wait(&b, &cb, 1)[0].status, WcStatus::Success);
-    assert_eq!(wait(&a, &ca, 1)[0].status, WcStatus::Success);
-
-    // The receiver's MR goes: a message into its key is refused.
+    let lb = b.mr_keys(&mb).0;
+    p.post(la, lb, 1);
+    assert_eq!(p.receiver().status, WcStatus::Success);
+    assert_eq!(p.sender().status, WcStatus::Success);
     drop(mb);
-    recv(2);
-    send(2);
-    let got = wait(&b, &cb, 1)[0];
+    p.post(la, lb, 2);
+    let r = p.receiver();
     assert_eq!(
-        (got.wr_id, got.status),
+        (r.wr_id, r.status),
         (2, WcStatus::LocalProtectionError),
         "the receive landed in a deregistered MR"
     );
-    assert_ne!(wait(&a, &ca, 1)[0].status, WcStatus::Success);
+    assert_ne!(p.sender().status, WcStatus::Success);
 
-    // The sender's MR goes: a send from its key is refused at once.
-    let (ca2, cb2) = (cq(&a), cq(&b));
-    let (qa2, qb2) = (qp(&a, &pa, &ca2, None), qp(&b, &pb, &cb2, None));
-    let (na2, nb2) = (a.query_qp(&qa2).unwrap().qpn, b.query_qp(&qb2).unwrap().qpn);
-    connect(&a, &qa2, &b, nb2);
-    connect(&b, &qb2, &a, na2);
-    let mb2 = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();
-    let lb2 = b.mr_keys(&mb2).0;
-    let recv2 = |wr_id| {
-        let s = sge(lb2);
-        b.post_recv(&qb2, &[RecvWr { wr_id, sg_list: &s }]).unwrap();
-    };
-    let send2 = |wr_id| {
-        let s = sge(la);
-        a.post_send::<()>(&qa2, &[SendWr::new(wr_id, SendOp::Send, &s)], &|_| None)
-            .unwrap();
-    };
-    recv2(3);
-    send2(3);
-    assert_eq!(wait(&b, &cb2, 1)[0].status, WcStatus::Success);
-    assert_eq!(wait(&a, &ca2, 1)[0].status, WcStatus::Success);
+    // The sender's MR goes after its QP used it: a send from its key is
+    // refused.
+    let p = pair();
+    let mb = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();
+    let lb = b.mr_keys(&mb).0;
+    p.post(la, lb, 3);
+    assert_eq!(p.receiver().status, WcStatus::Success);
+    assert_eq!(p.sender().status, WcStatus::Success);
     drop(ma);
-    recv2(4);
-    send2(4);
-    let got = wait(&a, &ca2, 1)[0];
+    p.post(la, lb, 4);
+    let s = p.sender();
     assert_eq!(
-        (got.wr_id, got.status),
+        (s.wr_id, s.status),
         (4, WcStatus::LocalProtectionError),
         "the send read a deregistered MR"
     );

@@ -16,7 +16,7 @@ use provider::{
 };
 use roce_provider::{RoceCq, RoceDevice};
 
-use common::{connect, cq, devices, qp, wait, ALL};
+use common::{connected_qps, cq, devices, wait, ALL};
 
 #[test]
 fn a_completion_hook_that_polls_another_device_runs_after_a_pollers_lone_datagram() {
@@ -43,10 +43,7 @@ fn a_completion_hook_that_polls_another_device_runs_after_a_pollers_lone_datagra
         .unwrap();
     let ca = cq(&a);
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (qa, qb) = (qp(&a, &pa, &ca, None), qp(&b, &pb, &cb, None));
-    let (na, nb) = (a.query_qp(&qa).unwrap().qpn, b.query_qp(&qb).unwrap().qpn);
-    connect(&a, &qa, &b, nb);
-    connect(&b, &qb, &a, na);
+    let (qa, qb) = connected_qps((&a, &pa, &ca), (&b, &pb, &cb));
     let (ba, bb) = (RegisteredBuffer::new(64), RegisteredBuffer::new(64));
     let ma = a.register_mr(&pa, &ba, 0, 64, 0, ALL).unwrap();
     let mb = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();

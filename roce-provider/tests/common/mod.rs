@@ -120,3 +120,16 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .map(|i| (i as u64).wrapping_mul(131).wrapping_add(seed * 7) as u8)
         .collect()
 }
+
+/// An RC QP on `a` (completing on `ca`, PD `pa`) and one on `b` (`cb`,
+/// `pb`), connected to each other.
+pub fn connected_qps(
+    (a, pa, ca): (&RoceDevice, &roce_provider::RocePd, &RoceCq),
+    (b, pb, cb): (&RoceDevice, &roce_provider::RocePd, &RoceCq),
+) -> (RoceQp, RoceQp) {
+    let (qa, qb) = (qp(a, pa, ca, None), qp(b, pb, cb, None));
+    let (na, nb) = (a.query_qp(&qa).unwrap().qpn, b.query_qp(&qb).unwrap().qpn);
+    connect(a, &qa, b, nb);
+    connect(b, &qb, a, na);
+    (qa, qb)
+}
