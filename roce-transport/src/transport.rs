@@ -122,6 +122,15 @@ struct Prepared {
     leased: bool,
 }
 
+/// Whether `op` is a READ or an atomic: completed by response data, not by
+/// an ACK (and its local memory is written).
+fn needs_response(op: &SendOp) -> bool {
+    matches!(
+        op,
+        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+    )
+}
+
 /// One send work request as the transport keeps it.
 #[derive(Debug, Clone)]
 pub(crate) struct SendWqe<R> {
@@ -161,10 +170,7 @@ impl<R> SendWqe<R> {
     }
     /// A READ or an atomic: completed by response data, not by an ACK.
     pub(crate) fn needs_response(&self) -> bool {
-        matches!(
-            self.op,
-            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
-        )
+        needs_response(&self.op)
     }
     pub(crate) fn contains(&self, p: u32) -> bool {
         let d = psn::diff(p, self.first_psn);
@@ -414,11 +420,7 @@ impl<R: Clone> Transport<R> {
         sges: &[Sge],
         mem: &mut M,
     ) -> Result<Prepared, WcStatus> {
-        let responds = matches!(
-            op,
-            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
-        );
-        let need = if responds {
+        let need = if needs_response(&op) {
             Access::LOCAL_WRITE
         } else {
             Access::NONE
