@@ -243,17 +243,11 @@ impl<'a> DevMem<'a> {
     }
 
     fn mr(&mut self, key: u32, need: Access) -> std::result::Result<&MrInner, MemError> {
-        let cached = self
-            .last
-            .0
-            .as_ref()
-            .is_some_and(|m| m.key == key && !m.deregistered.load(Ordering::Acquire));
-        if !cached {
-            self.last.0 = Some(self.mrs.lookup(key).ok_or(MemError::BadKey)?);
-        }
-        let Some(mr) = self.last.0.as_deref() else {
-            return Err(MemError::BadKey);
+        let mr = match self.last.0.take() {
+            Some(m) if m.key == key && !m.deregistered.load(Ordering::Acquire) => m,
+            _ => self.mrs.lookup(key).ok_or(MemError::BadKey)?,
         };
+        let mr = &**self.last.0.insert(mr);
         if mr.pd != self.pd {
             return Err(MemError::BadKey);
         }
