@@ -183,26 +183,28 @@ struct HeldAck {
 /// application already saw complete), and modifying or destroying a QP
 /// or closing the device sends what is held.
 pub(crate) struct HeldAcks {
-    any: AtomicBool,
-    /// The (socket, QPN) of the one ACK held, packed by [`sole_key`];
-    /// [`NOT_SOLE`] when none or several are. Lets a batch see without a
-    /// lock that the only ACK held is its own QP's (a ping-pong's answer
-    /// finds its own ACK held, every time).
-    sole: AtomicU64,
+    /// What `list` holds, readable without its lock: [`NONE_HELD`], the
+    /// (socket, QPN) of the one ACK held packed by [`sole_key`], or
+    /// [`SEVERAL_HELD`]. A batch sees in one load that the only ACK held
+    /// is its own QP's (a ping-pong's answer finds its own ACK held,
+    /// every time).
+    summary: AtomicU64,
     list: Mutex<Vec<HeldAck>>,
 }
 
 impl Default for HeldAcks {
     fn default() -> Self {
         HeldAcks {
-            any: AtomicBool::new(false),
-            sole: AtomicU64::new(NOT_SOLE),
+            summary: AtomicU64::new(NONE_HELD),
             list: Mutex::new(Vec::new()),
         }
     }
 }
 
-const NOT_SOLE: u64 = u64::MAX;
+/// [`HeldAcks::summary`] of an empty list, and of a list of two or more
+/// (no [`sole_key`] reaches either: QPNs have 24 bits).
+const NONE_HELD: u64 = u64::MAX;
+const SEVERAL_HELD: u64 = u64::MAX - 1;
 
 fn sole_key(sock: usize, qpn: u32) -> u64 {
     ((sock as u64) << 32) | u64::from(qpn)
@@ -211,23 +213,24 @@ fn sole_key(sock: usize, qpn: u32) -> u64 {
 impl HeldAcks {
     /// Whether anything is held (one load; no lock).
     pub(crate) fn is_empty(&self) -> bool {
-        !self.any.load(Ordering::Acquire)
+        self.summary.load(Ordering::Acquire) == NONE_HELD
     }
 
     /// Whether nothing is held but (at most) QP `qpn`'s ACK on socket
-    /// `sock` (loads; no lock).
+    /// `sock` (one load; no lock).
     fn only(&self, sock: usize, qpn: u32) -> bool {
-        self.is_empty() || self.sole.load(Ordering::Acquire) == sole_key(sock, qpn)
+        let s = self.summary.load(Ordering::Acquire);
+        s == NONE_HELD || s == sole_key(sock, qpn)
     }
 
     /// Publishes what `list` now holds (under its lock).
     fn publish(&self, list: &[HeldAck]) {
-        let sole = match list {
+        let summary = match list {
+            [] => NONE_HELD,
             [h] => sole_key(h.sock, h.qpn),
-            _ => NOT_SOLE,
+            _ => SEVERAL_HELD,
         };
-        self.sole.store(sole, Ordering::Release);
-        self.any.store(!list.is_empty(), Ordering::Release);
+        self.summary.store(summary, Ordering::Release);
     }
 
     /// Keeps the ACK (`headers`, for the flow `ep` to `to`) of QP `qpn`
