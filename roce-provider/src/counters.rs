@@ -68,6 +68,10 @@ counters!(
     rx_duplicates,
     /// Messages dropped for lack of a receive (UC, UD).
     rx_no_receive,
+    /// Naps of the port's receive thread: it stepped aside (100 us to
+    /// 1.6 ms at a time) because an application busy-polled the device's
+    /// CQs and takes the datagrams itself.
+    rx_thread_naps,
     /// Responses the requester ignored (stale, unexpected, malformed).
     rx_ignored_responses,
     /// NAKs sent other than RNR (includes remote access errors: bad

@@ -63,7 +63,7 @@ impl PollWatch {
     /// a step of each other's streak, which delays the receive threads'
     /// stepping aside by a poll or two; a lone poller counts exactly.
     fn note(&self, now: u64, found: usize) {
-        if found > 0 {
+        if found > 0 || crate::driver::on_provider_thread() {
             return;
         }
         let before = self.last_empty.load(Ordering::Relaxed);
@@ -693,9 +693,13 @@ impl DevShared {
     /// those made the receive threads nap after every CM message, and the
     /// next MAD waited out the nap (`ibal perf conn-rate --transport udp`:
     /// ~650 of ~700 us per connect).
+    ///
+    /// Nor do the polls of the provider's own threads
+    /// ([`crate::driver::on_provider_thread`]).
     pub(crate) fn note_poll(&self, found: usize) {
-        if found > 0 {
-            return; // only empty polls count (no clock read for the others)
+        // Only empty polls count (no clock read for the others).
+        if found > 0 || crate::driver::on_provider_thread() {
+            return;
         }
         let now = self.now().as_nanos() as u64;
         self.polls.note(now, found);
@@ -974,7 +978,10 @@ impl RoceDevice {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new().name(name).spawn(f)
+            std::thread::Builder::new().name(name).spawn(move || {
+                crate::driver::mark_provider_thread();
+                f()
+            })
         };
         let mut failed = None;
         let (dev, flag) = (shared.clone(), stop.clone());

@@ -787,18 +787,26 @@ impl Bench {
     fn dropped_no_recv(&self) -> u64 {
         match &self.net {
             Net::Soft(p) => p.fabric().stats().dropped_no_recv,
-            Net::Udp { cas, .. } => cas
-                .iter()
-                .filter_map(|ca| {
-                    let ca = self.al.resolve(*ca).ok()?;
-                    match ca.device() {
-                        hca::any::AnyDevice::Roce(d) => d.port_counters(1).map(|c| c.rx_no_receive),
-                        #[allow(unreachable_patterns)]
-                        _ => None,
-                    }
-                })
-                .sum(),
+            Net::Udp { .. } => self.roce_ports_sum(|c| c.rx_no_receive),
         }
+    }
+
+    /// One counter of the RoCEv2 ports, summed over both (0 on the soft
+    /// fabric).
+    fn roce_ports_sum(&self, counter: fn(&roce_provider::PortCounters) -> u64) -> u64 {
+        let Net::Udp { cas, .. } = &self.net else {
+            return 0;
+        };
+        cas.iter()
+            .filter_map(|ca| {
+                let ca = self.al.resolve(*ca).ok()?;
+                match ca.device() {
+                    hca::any::AnyDevice::Roce(d) => d.port_counters(1).map(|c| counter(&c)),
+                    #[allow(unreachable_patterns)]
+                    _ => None,
+                }
+            })
+            .sum()
     }
 
     /// Polled CM: serve both ports, then run the callbacks that produced.

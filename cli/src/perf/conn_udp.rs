@@ -180,6 +180,11 @@ pub struct UdpModeFigures {
     /// Agent rounds served inline by the thread that delivered a MAD (the
     /// provider's receive thread) instead of a woken agent thread.
     pub served_inline: u64,
+    /// Naps of the two ports' receive threads (`rx_thread_naps`: they
+    /// stepped aside for a busy-polling application). The polled CM's
+    /// measuring thread busy-polls; in the threaded CM nothing does, and
+    /// a nap there is a MAD waiting in a socket for 100 us or more.
+    pub receive_thread_naps: u64,
 }
 
 /// Everything one `conn-rate --transport udp` run measured.
@@ -298,6 +303,10 @@ impl UdpConnRateReport {
                 f.dropped_no_recv,
                 f.dropped_no_recv_timed
             ));
+            out.push_str(&format!(
+                "  receive-thread naps (stepping aside for a busy poller): {}\n",
+                m.receive_thread_naps
+            ));
         }
         out.push('\n');
         if self.threaded.is_some() {
@@ -365,7 +374,7 @@ impl UdpConnRateReport {
                  \"{p}_conns_per_sec\":{},\"{p}_best_batch_conns_per_sec\":{},\"{p}_serial_conns_per_sec\":{},\
                  \"{p}_rej_rtt_median_us\":{},\"{p}_rej_rtt_p99_us\":{},\"{p}_cm_mads_sent\":{},\
                  \"{p}_cm_mads_received\":{},\"{p}_served_inline\":{},\"{p}_dropped_no_recv\":{},\
-                 \"{p}_dropped_no_recv_timed\":{}",
+                 \"{p}_dropped_no_recv_timed\":{},\"{p}_receive_thread_naps\":{}",
                 json_f64(f.connect.median_us, 3),
                 json_f64(f.connect.p99_us, 3),
                 legs.join(","),
@@ -379,6 +388,7 @@ impl UdpConnRateReport {
                 m.served_inline,
                 f.dropped_no_recv,
                 f.dropped_no_recv_timed,
+                m.receive_thread_naps,
             ));
         }
         s.push('}');
@@ -408,6 +418,8 @@ fn measure(
 ) -> BenchResult<UdpModeFigures> {
     let bench = Bench::open_on(drive, true)?;
     let before = agent_counters(&bench);
+    let naps = || bench.roce_ports_sum(|c| c.rx_thread_naps);
+    let naps_before = naps();
     let figures = super::run_rounds(cfg, &bench, |_, _, n| {
         floor
             .mad
@@ -419,11 +431,13 @@ fn measure(
         Ok(())
     })?;
     let after = agent_counters(&bench);
+    let receive_thread_naps = naps() - naps_before;
     bench.close()?;
     Ok(UdpModeFigures {
         figures,
         cm_mads_received: after.0 - before.0,
         served_inline: after.1 - before.1,
+        receive_thread_naps,
     })
 }
 
@@ -500,6 +514,10 @@ mod tests {
             assert!(f.cm_mads_sent >= 3 * (4 + 6) + 2 * 4, "{}", f.cm_mads_sent);
             assert!(m.cm_mads_received >= 3 * (4 + 6) + 2 * 4);
         }
+        // Nothing busy-polls the threaded CM's devices: its receive
+        // threads never step aside (the CM's own polls, made on them, do
+        // not count).
+        assert_eq!(t.receive_thread_naps, 0);
         assert!(r.ratio() > 0.0 && r.ratio_polled() > 0.0);
         let json = r.to_json();
         assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
@@ -513,6 +531,7 @@ mod tests {
             "\"threaded_conns_per_sec\":",
             "\"polled_connect_median_us\":",
             "\"threaded_served_inline\":",
+            "\"threaded_receive_thread_naps\":0",
         ] {
             assert!(json.contains(key), "{key} missing from {json}");
         }
