@@ -451,8 +451,10 @@ enum PerfCommand {
         /// Batches of --in-flight connections in the throughput phase.
         #[arg(long, default_value_t = 8)]
         batches: usize,
-        /// CM drive modes to measure: both, polled (the target's mode; one
-        /// thread does all the work, so this is the one to profile) or threaded.
+        /// CM drive modes to measure: both, polled (one thread does all the
+        /// work, so this is the one to profile; the soft transport's target
+        /// is judged on it) or threaded (the default CM; the udp transport's
+        /// aim is judged on it).
         #[arg(long, value_enum, default_value_t = ConnModeArg::Both)]
         mode: ConnModeArg,
         /// `soft`: two soft HCAs, against a MAD round trip through the fabric.

@@ -30,6 +30,15 @@
 //! wake-up) is shown for context: it is the wire and the kernel's UDP path
 //! alone. Both are sampled inside every round, between the connections.
 //!
+//! The blocking floor's two threads share one CPU: its echo thread is
+//! spawned by the measuring thread and the kernel keeps a ping-pong pair
+//! together, so each wake-up is a switch on that CPU. The CM's threads (the
+//! two ports' receive threads, the executor, the measuring thread) are not
+//! kept together, and a wake-up of a thread whose CPU is idle costs much
+//! more on a VM (the hypervisor must wake the halted vCPU). So a third
+//! floor, for context, pins the two ends to two CPUs: the same blocking
+//! round trip with both wake-ups crossing CPUs.
+//!
 //! Aim (issue 15): median threaded connect <= [`TARGET_RATIO`] x the
 //! blocking floor; the exchange itself is REQ, REP and RTU, 1.5 round
 //! trips.
@@ -109,12 +118,27 @@ impl UdpFloor {
     /// timed; blocking receives on both sides, or (`busy`) non-blocking
     /// receives polled with a yield between tries.
     fn round_trips(&self, k: usize, busy: bool) -> BenchResult<Vec<f64>> {
+        self.round_trips_on(k, busy, None)
+    }
+
+    /// [`Self::round_trips`] with A's end (this thread) and B's (the echo
+    /// thread) pinned to `cpus[0]` and `cpus[1]`; this thread gets its
+    /// CPUs back afterwards.
+    fn round_trips_on(
+        &self,
+        k: usize,
+        busy: bool,
+        cpus: Option<[usize; 2]>,
+    ) -> BenchResult<Vec<f64>> {
         for s in [&self.a, &self.b] {
             s.set_nonblocking(busy).map_err(|e| e.to_string())?;
         }
         let b_addr = self.b.local_addr().map_err(|e| e.to_string())?;
         std::thread::scope(|scope| {
             let echo = scope.spawn(|| -> BenchResult<()> {
+                if let Some([_, cpu]) = cpus {
+                    super::super::placement::pin_this_thread(cpu);
+                }
                 let mut buf = [0u8; 2048];
                 for _ in 0..k {
                     let (n, from) =
@@ -128,7 +152,7 @@ impl UdpFloor {
             let msg = [0x5au8; DATAGRAM];
             let mut buf = [0u8; 2048];
             let mut out = Vec::with_capacity(k);
-            let mut run = || -> BenchResult<()> {
+            let run = || -> BenchResult<()> {
                 for _ in 0..k {
                     let t0 = Instant::now();
                     self.a
@@ -143,7 +167,7 @@ impl UdpFloor {
                 }
                 Ok(())
             };
-            let r = run();
+            let r = super::super::placement::on_cpu(cpus.map(|c| c[0]), run);
             let e = echo
                 .join()
                 .map_err(|_| "the floor's echo thread panicked".to_string())?;
@@ -194,8 +218,9 @@ pub struct UdpConnRateReport {
     pub config: ConnRateConfig,
     /// The default CM: agent threads and an executor thread.
     pub threaded: Option<UdpModeFigures>,
-    /// The polled CM: the measuring thread drives agents and callbacks (the
-    /// provider's receive threads still block on their sockets).
+    /// The polled CM: the measuring thread drives agents and callbacks;
+    /// while it polls, it also takes the datagrams from the sockets (the
+    /// provider's receive threads step aside: `receive_thread_naps`).
     pub polled: Option<UdpModeFigures>,
     /// The floor: UDP round trip, blocking receives on both sides.
     pub udp_rtt: Dist,
@@ -203,6 +228,10 @@ pub struct UdpConnRateReport {
     pub udp_rtt_busy: Dist,
     /// Context: mpsc round trip through an echo thread (two wake-ups).
     pub thread_echo_rtt: Dist,
+    /// Context: the blocking UDP round trip with its two ends pinned to
+    /// two CPUs (both wake-ups cross CPUs); `None` when the process may
+    /// use only one CPU.
+    pub udp_rtt_apart: Option<Dist>,
 }
 
 impl UdpConnRateReport {
@@ -253,6 +282,12 @@ impl UdpConnRateReport {
             "context: mpsc round trip via an echo thread",
             &self.thread_echo_rtt,
         ));
+        if let Some(apart) = &self.udp_rtt_apart {
+            out.push_str(&row(
+                "context: UDP round trip, blocking, ends on 2 CPUs",
+                apart,
+            ));
+        }
         let one_way = self.udp_rtt.median_us / 2.0;
         for m in [&self.threaded, &self.polled].into_iter().flatten() {
             let f = &m.figures;
@@ -264,7 +299,8 @@ impl UdpConnRateReport {
                 }
                 CmDrive::Poll => {
                     "polled CM (CmDrive::Poll and a manual-executor AL driven by the measuring\n\
-                     thread; the provider's receive threads still block on their sockets)\n"
+                     thread, which also takes the datagrams while it polls: the provider's\n\
+                     receive threads step aside)\n"
                 }
             });
             out.push_str(&row("connect -> ESTABLISHED on both sides", &f.connect));
@@ -342,6 +378,7 @@ impl UdpConnRateReport {
              \"udp_rtt_median_us\":{},\"udp_rtt_p99_us\":{},\"udp_rtt_samples\":{},\
              \"udp_rtt_busy_median_us\":{},\"udp_rtt_busy_p99_us\":{},\
              \"thread_echo_rtt_median_us\":{},\"thread_echo_rtt_p99_us\":{},\
+             \"udp_rtt_apart_median_us\":{},\"udp_rtt_apart_p99_us\":{},\
              \"ratio_connect_vs_udp_rtt\":{},\"ratio_polled_connect_vs_udp_rtt\":{},\
              \"target_ratio\":{},\"target_met\":{}",
             c.connections,
@@ -356,6 +393,8 @@ impl UdpConnRateReport {
             json_f64(self.udp_rtt_busy.p99_us, 3),
             json_f64(self.thread_echo_rtt.median_us, 3),
             json_f64(self.thread_echo_rtt.p99_us, 3),
+            json_f64(self.udp_rtt_apart.as_ref().map_or(f64::NAN, |d| d.median_us), 3),
+            json_f64(self.udp_rtt_apart.as_ref().map_or(f64::NAN, |d| d.p99_us), 3),
             json_f64(self.ratio(), 3),
             json_f64(self.ratio_polled(), 3),
             json_f64(TARGET_RATIO, 3),
@@ -415,7 +454,9 @@ fn measure(
     floor: &mut Floor,
     udp: &UdpFloor,
     busy: &mut Vec<f64>,
+    apart: &mut Vec<f64>,
 ) -> BenchResult<UdpModeFigures> {
+    let cpus = super::super::placement::two_cpus();
     let bench = Bench::open_on(drive, true)?;
     let before = agent_counters(&bench);
     let naps = || bench.roce_ports_sum(|c| c.rx_thread_naps);
@@ -425,6 +466,9 @@ fn measure(
             .mad
             .extend(udp.round_trips(n * FLOOR_RTTS_PER_CONNECTION, false)?);
         busy.extend(udp.round_trips(n * FLOOR_RTTS_PER_CONNECTION, true)?);
+        if cpus.is_some() {
+            apart.extend(udp.round_trips_on(n * FLOOR_RTTS_PER_CONNECTION, false, cpus)?);
+        }
         for _ in 0..n {
             floor.echo.push(us(floor.echo_rtt()?));
         }
@@ -451,14 +495,28 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<UdpConnRateReport> {
     // Warm up both floors (and check the echo) before anything is timed.
     udp.round_trips(10, false)?;
     udp.round_trips(10, true)?;
-    let mut busy = Vec::new();
+    let (mut busy, mut apart) = (Vec::new(), Vec::new());
     let threaded = if cfg.modes.threaded() {
-        Some(measure(cfg, CmDrive::Thread, &mut floor, &udp, &mut busy)?)
+        Some(measure(
+            cfg,
+            CmDrive::Thread,
+            &mut floor,
+            &udp,
+            &mut busy,
+            &mut apart,
+        )?)
     } else {
         None
     };
     let polled = if cfg.modes.polled() {
-        Some(measure(cfg, CmDrive::Poll, &mut floor, &udp, &mut busy)?)
+        Some(measure(
+            cfg,
+            CmDrive::Poll,
+            &mut floor,
+            &udp,
+            &mut busy,
+            &mut apart,
+        )?)
     } else {
         None
     };
@@ -478,6 +536,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<UdpConnRateReport> {
         udp_rtt: Dist::of(mad),
         udp_rtt_busy: Dist::of(busy),
         thread_echo_rtt: Dist::of(echo_v),
+        udp_rtt_apart: (!apart.is_empty()).then(|| Dist::of(apart)),
     })
 }
 
@@ -500,6 +559,11 @@ mod tests {
         assert_eq!(r.udp_rtt.n, 2 * 4 * FLOOR_RTTS_PER_CONNECTION);
         assert_eq!(r.udp_rtt_busy.n, 2 * 4 * FLOOR_RTTS_PER_CONNECTION);
         assert!(r.udp_rtt.median_us > 0.0 && r.udp_rtt_busy.median_us > 0.0);
+        if crate::perf::placement::two_cpus().is_some() {
+            let apart = r.udp_rtt_apart.as_ref().expect("two CPUs: the apart floor");
+            assert_eq!(apart.n, 2 * 4 * FLOOR_RTTS_PER_CONNECTION);
+            assert!(apart.median_us > 0.0);
+        }
         let (t, p) = (r.threaded.as_ref().unwrap(), r.polled.as_ref().unwrap());
         assert_eq!(t.figures.drive, CmDrive::Thread);
         assert_eq!(p.figures.drive, CmDrive::Poll);
@@ -526,6 +590,7 @@ mod tests {
             "\"connect_median_us\":",
             "\"udp_rtt_median_us\":",
             "\"udp_rtt_busy_median_us\":",
+            "\"udp_rtt_apart_median_us\":",
             "\"ratio_connect_vs_udp_rtt\":",
             "\"threaded_legs_median_us\":{\"req_to_listener\":",
             "\"threaded_conns_per_sec\":",
