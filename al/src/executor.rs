@@ -74,6 +74,8 @@ struct Queue {
     /// Thread mode: a job is running, on the worker or inline on a thread
     /// ending an [`InlineScope`]; nobody else may start one meanwhile.
     busy: bool,
+    /// Times the worker thread woke from waiting for work.
+    worker_wakeups: u64,
 }
 
 struct Shared {
@@ -106,6 +108,7 @@ impl Executor {
                 events: 0,
                 draining: false,
                 busy: false,
+                worker_wakeups: 0,
             }),
             changed: Condvar::new(),
             work: Condvar::new(),
@@ -147,6 +150,13 @@ impl Executor {
     pub fn counts(&self) -> (u64, u64) {
         let q = self.shared.queue.lock();
         (q.executed, q.panicked)
+    }
+
+    /// Thread mode: how often the worker thread woke up to look for work
+    /// (a wake-up that found the jobs run inline costs a thread switch
+    /// for nothing).
+    pub fn worker_wakeups(&self) -> u64 {
+        self.shared.queue.lock().worker_wakeups
     }
 
     /// Run queued jobs on the calling thread until the queue is empty and
@@ -310,6 +320,7 @@ fn worker(shared: Arc<Shared>) {
             return;
         } else {
             shared.work.wait(&mut q);
+            q.worker_wakeups += 1;
         }
     }
 }
@@ -326,7 +337,7 @@ fn worker(shared: Arc<Shared>) {
 /// scope ends, the thread runs them itself if the executor is idle
 /// (nothing running, on the worker or elsewhere), in queue order, at most
 /// [`inline::MAX_JOBS`] per executor, and wakes the worker for whatever
-/// is left. The executor's rules hold: one job at a time (the `busy`
+/// is left. Jobs those callbacks post join the scope the same way. The executor's rules hold: one job at a time (the `busy`
 /// claim), in post order (one queue), never nested in another callback
 /// (not from inside one), blocking calls refused inside them (the thread
 /// is marked as on an executor while a job runs).
@@ -384,15 +395,47 @@ pub mod inline {
         /// Ends the scope where the thread holds no lock (a callback may
         /// call anything): runs the jobs posted meanwhile if their
         /// executor is idle, wakes its worker for the rest.
-        pub fn run(mut self) {
-            if let Some(list) = self.take() {
-                let inside_callback = super::in_callback();
+        ///
+        /// The scope stays open while its jobs run, so the jobs those
+        /// callbacks post (an `rtu` in a CM callback produces the next
+        /// event) join it too, and run here after them instead of waking
+        /// the worker for nothing (it would find this thread running them):
+        /// at most [`MAX_JOBS`] per executor for the whole scope.
+        pub fn run(self) {
+            if !self.outer {
+                return;
+            }
+            let inside_callback = super::in_callback();
+            // (executor, jobs run here so far)
+            let mut ran: Vec<(Arc<Shared>, usize)> = Vec::new();
+            loop {
+                let list = SCOPE.with(|s| s.borrow_mut().as_mut().map(std::mem::take));
+                let Some(list) = list.filter(|l| !l.is_empty()) else {
+                    break;
+                };
                 for shared in list {
-                    if inside_callback || !run_some(&shared) {
+                    if inside_callback {
                         wake(&shared);
+                        continue;
+                    }
+                    let i = match ran.iter().position(|(x, _)| Arc::ptr_eq(x, &shared)) {
+                        Some(i) => i,
+                        None => {
+                            ran.push((shared, 0));
+                            ran.len() - 1
+                        }
+                    };
+                    let (shared, used) = &mut ran[i];
+                    let (emptied, n) = run_some(shared, MAX_JOBS - *used);
+                    *used += n;
+                    if !emptied {
+                        wake(shared);
                     }
                 }
             }
+            // Closes the scope (waking for anything posted since, though
+            // the loop above left nothing).
+            drop(self);
         }
 
         fn take(&mut self) -> Option<Vec<Arc<Shared>>> {
@@ -418,28 +461,28 @@ pub mod inline {
         shared.changed.notify_all();
     }
 
-    /// Runs queued jobs of `shared` while it is idle, up to `MAX_JOBS`;
-    /// true if it left none queued. If another thread runs one (busy), that
-    /// one takes the rest: the worker loops until the queue is empty, and
-    /// a scope ending runs or wakes.
-    fn run_some(shared: &Shared) -> bool {
-        for _ in 0..MAX_JOBS {
+    /// Runs queued jobs of `shared` while it is idle, up to `budget`;
+    /// returns whether it left none queued, and how many it ran. If another
+    /// thread runs one (busy), that one takes the rest: the worker loops
+    /// until the queue is empty, and a scope ending runs or wakes.
+    fn run_some(shared: &Shared, budget: usize) -> (bool, usize) {
+        for ran in 0..budget {
             let job = {
                 let mut q = shared.queue.lock();
                 if q.busy {
                     // Its runner may be a scope that stops at MAX_JOBS:
                     // the worker must still hear of what is queued.
-                    return q.jobs.is_empty();
+                    return (q.jobs.is_empty(), ran);
                 }
                 let Some(job) = q.jobs.pop_front() else {
-                    return true;
+                    return (true, ran);
                 };
                 q.busy = true;
                 job
             };
             super::run_job(shared, job);
         }
-        shared.queue.lock().jobs.is_empty()
+        (shared.queue.lock().jobs.is_empty(), budget)
     }
 }
 
@@ -560,6 +603,56 @@ mod tests {
         }));
         ex.wait_until("test", || log.lock().len() == 2).unwrap();
         assert_eq!(ex.counts(), (3, 0));
+    }
+
+    #[test]
+    fn jobs_posted_by_callbacks_run_inline_join_the_scope_without_waking_the_worker() {
+        let ex = Arc::new(Executor::new(ExecutorMode::Thread, "chain".into()).unwrap());
+        let log: RunLog = Arc::new(Mutex::new(Vec::new()));
+        // Each job posts the next, up to 2 * MAX_JOBS: the first MAX_JOBS
+        // run here, the rest on the worker, all in order.
+        fn chained(ex: &Arc<Executor>, log: &RunLog, i: usize, last: usize) -> Job {
+            let (ex, log) = (ex.clone(), log.clone());
+            Box::new(move || {
+                log.lock().push((i, std::thread::current().id()));
+                if i < last {
+                    ex.post(chained(&ex, &log, i + 1, last));
+                }
+            })
+        }
+        // The worker runs one job first, so it is surely waiting (a
+        // notification sent before it first waits is not a wake-up).
+        ex.post(Box::new(|| {}));
+        ex.wait_until("test", || ex.pending() == 0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let woken = ex.worker_wakeups();
+        let scope = InlineScope::enter();
+        ex.post(chained(&ex, &log, 0, 2));
+        scope.run();
+        let me = std::thread::current().id();
+        assert_eq!(*log.lock(), (0..3).map(|i| (i, me)).collect::<Vec<_>>());
+        // Give a needless wake-up time to show.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(
+            ex.worker_wakeups(),
+            woken,
+            "the worker was woken for jobs run here"
+        );
+
+        log.lock().clear();
+        let n = 2 * inline::MAX_JOBS;
+        let scope = InlineScope::enter();
+        ex.post(chained(&ex, &log, 0, n - 1));
+        scope.run();
+        ex.wait_until("test", || log.lock().len() == n).unwrap();
+        let got = log.lock().clone();
+        assert_eq!(
+            got.iter().map(|e| e.0).collect::<Vec<_>>(),
+            (0..n).collect::<Vec<_>>()
+        );
+        assert!(got[..inline::MAX_JOBS].iter().all(|e| e.1 == me));
+        assert!(got[inline::MAX_JOBS..].iter().all(|e| e.1 != me));
+        assert!(ex.worker_wakeups() > woken);
     }
 
     #[test]
