@@ -1024,6 +1024,7 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
     let route = Route {
         lids: devinfo::DEFAULT_LIDS,
         gids: None,
+        path_mtu: hca::provider::Mtu::Mtu4096,
     };
     let ud = UdPair::open(&bench, route)?;
     let mut wc = [Wc::default()];

@@ -13,7 +13,8 @@ use al::{Al, Handle};
 use cep::cm::{self, ConnectRequest};
 use cep::wire::{self, CmMad, CmMessage, PathInfo, Rep, Req, Rtu, TransportType};
 use hca::provider::{
-    Access, AvAttr, GrhAttr, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc,
+    Access, AvAttr, GrhAttr, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest,
+    Wc,
 };
 use hca::verbs::{self, Av, Cq};
 use hca::RegisteredBuffer;
@@ -29,6 +30,8 @@ pub(super) struct Route {
     /// RoCEv2: side 0's and side 1's GID (packets carry a GRH); `None`
     /// on a LID-routed fabric.
     pub gids: Option<[[u8; 16]; 2]>,
+    /// The REQ's path MTU: the ports' active MTU.
+    pub path_mtu: Mtu,
 }
 
 impl Route {
@@ -264,7 +267,7 @@ impl UdPair {
             retry_count: 7,
             rnr_retry_count: 7,
             max_cm_retries: 4,
-            path_mtu: 5,
+            path_mtu: ibta_mtu_code(self.route.path_mtu),
             pkey: 0xffff,
             primary_path: self.route.path(),
             ..Req::default()
@@ -345,5 +348,16 @@ impl UdPair {
             ),
         )?;
         Ok(t0.elapsed())
+    }
+}
+
+/// The REQ's 4-bit encoding of an MTU (IBTA 9.6: 1 = 256 ... 5 = 4096).
+fn ibta_mtu_code(mtu: Mtu) -> u8 {
+    match mtu {
+        Mtu::Mtu256 => 1,
+        Mtu::Mtu512 => 2,
+        Mtu::Mtu1024 => 3,
+        Mtu::Mtu2048 => 4,
+        Mtu::Mtu4096 => 5,
     }
 }

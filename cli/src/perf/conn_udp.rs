@@ -39,6 +39,16 @@
 //! floor, for context, pins the two ends to two CPUs: the same blocking
 //! round trip with both wake-ups crossing CPUs.
 //!
+//! # What the exchange costs before the CM: busy-polled contexts
+//!
+//! In the polled mode's rounds (the measuring thread busy-polls there
+//! anyway), two more samples per connection: a 256-byte MAD's round trip
+//! between UD QPs of the two RoCEv2 ports (the provider's datagram path),
+//! and the bare exchange (`super::bare`): REQ, REP and RTU encoded,
+//! sent, received and decoded, and both QPs moved to RTS with the CM's own
+//! attributes, with no CEP, comm id, table, timer or callback. Its ratio to
+//! the floor bounds from below what any CM on this provider can reach.
+//!
 //! Aim (issue 15): median threaded connect <= [`TARGET_RATIO`] x the
 //! blocking floor; the exchange itself is REQ, REP and RTU, 1.5 round
 //! trips.
@@ -49,8 +59,10 @@ use std::time::{Duration, Instant};
 use cep::cm::CmDrive;
 use roce_provider::{DeviceConfig, PortConfig, RoceProvider};
 
+use super::bare::{Route, UdPair};
 use super::{
-    json_f64, name_key, row, us, Bench, BenchResult, ConnRateConfig, Dist, Floor, ModeFigures,
+    al_err, json_f64, name_key, row, us, Bench, BenchResult, ConnRateConfig, Dist, Floor,
+    ModeFigures, Net, GRH_SIZE, MAD_SIZE,
 };
 
 /// The two ports' addresses (the listen is on the second).
@@ -232,6 +244,18 @@ pub struct UdpConnRateReport {
     /// two CPUs (both wake-ups cross CPUs); `None` when the process may
     /// use only one CPU.
     pub udp_rtt_apart: Option<Dist>,
+    /// Context: a 256-byte MAD's round trip between UD QPs of the two
+    /// RoCEv2 ports, busy-polled (the provider's datagram path alone).
+    /// Sampled in the polled mode's rounds only (busy-polling makes the
+    /// receive threads step aside, which the threaded CM must not see);
+    /// `None` without it.
+    pub roce_ud_rtt: Option<Dist>,
+    /// Context: the bare exchange over the two RoCEv2 ports
+    /// ([`UdPair::bare_connect`]: REQ, REP, RTU through the codec and the
+    /// QP transitions, busy-polled, no CM object, table, timer or
+    /// callback): what any CM on this provider pays before its own work.
+    /// Polled mode only, like [`Self::roce_ud_rtt`].
+    pub bare_connect: Option<Dist>,
 }
 
 impl UdpConnRateReport {
@@ -286,6 +310,19 @@ impl UdpConnRateReport {
             out.push_str(&row(
                 "context: UDP round trip, blocking, ends on 2 CPUs",
                 apart,
+            ));
+        }
+        if let (Some(ud), Some(bare)) = (&self.roce_ud_rtt, &self.bare_connect) {
+            out.push_str(&row("context: RoCEv2 UD MAD round trip, busy-polled", ud));
+            out.push_str(&row(
+                "context: bare REQ/REP/RTU + QP transitions, no CM",
+                bare,
+            ));
+            out.push_str(&format!(
+                "  (bare exchange / blocking UDP round trip: {:.2}x, / busy-polled: {:.2}x: the\n   \
+                 exchange over this provider, busy-polled, before any CM object, table, timer or callback)\n",
+                bare.median_us / self.udp_rtt.median_us,
+                bare.median_us / self.udp_rtt_busy.median_us,
             ));
         }
         let one_way = self.udp_rtt.median_us / 2.0;
@@ -379,6 +416,7 @@ impl UdpConnRateReport {
              \"udp_rtt_busy_median_us\":{},\"udp_rtt_busy_p99_us\":{},\
              \"thread_echo_rtt_median_us\":{},\"thread_echo_rtt_p99_us\":{},\
              \"udp_rtt_apart_median_us\":{},\"udp_rtt_apart_p99_us\":{},\
+             \"roce_ud_rtt_median_us\":{},\"bare_connect_median_us\":{},\"bare_connect_p99_us\":{},\
              \"ratio_connect_vs_udp_rtt\":{},\"ratio_polled_connect_vs_udp_rtt\":{},\
              \"target_ratio\":{},\"target_met\":{}",
             c.connections,
@@ -395,6 +433,9 @@ impl UdpConnRateReport {
             json_f64(self.thread_echo_rtt.p99_us, 3),
             json_f64(self.udp_rtt_apart.as_ref().map_or(f64::NAN, |d| d.median_us), 3),
             json_f64(self.udp_rtt_apart.as_ref().map_or(f64::NAN, |d| d.p99_us), 3),
+            json_f64(self.roce_ud_rtt.as_ref().map_or(f64::NAN, |d| d.median_us), 3),
+            json_f64(self.bare_connect.as_ref().map_or(f64::NAN, |d| d.median_us), 3),
+            json_f64(self.bare_connect.as_ref().map_or(f64::NAN, |d| d.p99_us), 3),
             json_f64(self.ratio(), 3),
             json_f64(self.ratio_polled(), 3),
             json_f64(TARGET_RATIO, 3),
@@ -437,6 +478,30 @@ impl UdpConnRateReport {
 
 // -------------------------------------------------------------------- run --
 
+/// How the bench's two RoCEv2 ports reach each other: by GID, with the
+/// permissive LID in the REQ's path as the CM writes it on RoCE.
+fn roce_route(bench: &Bench) -> BenchResult<Route> {
+    let Net::Udp { cas, .. } = &bench.net else {
+        return Err("the bench is not on RoCEv2 ports".into());
+    };
+    let mut gids = [[0u8; 16]; 2];
+    let mut path_mtu = hca::provider::Mtu::Mtu4096;
+    for (gid, ca) in gids.iter_mut().zip(cas) {
+        let port = bench
+            .al
+            .resolve(*ca)
+            .and_then(|ca| ca.port(1))
+            .map_err(al_err("querying a RoCEv2 port"))?;
+        *gid = *port.gid_table.first().ok_or("a RoCEv2 port with no GID")?;
+        path_mtu = path_mtu.min(port.active_mtu);
+    }
+    Ok(Route {
+        lids: [0xFFFF; 2],
+        gids: Some(gids),
+        path_mtu,
+    })
+}
+
 /// Agent counters of both ports: (MADs received, rounds served inline).
 fn agent_counters(bench: &Bench) -> (u64, u64) {
     bench
@@ -455,13 +520,27 @@ fn measure(
     udp: &UdpFloor,
     busy: &mut Vec<f64>,
     apart: &mut Vec<f64>,
+    roce_ud: &mut Vec<f64>,
 ) -> BenchResult<UdpModeFigures> {
     let cpus = super::super::placement::two_cpus();
     let bench = Bench::open_on(drive, true)?;
+    // The busy-polled contexts, in the polled mode only.
+    let ud = match drive {
+        CmDrive::Poll => Some(UdPair::open(&bench, roce_route(&bench)?)?),
+        CmDrive::Thread => None,
+    };
+    let mut wc = [hca::provider::Wc::default()];
+    if let Some(ud) = &ud {
+        // Warm up the UD pair and check that the payload arrived whole.
+        ud.round_trip(&bench.al, &mut wc)?;
+        if ud.bufs[1].to_vec()[MAD_SIZE + GRH_SIZE..] != ud.bufs[0].to_vec()[..MAD_SIZE] {
+            return Err("the RoCEv2 UD SEND did not deliver its 256 bytes".into());
+        }
+    }
     let before = agent_counters(&bench);
     let naps = || bench.roce_ports_sum(|c| c.rx_thread_naps);
     let naps_before = naps();
-    let figures = super::run_rounds(cfg, &bench, |_, _, n| {
+    let figures = super::run_rounds(cfg, &bench, |bench, qps, n| {
         floor
             .mad
             .extend(udp.round_trips(n * FLOOR_RTTS_PER_CONNECTION, false)?);
@@ -472,8 +551,22 @@ fn measure(
         for _ in 0..n {
             floor.echo.push(us(floor.echo_rtt()?));
         }
+        let Some(ud) = &ud else {
+            return Ok(());
+        };
+        for _ in 0..n * FLOOR_RTTS_PER_CONNECTION {
+            roce_ud.push(us(ud.round_trip(&bench.al, &mut wc)?));
+        }
+        for _ in 0..n {
+            let pair = [bench.rc_qp(0)?, bench.rc_qp(1)?];
+            qps.extend(pair);
+            floor
+                .bare
+                .push(us(ud.bare_connect(&bench.al, pair, &mut wc)?));
+        }
         Ok(())
     })?;
+    drop(ud);
     let after = agent_counters(&bench);
     let receive_thread_naps = naps() - naps_before;
     bench.close()?;
@@ -495,7 +588,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<UdpConnRateReport> {
     // Warm up both floors (and check the echo) before anything is timed.
     udp.round_trips(10, false)?;
     udp.round_trips(10, true)?;
-    let (mut busy, mut apart) = (Vec::new(), Vec::new());
+    let (mut busy, mut apart, mut roce_ud) = (Vec::new(), Vec::new(), Vec::new());
     let threaded = if cfg.modes.threaded() {
         Some(measure(
             cfg,
@@ -504,6 +597,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<UdpConnRateReport> {
             &udp,
             &mut busy,
             &mut apart,
+            &mut roce_ud,
         )?)
     } else {
         None
@@ -516,6 +610,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<UdpConnRateReport> {
             &udp,
             &mut busy,
             &mut apart,
+            &mut roce_ud,
         )?)
     } else {
         None
@@ -523,6 +618,7 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<UdpConnRateReport> {
     let Floor {
         mad,
         echo: echo_v,
+        bare,
         ping,
         ..
     } = floor;
@@ -537,6 +633,8 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<UdpConnRateReport> {
         udp_rtt_busy: Dist::of(busy),
         thread_echo_rtt: Dist::of(echo_v),
         udp_rtt_apart: (!apart.is_empty()).then(|| Dist::of(apart)),
+        roce_ud_rtt: (!roce_ud.is_empty()).then(|| Dist::of(roce_ud)),
+        bare_connect: (!bare.is_empty()).then(|| Dist::of(bare)),
     })
 }
 
@@ -582,6 +680,15 @@ mod tests {
         // threads never step aside (the CM's own polls, made on them, do
         // not count).
         assert_eq!(t.receive_thread_naps, 0);
+        // The polled rounds sampled the busy-polled contexts: a RoCEv2 UD
+        // round trip and the bare exchange per connection.
+        assert_eq!(
+            r.roce_ud_rtt.as_ref().map(|d| d.n),
+            Some(4 * FLOOR_RTTS_PER_CONNECTION)
+        );
+        let bare = r.bare_connect.as_ref().expect("the bare exchange");
+        assert_eq!(bare.n, 4);
+        assert!(bare.median_us > 0.0);
         assert!(r.ratio() > 0.0 && r.ratio_polled() > 0.0);
         let json = r.to_json();
         assert!(json.starts_with('{') && json.ends_with('}') && balanced(&json));
@@ -591,6 +698,7 @@ mod tests {
             "\"udp_rtt_median_us\":",
             "\"udp_rtt_busy_median_us\":",
             "\"udp_rtt_apart_median_us\":",
+            "\"bare_connect_median_us\":",
             "\"ratio_connect_vs_udp_rtt\":",
             "\"threaded_legs_median_us\":{\"req_to_listener\":",
             "\"threaded_conns_per_sec\":",
