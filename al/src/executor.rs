@@ -337,10 +337,11 @@ fn worker(shared: Arc<Shared>) {
 /// scope ends, the thread runs them itself if the executor is idle
 /// (nothing running, on the worker or elsewhere), in queue order, at most
 /// [`inline::MAX_JOBS`] per executor, and wakes the worker for whatever
-/// is left. Jobs those callbacks post join the scope the same way. The executor's rules hold: one job at a time (the `busy`
-/// claim), in post order (one queue), never nested in another callback
-/// (not from inside one), blocking calls refused inside them (the thread
-/// is marked as on an executor while a job runs).
+/// is left; jobs those callbacks post join the scope the same way. The
+/// executor's rules hold: one job at a time (the `busy` claim), in post
+/// order (one queue), never nested in another callback (not from inside
+/// one), blocking calls refused inside them (the thread is marked as on an
+/// executor while a job runs).
 pub mod inline {
     use super::Shared;
     use crate::sync::Arc;

@@ -63,7 +63,7 @@ impl PollWatch {
     /// a step of each other's streak, which delays the receive threads'
     /// stepping aside by a poll or two; a lone poller counts exactly.
     fn note(&self, now: u64, found: usize) {
-        if found > 0 || crate::driver::on_provider_thread() {
+        if found > 0 {
             return;
         }
         let before = self.last_empty.load(Ordering::Relaxed);
