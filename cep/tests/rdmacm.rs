@@ -272,19 +272,21 @@ fn a_refused_connect_is_rejected_released_and_leaves_the_qp_free() {
     let before = al.instance().stats().total_live();
     let second = rdmacm::connect(al.instance(), a.qp, &IpConnect::new(nobody), h.clone());
     assert!(matches!(second, Err(Error::AlreadyConnected)), "{second:?}");
-    // The loser's CEP is destroyed (without blocking: its last reference
-    // goes on the AL executor).
-    let until = Instant::now() + Duration::from_secs(2);
-    while al.instance().stats().total_live() != before && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(al.instance().stats().total_live(), before);
     let (_, ev) = expect(&events, "Rejected");
     let Event::Rejected { reason, .. } = ev else {
         unreachable!()
     };
     assert_eq!(reason, RejectReason::InvalidServiceId);
     assert_eq!(expect(&events, "Released").0, c);
+    // The first CEP is released (its REJ may come back at any time, so
+    // `before` cannot be waited for while it lives), and the loser's CEP
+    // is destroyed (without blocking: its last reference goes on the AL
+    // executor): one object fewer than before the second connect.
+    let until = Instant::now() + Duration::from_secs(2);
+    while al.instance().stats().total_live() != before - 1 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(al.instance().stats().total_live(), before - 1);
     std::thread::sleep(Duration::from_millis(50));
     // Unbound again: a new connect binds.
     let again = rdmacm::connect(al.instance(), a.qp, &IpConnect::new(nobody), h).unwrap();
