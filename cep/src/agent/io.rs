@@ -89,6 +89,9 @@ pub(crate) struct Io<D: Device> {
 }
 
 impl<D: Device> Io<D> {
+    /// Completions one [`Io::receive`] takes at most.
+    pub(crate) const RECV_BATCH: usize = POLL_BATCH;
+
     /// Creates QP1 on `port` with its CQs and pools, brings it to RTS and
     /// posts every receive buffer. On error everything created so far is
     /// destroyed (dropped).
@@ -192,8 +195,9 @@ impl<D: Device> Io<D> {
     }
 
     /// Takes up to one batch of receive completions, copies each MAD out
-    /// and reposts its buffer. Returns the MADs in arrival order; the
-    /// number of completions seen is `out.len()` plus the errors counted.
+    /// and reposts its buffer. Returns the number of completions seen
+    /// (`out.len()`, the MADs in arrival order, plus the errors counted);
+    /// fewer than [`Io::RECV_BATCH`] means the CQ was empty after them.
     pub(crate) fn receive(&mut self, dev: &D, out: &mut Vec<Received>) -> usize {
         let n = match dev.poll_cq(&self.recv_cq, &mut self.wcs) {
             Ok(n) => n,

@@ -446,7 +446,12 @@ impl<D: Device> Shared<D> {
                 }
             }
             out.received += mads.len();
-            if seen == 0 {
+            // A poll that returned less than a batch found the CQ empty
+            // after what it took: another poll now would find nothing (a
+            // provider may try its sockets for it: a system call before
+            // this round's answer goes out). Whatever arrives later comes
+            // with the next poll (poll mode) or the notification armed here.
+            if seen < Io::<D>::RECV_BATCH {
                 if armed {
                     break;
                 }
