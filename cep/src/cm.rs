@@ -795,24 +795,9 @@ fn destroy_cep(h: RawHandle) {
     let _ = al::destroy_raw(h);
 }
 
+/// A REQ's path MTU code as an MTU (a reserved code reads as 4096).
 fn ibta_mtu(code: u8) -> Mtu {
-    match code {
-        1 => Mtu::Mtu256,
-        2 => Mtu::Mtu512,
-        3 => Mtu::Mtu1024,
-        4 => Mtu::Mtu2048,
-        _ => Mtu::Mtu4096,
-    }
-}
-
-fn mtu_code(mtu: Mtu) -> u8 {
-    match mtu {
-        Mtu::Mtu256 => 1,
-        Mtu::Mtu512 => 2,
-        Mtu::Mtu1024 => 3,
-        Mtu::Mtu2048 => 4,
-        Mtu::Mtu4096 => 5,
-    }
+    Mtu::from_ibta_code(code).unwrap_or(Mtu::Mtu4096)
 }
 
 /// Which end of a REQ's primary path a QP is at: the active side sent
@@ -1517,7 +1502,7 @@ fn build_req(
         retry_count: spec_bounded("retry_count", request.retry_count, 7)?,
         rnr_retry_count: spec_bounded("rnr_retry_count", request.rnr_retry_count, 7)?,
         max_cm_retries: spec_bounded("max_cm_retries", request.max_cm_retries, 15)?,
-        path_mtu: mtu_code(request.path_mtu),
+        path_mtu: request.path_mtu.ibta_code(),
         pkey,
         srq: local.srq,
         primary_path: PathInfo {

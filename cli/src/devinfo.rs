@@ -11,9 +11,7 @@
 //! `fw_ver` is printed as `0.0.0` and `sys_image_guid` as the node GUID
 //! (what software HCAs such as rdma_rxe report).
 
-use hca::provider::{
-    Device, DeviceAttr, DeviceInfo, LinkLayer, Mtu, PortAttr, PortState, Provider,
-};
+use hca::provider::{Device, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState, Provider};
 use hca::{Fabric, HcaConfig, PortConfig, SoftProvider};
 
 /// Node GUIDs of the two HCAs of the default fabric.
@@ -175,17 +173,6 @@ fn port_state(s: PortState) -> (&'static str, u8) {
     }
 }
 
-/// `ibv_mtu` enum value.
-fn mtu_code(m: Mtu) -> u8 {
-    match m {
-        Mtu::Mtu256 => 1,
-        Mtu::Mtu512 => 2,
-        Mtu::Mtu1024 => 3,
-        Mtu::Mtu2048 => 4,
-        Mtu::Mtu4096 => 5,
-    }
-}
-
 /// A GID as `ibv_devinfo -v` prints it: colon-separated 16-bit groups on
 /// an InfiniBand port; on an Ethernet (RoCEv2) port the IPv6 form of the
 /// address it is, and its type (`::ffff:192.0.2.1, RoCE v2`).
@@ -237,12 +224,12 @@ impl DevinfoReport {
                 s.push_str(&format!(
                     "\t\t\tmax_mtu:\t\t{} ({})\n",
                     p.max_mtu.bytes(),
-                    mtu_code(p.max_mtu)
+                    p.max_mtu.ibta_code()
                 ));
                 s.push_str(&format!(
                     "\t\t\tactive_mtu:\t\t{} ({})\n",
                     p.active_mtu.bytes(),
-                    mtu_code(p.active_mtu)
+                    p.active_mtu.ibta_code()
                 ));
                 s.push_str(&format!("\t\t\tsm_lid:\t\t\t{}\n", p.sm_lid));
                 s.push_str(&format!("\t\t\tport_lid:\t\t{}\n", p.lid));

@@ -139,6 +139,30 @@ impl Mtu {
             Mtu::Mtu4096 => 4096,
         }
     }
+
+    /// The 4-bit code IBTA uses for it (1 = 256 ... 5 = 4096: PortInfo,
+    /// the CM's path MTU fields; `ibv_mtu` has the same values).
+    pub const fn ibta_code(self) -> u8 {
+        match self {
+            Mtu::Mtu256 => 1,
+            Mtu::Mtu512 => 2,
+            Mtu::Mtu1024 => 3,
+            Mtu::Mtu2048 => 4,
+            Mtu::Mtu4096 => 5,
+        }
+    }
+
+    /// The MTU an IBTA code names; `None` for the reserved codes.
+    pub const fn from_ibta_code(code: u8) -> Option<Mtu> {
+        match code {
+            1 => Some(Mtu::Mtu256),
+            2 => Some(Mtu::Mtu512),
+            3 => Some(Mtu::Mtu1024),
+            4 => Some(Mtu::Mtu2048),
+            5 => Some(Mtu::Mtu4096),
+            _ => None,
+        }
+    }
 }
 
 /// Logical port state.
@@ -930,4 +954,28 @@ pub trait Device: Send + Sync {
     ) -> Result<()>;
     /// Post receive work requests, with the same partial-failure rule.
     fn post_recv(&self, qp: &Self::Qp, wrs: &[RecvWr<'_>]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mtu;
+
+    #[test]
+    fn mtu_codes_are_ibtas_and_round_trip() {
+        let all = [
+            Mtu::Mtu256,
+            Mtu::Mtu512,
+            Mtu::Mtu1024,
+            Mtu::Mtu2048,
+            Mtu::Mtu4096,
+        ];
+        for (i, m) in all.into_iter().enumerate() {
+            assert_eq!(m.ibta_code(), i as u8 + 1);
+            assert_eq!(m.bytes(), 256 << i);
+            assert_eq!(Mtu::from_ibta_code(m.ibta_code()), Some(m));
+        }
+        for reserved in [0, 6, 15, 255] {
+            assert_eq!(Mtu::from_ibta_code(reserved), None);
+        }
+    }
 }
