@@ -1041,13 +1041,7 @@ fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResu
         for _ in 0..n {
             floor.echo.push(us(floor.echo_rtt()?));
         }
-        for _ in 0..n {
-            let pair = [bench.rc_qp(0)?, bench.rc_qp(1)?];
-            qps.extend(pair);
-            floor
-                .bare
-                .push(us(ud.bare_connect(&bench.al, pair, &mut wc)?));
-        }
+        ud.sample_bare(bench, qps, n, &mut floor.bare)?;
         Ok(())
     })?;
     drop(ud);

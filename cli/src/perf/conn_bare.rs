@@ -242,6 +242,25 @@ impl UdPair {
     /// the floor bounds from below what any CM built on these verbs can
     /// reach. The QPs must be fresh (RESET).
     #[inline(never)]
+    /// `n` bare exchanges, each on a fresh pair of RC QPs of `bench`
+    /// (added to `qps`, which the round's teardown destroys); their times
+    /// in microseconds go to `out`.
+    pub(super) fn sample_bare(
+        &self,
+        bench: &Bench,
+        qps: &mut Vec<Handle<Qp>>,
+        n: usize,
+        out: &mut Vec<f64>,
+    ) -> BenchResult<()> {
+        let mut wc = [Wc::default()];
+        for _ in 0..n {
+            let pair = [bench.rc_qp(0)?, bench.rc_qp(1)?];
+            qps.extend(pair);
+            out.push(super::us(self.bare_connect(&bench.al, pair, &mut wc)?));
+        }
+        Ok(())
+    }
+
     pub(super) fn bare_connect(
         &self,
         al: &Al,
@@ -267,7 +286,7 @@ impl UdPair {
             retry_count: 7,
             rnr_retry_count: 7,
             max_cm_retries: 4,
-            path_mtu: ibta_mtu_code(self.route.path_mtu),
+            path_mtu: self.route.path_mtu.ibta_code(),
             pkey: 0xffff,
             primary_path: self.route.path(),
             ..Req::default()
@@ -348,16 +367,5 @@ impl UdPair {
             ),
         )?;
         Ok(t0.elapsed())
-    }
-}
-
-/// The REQ's 4-bit encoding of an MTU (IBTA 9.6: 1 = 256 ... 5 = 4096).
-fn ibta_mtu_code(mtu: Mtu) -> u8 {
-    match mtu {
-        Mtu::Mtu256 => 1,
-        Mtu::Mtu512 => 2,
-        Mtu::Mtu1024 => 3,
-        Mtu::Mtu2048 => 4,
-        Mtu::Mtu4096 => 5,
     }
 }

@@ -513,14 +513,24 @@ fn agent_counters(bench: &Bench) -> (u64, u64) {
         })
 }
 
+/// The UDP run's own samples, beside the soft run's [`Floor`] (the blocking
+/// floor, the echo and the bare exchange), gathered over both modes.
+#[derive(Default)]
+struct UdpSamples {
+    /// UDP round trips, busy-polled.
+    busy: Vec<f64>,
+    /// UDP round trips, blocking, ends pinned to two CPUs.
+    apart: Vec<f64>,
+    /// RoCEv2 UD MAD round trips, busy-polled (polled mode only).
+    roce_ud: Vec<f64>,
+}
+
 fn measure(
     cfg: &ConnRateConfig,
     drive: CmDrive,
     floor: &mut Floor,
     udp: &UdpFloor,
-    busy: &mut Vec<f64>,
-    apart: &mut Vec<f64>,
-    roce_ud: &mut Vec<f64>,
+    samples: &mut UdpSamples,
 ) -> BenchResult<UdpModeFigures> {
     let cpus = super::super::placement::two_cpus();
     let bench = Bench::open_on(drive, true)?;
@@ -544,9 +554,10 @@ fn measure(
         floor
             .mad
             .extend(udp.round_trips(n * FLOOR_RTTS_PER_CONNECTION, false)?);
-        busy.extend(udp.round_trips(n * FLOOR_RTTS_PER_CONNECTION, true)?);
+        let k = n * FLOOR_RTTS_PER_CONNECTION;
+        samples.busy.extend(udp.round_trips(k, true)?);
         if cpus.is_some() {
-            apart.extend(udp.round_trips_on(n * FLOOR_RTTS_PER_CONNECTION, false, cpus)?);
+            samples.apart.extend(udp.round_trips_on(k, false, cpus)?);
         }
         for _ in 0..n {
             floor.echo.push(us(floor.echo_rtt()?));
@@ -555,15 +566,9 @@ fn measure(
             return Ok(());
         };
         for _ in 0..n * FLOOR_RTTS_PER_CONNECTION {
-            roce_ud.push(us(ud.round_trip(&bench.al, &mut wc)?));
+            samples.roce_ud.push(us(ud.round_trip(&bench.al, &mut wc)?));
         }
-        for _ in 0..n {
-            let pair = [bench.rc_qp(0)?, bench.rc_qp(1)?];
-            qps.extend(pair);
-            floor
-                .bare
-                .push(us(ud.bare_connect(&bench.al, pair, &mut wc)?));
-        }
+        ud.sample_bare(bench, qps, n, &mut floor.bare)?;
         Ok(())
     })?;
     drop(ud);
@@ -588,33 +593,19 @@ pub fn run(cfg: &ConnRateConfig) -> BenchResult<UdpConnRateReport> {
     // Warm up both floors (and check the echo) before anything is timed.
     udp.round_trips(10, false)?;
     udp.round_trips(10, true)?;
-    let (mut busy, mut apart, mut roce_ud) = (Vec::new(), Vec::new(), Vec::new());
-    let threaded = if cfg.modes.threaded() {
-        Some(measure(
-            cfg,
-            CmDrive::Thread,
-            &mut floor,
-            &udp,
-            &mut busy,
-            &mut apart,
-            &mut roce_ud,
-        )?)
-    } else {
-        None
+    let mut samples = UdpSamples::default();
+    let mut mode = |wanted: bool, drive| {
+        wanted
+            .then(|| measure(cfg, drive, &mut floor, &udp, &mut samples))
+            .transpose()
     };
-    let polled = if cfg.modes.polled() {
-        Some(measure(
-            cfg,
-            CmDrive::Poll,
-            &mut floor,
-            &udp,
-            &mut busy,
-            &mut apart,
-            &mut roce_ud,
-        )?)
-    } else {
-        None
-    };
+    let threaded = mode(cfg.modes.threaded(), CmDrive::Thread)?;
+    let polled = mode(cfg.modes.polled(), CmDrive::Poll)?;
+    let UdpSamples {
+        busy,
+        apart,
+        roce_ud,
+    } = samples;
     let Floor {
         mad,
         echo: echo_v,
