@@ -10,13 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use provider::{
-    CompletionHook, CqArm, CqInit, Device, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, Wc,
-    WcStatus,
-};
+use provider::{CompletionHook, CqArm, Device, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use roce_provider::{RoceCq, RoceDevice};
 
-use common::{connected_qps, cq, devices, wait, ALL};
+use common::{cq, devices, hooked_pair, wait, HookedPair};
 
 #[test]
 fn a_completion_hook_that_polls_another_device_runs_after_a_pollers_lone_datagram() {
@@ -34,20 +31,14 @@ fn a_completion_hook_that_polls_another_device_runs_after_a_pollers_lone_datagra
             fired.fetch_add(1, Ordering::SeqCst);
         })
     };
-    let cb = b
-        .create_cq(CqInit {
-            capacity: 64,
-            on_completion: Some(hook),
-            ..CqInit::default()
-        })
-        .unwrap();
-    let ca = cq(&a);
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (qa, qb) = connected_qps((&a, &pa, &ca), (&b, &pb, &cb));
-    let (ba, bb) = (RegisteredBuffer::new(64), RegisteredBuffer::new(64));
-    let ma = a.register_mr(&pa, &ba, 0, 64, 0, ALL).unwrap();
-    let mb = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();
-    let (la, lb) = (a.mr_keys(&ma).0, b.mr_keys(&mb).0);
+    let HookedPair {
+        ca,
+        cb,
+        qa,
+        qb,
+        lkeys: [la, lb],
+        mrs,
+    } = hooked_pair(&a, &b, hook);
     let _ = target.set((a.clone(), cq(&a)));
     let sge = |lkey| {
         [Sge {
@@ -91,5 +82,5 @@ fn a_completion_hook_that_polls_another_device_runs_after_a_pollers_lone_datagra
         }
         assert_eq!(wait(&a, &ca, 1)[0].status, WcStatus::Success);
     }
-    drop((ma, mb));
+    drop(mrs);
 }

@@ -12,13 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use provider::{
-    CompletionHook, CqArm, CqInit, Device, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, Wc,
-    WcStatus,
-};
+use provider::{CompletionHook, CqArm, Device, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use roce_provider::{RoceCq, RoceDevice};
 
-use common::{connected_qps, cq, devices, wait, ALL};
+use common::{cq, devices, hooked_pair, wait, HookedPair};
 
 /// Empty polls the hook makes per completion: more than a run the
 /// provider takes for busy-polling.
@@ -51,20 +48,14 @@ fn polls_made_on_a_receive_thread_never_make_it_step_aside() {
             fired.fetch_add(1, Ordering::SeqCst);
         })
     };
-    let cb = b
-        .create_cq(CqInit {
-            capacity: 64,
-            on_completion: Some(hook),
-            ..CqInit::default()
-        })
-        .unwrap();
-    let ca = cq(&a);
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (qa, qb) = connected_qps((&a, &pa, &ca), (&b, &pb, &cb));
-    let (ba, bb) = (RegisteredBuffer::new(64), RegisteredBuffer::new(64));
-    let ma = a.register_mr(&pa, &ba, 0, 64, 0, ALL).unwrap();
-    let mb = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();
-    let (la, lb) = (a.mr_keys(&ma).0, b.mr_keys(&mb).0);
+    let HookedPair {
+        ca,
+        cb,
+        qa,
+        qb,
+        lkeys: [la, lb],
+        mrs,
+    } = hooked_pair(&a, &b, hook);
     let _ = target.set((b.clone(), cq(&b)));
     let sge = |lkey| {
         [Sge {
@@ -116,7 +107,7 @@ fn polls_made_on_a_receive_thread_never_make_it_step_aside() {
         0,
         "B's receive thread stepped aside for polls made on itself"
     );
-    drop((ma, mb));
+    drop(mrs);
 }
 
 #[test]

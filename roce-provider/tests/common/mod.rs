@@ -133,3 +133,45 @@ pub fn connected_qps(
     connect(b, &qb, a, na);
     (qa, qb)
 }
+
+/// A connected RC pair whose B side completes on a CQ with `hook`, each
+/// side with a registered 64-byte buffer: what the completion-hook tests
+/// exchange SENDs over.
+pub struct HookedPair {
+    pub ca: RoceCq,
+    pub cb: RoceCq,
+    pub qa: RoceQp,
+    pub qb: RoceQp,
+    pub lkeys: [u32; 2],
+    /// The MRs, kept registered for the pair's life.
+    pub mrs: (roce_provider::RoceMr, roce_provider::RoceMr),
+}
+
+/// [`HookedPair`] between `a` and `b`.
+pub fn hooked_pair(a: &RoceDevice, b: &RoceDevice, hook: provider::CompletionHook) -> HookedPair {
+    let cb = b
+        .create_cq(CqInit {
+            capacity: 64,
+            on_completion: Some(hook),
+            ..CqInit::default()
+        })
+        .unwrap();
+    let ca = cq(a);
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (qa, qb) = connected_qps((a, &pa, &ca), (b, &pb, &cb));
+    let (ba, bb) = (
+        provider::RegisteredBuffer::new(64),
+        provider::RegisteredBuffer::new(64),
+    );
+    let ma = a.register_mr(&pa, &ba, 0, 64, 0, ALL).unwrap();
+    let mb = b.register_mr(&pb, &bb, 0, 64, 0, ALL).unwrap();
+    let lkeys = [a.mr_keys(&ma).0, b.mr_keys(&mb).0];
+    HookedPair {
+        ca,
+        cb,
+        qa,
+        qb,
+        lkeys,
+        mrs: (ma, mb),
+    }
+}
