@@ -89,9 +89,6 @@ pub(crate) struct Io<D: Device> {
 }
 
 impl<D: Device> Io<D> {
-    /// Completions one [`Io::receive`] takes at most.
-    pub(crate) const RECV_BATCH: usize = POLL_BATCH;
-
     /// Creates QP1 on `port` with its CQs and pools, brings it to RTS and
     /// posts every receive buffer. On error everything created so far is
     /// destroyed (dropped).
@@ -195,13 +192,13 @@ impl<D: Device> Io<D> {
     }
 
     /// Takes up to one batch of receive completions, copies each MAD out
-    /// and reposts its buffer. Returns the number of completions seen
-    /// (`out.len()`, the MADs in arrival order, plus the errors counted);
-    /// fewer than [`Io::RECV_BATCH`] means the CQ was empty after them.
-    pub(crate) fn receive(&mut self, dev: &D, out: &mut Vec<Received>) -> usize {
+    /// and reposts its buffer; the MADs go to `out` in arrival order.
+    /// Returns whether the CQ may hold more: the poll filled the batch
+    /// (with fewer, the CQ was empty after them).
+    pub(crate) fn receive(&mut self, dev: &D, out: &mut Vec<Received>) -> bool {
         let n = match dev.poll_cq(&self.recv_cq, &mut self.wcs) {
             Ok(n) => n,
-            Err(_) => return 0,
+            Err(_) => return false,
         };
         for i in 0..n {
             let wc = self.wcs[i];
@@ -238,7 +235,7 @@ impl<D: Device> Io<D> {
                 mad,
             });
         }
-        n
+        n == POLL_BATCH
     }
 
     /// Arms the receive CQ for the next completion.

@@ -437,7 +437,7 @@ impl<D: Device> Shared<D> {
         let mut armed = !core.threaded;
         loop {
             mads.clear();
-            let seen = io.receive(&self.dev, mads);
+            let more = io.receive(&self.dev, mads);
             for m in mads.iter() {
                 match core.ep.handle_datagram(now, m.from, &m.mad[..m.len]) {
                     Err(_) => io.counters.malformed += 1,
@@ -446,12 +446,12 @@ impl<D: Device> Shared<D> {
                 }
             }
             out.received += mads.len();
-            // A poll that returned less than a batch found the CQ empty
-            // after what it took: another poll now would find nothing (a
+            // A poll that did not fill its batch found the CQ empty after
+            // what it took: another poll now would find nothing (a
             // provider may try its sockets for it: a system call before
             // this round's answer goes out). Whatever arrives later comes
             // with the next poll (poll mode) or the notification armed here.
-            if seen < Io::<D>::RECV_BATCH {
+            if !more {
                 if armed {
                     break;
                 }
