@@ -245,10 +245,67 @@ const fn inverse_top() -> [u8; 256] {
 static INV_TOP: [u8; 256] = inverse_top();
 
 /// The register before `b` given the register after it.
+#[cfg(test)]
 fn crc32_unstep(after: u32, b: u8) -> u32 {
     let j = INV_TOP[(after >> 24) as usize];
     ((after ^ TABLES[0][j as usize]) << 8) | u32::from(j ^ b)
 }
+
+/// `a * b` modulo the CRC polynomial, both in the register's reflected
+/// form (bit 31 is the coefficient of x^0). Advancing a register over one
+/// zero bit is a multiplication by x, so over `n` zero bytes by x^(8n).
+const fn mul_mod(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    let mut bit = 1u32 << 31;
+    while bit != 0 {
+        if a & bit != 0 {
+            product ^= b;
+        }
+        bit >>= 1;
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+    }
+    product
+}
+
+/// x^-1 modulo the polynomial, reflected: the register that one zero bit
+/// takes to x^0 (`0x8000_0000`). Its low bit is set, so that step is
+/// `(r >> 1) ^ POLY`, and `POLY`'s top bit cancels x^0's.
+const X_INVERSE: u32 = ((0x8000_0000 ^ POLY) << 1) | 1;
+
+/// `UNSHIFT[k]` = x^(-8 * 2^k): undoes a register's advance over 2^k zero
+/// bytes. Sixteen entries cover any IPv4 datagram (at most 65,535 bytes).
+const fn unshift_table() -> [u32; 16] {
+    let mut x8 = X_INVERSE;
+    let mut i = 0;
+    while i < 3 {
+        x8 = mul_mod(x8, x8);
+        i += 1;
+    }
+    let mut t = [0u32; 16];
+    t[0] = x8;
+    let mut k = 1;
+    while k < 16 {
+        t[k] = mul_mod(t[k - 1], t[k - 1]);
+        k += 1;
+    }
+    t
+}
+
+static UNSHIFT: [u32; 16] = unshift_table();
+
+/// The register that `n` zero bytes take to `r` (`n` below 65,536).
+fn unshift(mut r: u32, n: usize) -> u32 {
+    for (k, m) in UNSHIFT.iter().enumerate() {
+        if n >> k & 1 != 0 {
+            r = mul_mod(r, *m);
+        }
+    }
+    r
+}
+
+/// Bytes of the masked IPv4 and UDP headers after the identification
+/// field (IPv4 bytes 6..20, then the UDP header).
+const AFTER_IPV4_ID: usize = IPV4_LEN - 6 + UDP_LEN;
 
 /// The IPv4 identification a received packet's sender used, if one makes
 /// its ICRC right: `endpoints` as for [`icrc`] (its identification is
@@ -257,48 +314,68 @@ fn crc32_unstep(after: u32, b: u8) -> u32 {
 ///
 /// Why: the identification enters the ICRC (only TOS, TTL and the header
 /// checksum are masked), and Linux rxe, like most senders, writes a
-/// per-packet value, which a UDP socket does not show its reader. The CRC
-/// is run forward to the identification and backwards from the carried
-/// value to just after it; the two unknown bytes between are solved for
-/// (a byte step of a reflected CRC can be undone from the top byte of the
-/// register). 16 of the 32 bits remain a check: a corrupted packet passes
-/// with probability 2^-16 instead of 2^-32 (the UDP checksum, which the
-/// kernel verifies, still covers the whole datagram).
+/// per-packet value, which a UDP socket does not show its reader. A
+/// receiver that already computed the ICRC for some identification
+/// (its check failed) calls [`solve_ipv4_identification_from`] with that
+/// value instead: no second pass over the packet.
 pub fn solve_ipv4_identification(
     endpoints: &crate::V4Endpoints,
     bth_to_end: &[u8],
     carried: u32,
 ) -> Option<u16> {
-    let ep = Endpoints::V4(*endpoints);
-    let (h, n) = ep.masked_headers(bth_to_end.len() + crate::ICRC_LEN).ok()?;
-    // Forward over the 4 bytes before the identification.
-    let before = crc32_update(LRH_SEED, &h[..4]);
-    // Backwards from the final register over what `finish` and the rest
-    // of the headers fed it.
-    let mut after = !carried;
-    for (i, &b) in bth_to_end.iter().enumerate().rev() {
-        let b = if i == 4 && bth_to_end.len() > 4 {
-            0xff
-        } else {
-            b
-        };
-        after = crc32_unstep(after, b);
-    }
-    for &b in h[6..n].iter().rev() {
-        after = crc32_unstep(after, b);
-    }
-    // `after` = step(step(before, hi), lo). Undo the low byte's table
-    // lookup: its index is fixed by the top byte of `after`.
-    let j = INV_TOP[(after >> 24) as usize];
-    let mid_high = (after ^ TABLES[0][j as usize]) << 8; // bits 8..31 of the middle register
-    let i = INV_TOP[(mid_high >> 24) as usize];
-    let mid = (before >> 8) ^ TABLES[0][i as usize];
-    if mid & 0xffff_ff00 != mid_high {
+    let computed = icrc(&Endpoints::V4(*endpoints), bth_to_end).ok()?;
+    solve_ipv4_identification_from(
+        computed,
+        endpoints.identification,
+        bth_to_end.len(),
+        carried,
+    )
+}
+
+/// [`solve_ipv4_identification`] from the ICRC `computed` for the packet
+/// with identification `assumed` (a `bth_to_end_len`-byte UDP payload
+/// before its ICRC): the identification that makes it `carried`, if any.
+///
+/// The CRC is affine: changing the identification by `d` changes the ICRC
+/// by the register two bytes `d` make from zero, carried forward over the
+/// `AFTER_IPV4_ID + bth_to_end_len` bytes that follow (a multiplication by
+/// x^(8n)). So `carried ^ computed`, carried back by x^(-8n) (at most 16
+/// multiplications modulo the polynomial, whatever the packet's length),
+/// must be such a two-byte register; the two bytes are read off it with
+/// the table's inverse. 16 of the 32 bits remain a check: a corrupted
+/// packet passes with probability 2^-16 instead of 2^-32 (the UDP
+/// checksum, which the kernel verifies, still covers the whole datagram).
+/// Before this, the register was run backwards over every byte of the
+/// packet (~5 ns a byte): a flood of bad-ICRC datagrams cost a second pass
+/// over each.
+pub fn solve_ipv4_identification_from(
+    computed: u32,
+    assumed: u16,
+    bth_to_end_len: usize,
+    carried: u32,
+) -> Option<u16> {
+    let after = AFTER_IPV4_ID.checked_add(bth_to_end_len)?;
+    if after >> UNSHIFT.len() != 0 {
         return None;
     }
-    let hi = i ^ (before as u8);
-    let lo = j ^ (mid as u8);
-    Some(u16::from_be_bytes([hi, lo]))
+    // The register the two bytes of the difference made from zero.
+    let two = unshift(carried ^ computed, after);
+    // two = step(step(0, hi), lo), where step(c, b) = (c >> 8) ^ T[(c ^ b) & 0xff]:
+    // the second step's table entry has the top byte of `two` (the first
+    // step's register shifted right has none)...
+    let j = INV_TOP[(two >> 24) as usize];
+    let first_high = two ^ TABLES[0][j as usize]; // the first register >> 8
+    if first_high >> 24 != 0 {
+        return None;
+    }
+    // ... and the first step's register is T[hi], whose top byte names hi.
+    let hi = INV_TOP[(first_high >> 16) as usize];
+    let first = TABLES[0][hi as usize];
+    if first >> 8 != first_high {
+        return None;
+    }
+    let lo = j ^ first as u8;
+    Some(u16::from_be_bytes([hi, lo]) ^ assumed)
 }
 
 #[cfg(test)]
@@ -414,6 +491,57 @@ mod tests {
             })
             .count();
         assert!(passes <= 3, "{passes} of 20000 random ICRCs passed");
+    }
+
+    #[test]
+    fn unshift_undoes_an_advance_over_zero_bytes() {
+        let zeros = vec![0u8; 65535];
+        for (r, n) in [
+            (0x8000_0000u32, 1usize),
+            (0xdead_beef, 0),
+            (0x1234_5678, 22),
+            (!0, 1058),
+            (0x0bad_f00d, 4118),
+            (1, 9022),
+            (0x5a5a_5a5a, 65535),
+        ] {
+            let advanced = crc32_update_sliced(r, &zeros[..n]);
+            assert_eq!(unshift(advanced, n), r, "n {n}");
+        }
+        assert_eq!(mul_mod(X_INVERSE, 0x4000_0000), 0x8000_0000, "x^-1 * x = 1");
+    }
+
+    #[test]
+    fn the_solver_agrees_with_a_search_of_every_identification() {
+        // For a few packets and carried values, the one identification the
+        // solver names (or none) is what trying all 65,536 finds.
+        use std::net::SocketAddrV4;
+        let e = crate::V4Endpoints {
+            src: "10.0.0.7:49152".parse::<SocketAddrV4>().unwrap(),
+            dst: "10.0.0.9:4791".parse::<SocketAddrV4>().unwrap(),
+            identification: 0,
+            dont_fragment: true,
+        };
+        let body: Vec<u8> = (0..300u32).map(|k| (k * 29 + 3) as u8).collect();
+        for (len, carried) in [(12, None), (300, None), (44, Some(0x1234_5678u32))] {
+            let mut with = e;
+            let carried = carried.unwrap_or_else(|| {
+                with.identification = 0x7a5b;
+                icrc(&Endpoints::V4(with), &body[..len]).unwrap()
+            });
+            let found: Vec<u16> = (0..=u16::MAX)
+                .filter(|&id| {
+                    with.identification = id;
+                    icrc(&Endpoints::V4(with), &body[..len]).unwrap() == carried
+                })
+                .collect();
+            assert!(found.len() <= 1, "{found:?}");
+            assert_eq!(
+                solve_ipv4_identification(&e, &body[..len], carried),
+                found.first().copied(),
+                "len {len}"
+            );
+        }
     }
 
     #[test]
