@@ -7,6 +7,10 @@
 //! as `quinn-proto` leaves them to `quinn`. Memory is reached through the
 //! [`Memory`] trait the provider implements over its memory regions.
 //!
+//! A datagram reaches a transport only through the receive stage
+//! ([`receive()`]: shape, destination QP on this port, opcode, state, keys,
+//! the connection's addresses, ICRC), which touches no transport state.
+//!
 //! ```text
 //! post_send / post_recv ─┐                       ┌─> poll_transmit(now) -> Transmit
 //! handle_packet(now, ..) ├─> Transport (per QP) ─┼─> poll_timeout()    -> deadline
@@ -23,6 +27,7 @@ mod config;
 pub mod fuzzing;
 mod memory;
 pub mod psn;
+pub mod receive;
 mod requester;
 mod responder;
 pub mod timers;
@@ -31,6 +36,7 @@ mod transport;
 pub use completer::RNR_RETRY_INFINITE;
 pub use config::{Config, Error};
 pub use memory::{AtomicOp, MemError, Memory};
+pub use receive::{admit, receive, Accepted, Discard, PathGids, Port, QpFilter, SolverGate};
 pub use requester::{ACKREQ_EVERY, MAX_UNACKED_PSNS};
 pub use responder::{grh_bytes, pkey_match};
 pub use transport::{Counters, Payload, Source, Transmit, Transport, LEASE_MIN};

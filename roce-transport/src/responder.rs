@@ -8,10 +8,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use provider::{Access, QpState, QpType, Wc, WcOpcode, WcStatus, GRH_SIZE};
-use roce::{
-    Aeth, AtomicAckEth, Bth, Frame, Headers, IpHeader, NakCode, Opcode, Packet, Syndrome,
-    Transport as Service,
-};
+use roce::{Aeth, AtomicAckEth, Bth, Frame, Headers, IpHeader, NakCode, Opcode, Packet, Syndrome};
 
 use crate::memory::{AtomicOp, MemError, Memory};
 use crate::psn;
@@ -258,26 +255,27 @@ impl<R: Clone> Transport<R> {
         pkt: &Packet<'_>,
         mem: &mut M,
     ) {
+        // The receive stage ran these checks against the QP's filter; a
+        // transport driven without it (tests, fuzzing) still refuses what
+        // is not its own, with the same function.
+        let own = crate::QpFilter {
+            qpn: self.cfg.qpn,
+            qp_type: self.cfg.qp_type,
+            port: 0,
+            state: self.state,
+            pkey: self.cfg.pkey,
+            qkey: self.cfg.qkey,
+            path: None,
+        };
+        if let Err(why) = crate::receive::admit(&own, pkt) {
+            match why {
+                crate::Discard::BadPkey => self.counters.bad_pkey += 1,
+                crate::Discard::BadQkey => self.counters.bad_qkey += 1,
+                _ => self.counters.bad_opcode += 1,
+            }
+            return;
+        }
         let bth = &pkt.headers.bth;
-        if bth.dest_qp != self.cfg.qpn {
-            self.counters.bad_opcode += 1;
-            return;
-        }
-        if !pkey_match(bth.pkey, self.cfg.pkey) {
-            self.counters.bad_pkey += 1;
-            return;
-        }
-        let service = bth.opcode.transport();
-        let ok = matches!(
-            (self.cfg.qp_type, service),
-            (QpType::Rc, Service::Rc)
-                | (QpType::Uc, Service::Uc)
-                | (QpType::Ud | QpType::Gsi, Service::Ud)
-        );
-        if !ok || self.state != QpState::Rts {
-            self.counters.bad_opcode += 1;
-            return;
-        }
         match bth.opcode {
             Opcode::RcAck
             | Opcode::RcAtomicAck
@@ -779,19 +777,11 @@ impl<R: Clone> Transport<R> {
     /// 40 bytes of the receive buffer (IBTA §9.8.4 and A17.4.5.1).
     fn ud_receive<M: Memory>(&mut self, src: &Source, pkt: &Packet<'_>, mem: &mut M) {
         let h = &pkt.headers;
+        // `admit` checked the DETH's presence and Q_Key.
         let Some(deth) = h.deth else {
             self.counters.bad_opcode += 1;
             return;
         };
-        let want = if self.cfg.qp_type == QpType::Gsi {
-            provider::GSI_QKEY
-        } else {
-            self.cfg.qkey
-        };
-        if deth.qkey != want {
-            self.counters.bad_qkey += 1;
-            return;
-        }
         if pkt.payload.len() > self.mtu as usize {
             self.counters.bad_opcode += 1;
             return;

@@ -213,6 +213,24 @@ pub(crate) fn udp_checksum(addrs: &[u8], udp: &[u8]) -> u16 {
     }
 }
 
+/// The GID of an IP address as RoCEv2 writes it: the IPv4-mapped IPv6
+/// address (`::ffff:a.b.c.d`), or the IPv6 address (IBTA A17.4.5.1).
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The IP address a RoCEv2 GID names (IPv4 for an IPv4-mapped GID).
+pub fn ip_of_gid(gid: &[u8; 16]) -> IpAddr {
+    let v6 = std::net::Ipv6Addr::from(*gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

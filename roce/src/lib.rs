@@ -39,7 +39,7 @@ pub use bth::Bth;
 pub use error::{DecodeError, EncodeError};
 pub use ext::{AtomicAckEth, AtomicEth, Deth, Ieth, ImmDt, Reth};
 pub use frame::{Frame, IpHeader, Ipv4Header, Ipv6Header};
-pub use ip::{Endpoints, V4Endpoints, V6Endpoints};
+pub use ip::{gid_of, ip_of_gid, Endpoints, V4Endpoints, V6Endpoints};
 pub use opcode::{Layout, Opcode, Transport};
 pub use packet::{Headers, Packet};
 
