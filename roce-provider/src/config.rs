@@ -1,7 +1,7 @@
 //! What a [`crate::RoceProvider`] is configured with: devices, their
 //! ports, and how a GID becomes a UDP socket address.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
@@ -118,19 +118,12 @@ impl DeviceConfig {
 /// The GID of an IP address (RoCEv2: the IPv4-mapped IPv6 address, or
 /// the IPv6 address).
 pub fn gid_of(ip: IpAddr) -> Gid {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
+    roce::gid_of(ip)
 }
 
 /// The IP address a GID names.
 pub fn ip_of(gid: &Gid) -> IpAddr {
-    let v6 = Ipv6Addr::from(*gid);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
+    roce::ip_of_gid(gid)
 }
 
 /// GID -> UDP socket address, for destinations that do not listen on

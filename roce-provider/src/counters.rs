@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use roce_transport::Discard;
+
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
         /// A snapshot of one port's counters
@@ -9,6 +11,15 @@ macro_rules! counters {
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
         pub struct PortCounters {
             $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl PortCounters {
+            /// Every counter with its name, in declaration order (for
+            /// reports: `ibal devinfo --roce ... --json`, the RoCEv2
+            /// commands' `--json`).
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name),)*]
+            }
         }
 
         #[derive(Debug, Default)]
@@ -43,9 +54,14 @@ counters!(
     /// Dropped: ICRC mismatch.
     rx_bad_icrc,
     /// IPv4 packets whose ICRC was right only with a non-zero IP
-    /// identification (found by `roce::icrc::solve_ipv4_identification`):
-    /// what other senders (Linux rxe) write. Accepted.
+    /// identification (found by
+    /// `roce::icrc::solve_ipv4_identification_from`): what other senders
+    /// (Linux rxe) write. Accepted.
     rx_ipv4_id_solved,
+    /// Dropped: ICRC wrong with identification 0, and the identification
+    /// solver was not run: the source is unknown and the port's
+    /// first-contact budget spent (`roce_transport::SolverGate`).
+    rx_icrc_unsolved,
     /// Dropped: datagram too short for its headers.
     rx_truncated,
     /// Dropped: datagram longer than any packet of the port's MTU.
@@ -55,13 +71,22 @@ counters!(
     rx_decode_error,
     /// Dropped: no QP with the destination QPN.
     rx_unknown_qpn,
-    /// Dropped: the QP cannot receive in its state, or the opcode does
-    /// not belong to its type.
-    rx_bad_state_or_opcode,
+    /// Dropped: the destination QP lives on another port of the device.
+    rx_wrong_port,
+    /// Dropped: the opcode does not belong to the QP's type.
+    rx_bad_opcode,
+    /// Dropped: the QP does not receive in its state (RESET, INIT, ERR).
+    rx_bad_state,
     /// Dropped: P_Key mismatch.
     rx_bad_pkey,
     /// Dropped: Q_Key mismatch (UD, GSI).
     rx_bad_qkey,
+    /// Dropped: a packet for a connected (RC, UC) QP from an address that
+    /// is not its peer's: a stranger's.
+    rx_wrong_source,
+    /// Dropped: a packet for a connected QP to an address that is not the
+    /// QP's own.
+    rx_wrong_destination,
     /// Requests outside the PSN window (RC NAKed once per gap; UC dropped).
     rx_out_of_sequence,
     /// Duplicate requests (re-ACKed or replayed).
@@ -88,6 +113,25 @@ counters!(
 );
 
 impl AtomicCounters {
+    /// The counter of datagrams the receive stage drops for `why`.
+    pub(crate) fn discarded(&self, why: Discard) -> &AtomicU64 {
+        match why {
+            Discard::Oversized => &self.rx_oversized,
+            Discard::Truncated => &self.rx_truncated,
+            Discard::Malformed => &self.rx_decode_error,
+            Discard::UnknownQp => &self.rx_unknown_qpn,
+            Discard::WrongPort => &self.rx_wrong_port,
+            Discard::BadOpcode => &self.rx_bad_opcode,
+            Discard::BadState => &self.rx_bad_state,
+            Discard::BadPkey => &self.rx_bad_pkey,
+            Discard::BadQkey => &self.rx_bad_qkey,
+            Discard::WrongSource => &self.rx_wrong_source,
+            Discard::WrongDestination => &self.rx_wrong_destination,
+            Discard::BadIcrc => &self.rx_bad_icrc,
+            Discard::IcrcUnsolved => &self.rx_icrc_unsolved,
+        }
+    }
+
     pub(crate) fn add(&self, c: &AtomicU64, n: u64) {
         let _ = self;
         if n != 0 {
@@ -102,10 +146,7 @@ impl AtomicCounters {
         after: &roce_transport::Counters,
     ) {
         let d = |a: u64, b: u64| b.saturating_sub(a);
-        self.add(
-            &self.rx_bad_state_or_opcode,
-            d(before.bad_opcode, after.bad_opcode),
-        );
+        self.add(&self.rx_bad_opcode, d(before.bad_opcode, after.bad_opcode));
         self.add(&self.rx_bad_pkey, d(before.bad_pkey, after.bad_pkey));
         self.add(&self.rx_bad_qkey, d(before.bad_qkey, after.bad_qkey));
         self.add(

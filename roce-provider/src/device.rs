@@ -107,13 +107,24 @@ pub(crate) struct PortShared {
     pub(crate) local: SocketAddr,
     pub(crate) gid: Gid,
     pub(crate) counters: AtomicCounters,
+    /// The port as the receive stage sees it.
+    pub(crate) view: roce_transport::Port,
     /// Held by whoever is taking datagrams off `socket` and feeding them
     /// to QPs (the port's receive thread, or a poller making progress), so
     /// two threads never feed one port's packets concurrently (which could
     /// reorder them). Taken as a [`Feeding`].
-    rx_lock: Mutex<QpMemo>,
+    rx_lock: Mutex<RxState>,
     /// Positive ACKs a polling thread held back (see [`HeldAcks`]).
     pub(crate) held: HeldAcks,
+}
+
+/// What the feeder of a port's datagrams keeps between them.
+#[derive(Default)]
+pub(crate) struct RxState {
+    /// The last QP this port's datagrams reached.
+    memo: QpMemo,
+    /// Whom the IPv4 identification solver runs for.
+    gate: roce_transport::SolverGate,
 }
 
 /// The right to feed a port's datagrams to its QPs: its `rx_lock`, held.
@@ -125,9 +136,8 @@ pub(crate) struct PortShared {
 /// atomic additions.
 pub(crate) struct Feeding<'p> {
     port: &'p PortShared,
-    /// The lock, and what it guards: the last QP this port's datagrams
-    /// reached.
-    memo: parking_lot::MutexGuard<'p, QpMemo>,
+    /// The lock, and what it guards.
+    rx: parking_lot::MutexGuard<'p, RxState>,
 }
 
 impl<'p> Feeding<'p> {
@@ -135,13 +145,16 @@ impl<'p> Feeding<'p> {
         self.port
     }
 
-    /// The last QP this port's datagrams reached ([`QpMap::find`]).
-    pub(crate) fn memo(&mut self) -> &mut QpMemo {
-        &mut self.memo
+    /// The last QP this port's datagrams reached ([`QpMap::find`]) and
+    /// the identification solver's gate, together (the receive stage's
+    /// lookup borrows the one while the stage holds the other).
+    pub(crate) fn rx_state(&mut self) -> (&mut QpMemo, &mut roce_transport::SolverGate) {
+        let rx = &mut *self.rx;
+        (&mut rx.memo, &mut rx.gate)
     }
 
     /// Adds `n` to the counter `which` picks.
-    pub(crate) fn count(&self, which: fn(&AtomicCounters) -> &AtomicU64, n: u64) {
+    pub(crate) fn count(&self, which: impl FnOnce(&AtomicCounters) -> &AtomicU64, n: u64) {
         if n != 0 {
             let c = which(&self.port.counters);
             c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
@@ -564,7 +577,7 @@ impl PortShared {
     pub(crate) fn feeding(&self) -> Feeding<'_> {
         Feeding {
             port: self,
-            memo: self.rx_lock.lock(),
+            rx: self.rx_lock.lock(),
         }
     }
 
@@ -572,7 +585,7 @@ impl PortShared {
     pub(crate) fn try_feeding(&self) -> Option<Feeding<'_>> {
         Some(Feeding {
             port: self,
-            memo: self.rx_lock.try_lock()?,
+            rx: self.rx_lock.try_lock()?,
         })
     }
 
@@ -925,7 +938,12 @@ impl RoceDevice {
                 local,
                 gid: gid_of(local.ip()),
                 counters: AtomicCounters::default(),
-                rx_lock: Mutex::new(QpMemo::default()),
+                view: roce_transport::Port {
+                    num: i as u8 + 1,
+                    local,
+                    mtu: pc.mtu,
+                },
+                rx_lock: Mutex::new(RxState::default()),
                 held: HeldAcks::default(),
             });
         }
@@ -1111,6 +1129,11 @@ impl RoceDevice {
             ))),
             rq: Posted::new(),
             deadline: AtomicU64::new(NO_DEADLINE),
+            filter: al::sync::ArcCell::new(Arc::new(crate::qp::filter_of(
+                &self.shared,
+                qpn,
+                &fresh_attr(qpn, qp_type, init.caps, init.sq_sig_all, port),
+            ))),
         });
         self.shared.qps.change(|qps| {
             if qps.len() >= self.shared.attr.max_qp as usize {

@@ -17,8 +17,6 @@ use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
 
-use roce::{DecodeError, Endpoints, Packet};
-
 use crate::cq::Deferred;
 use crate::device::{DevShared, Feeding};
 use crate::mmsg::RecvBatch;
@@ -39,12 +37,6 @@ const MIN_SLEEP: Duration = Duration::from_micros(10);
 /// oversized datagram is seen as such (the kernel truncates to the
 /// buffer and says so).
 const RX_BUF: usize = 8192;
-
-/// The largest packet a port of MTU `mtu` takes: payload, the longest
-/// header chain (BTH + AtomicETH = 40 bytes), pad and ICRC, rounded up.
-fn max_packet(mtu: usize) -> usize {
-    mtu + 64
-}
 
 /// The timer thread's state, shared with the QPs that arm timers.
 #[derive(Default)]
@@ -219,17 +211,14 @@ fn feed(
     n: usize,
     reached: &mut Reached<'_>,
 ) {
-    // Every datagram and its bytes, counted once per batch.
+    // Every datagram and its bytes, counted once per batch; one clock
+    // reading for the batch (they arrived together).
     let (mut datagrams, mut bytes) = (0u64, 0u64);
+    let now = dev.now();
     for d in (0..n).filter_map(|i| batch.get(i)) {
         datagrams += 1;
         bytes += d.bytes.len() as u64;
-        match d.from {
-            // Longer than the buffer: longer than any packet.
-            _ if d.truncated => fed.count(|c| &c.rx_oversized, 1),
-            Some(src) => handle_datagram(dev, fed, d.bytes, src, reached),
-            None => fed.count(|c| &c.rx_decode_error, 1),
-        }
+        handle_datagram(dev, fed, d.bytes, d.from, d.truncated, now, reached);
     }
     fed.count(|c| &c.rx_datagrams, datagrams);
     fed.count(|c| &c.rx_bytes, bytes);
@@ -349,80 +338,53 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
     any
 }
 
-/// One datagram from `src` (already counted as a datagram by [`feed`]):
-/// checked, decoded, delivered or dropped and counted by fate. Nothing
-/// here panics on any input.
+/// One datagram from `src` (already counted as a datagram by [`feed`]),
+/// taken at `now`: through the receive stage
+/// ([`roce_transport::receive()`]: shape, destination QP on this port,
+/// opcode, state, keys, the connection's addresses, ICRC), then to its
+/// QP, or dropped and counted by reason. Nothing here panics on any
+/// input, and nothing of a QP but its filter is read before the stage
+/// has passed the datagram.
 ///
 /// The QP the packet reached is driven or listed as `reached` says.
 fn handle_datagram(
     dev: &DevShared,
     fed: &mut Feeding<'_>,
     bytes: &[u8],
-    src: SocketAddr,
+    src: Option<SocketAddr>,
+    truncated: bool,
+    now: Duration,
     reached: &mut Reached<'_>,
 ) {
     let port = fed.port();
-    if bytes.len() > max_packet(port.cfg.mtu.bytes()) {
-        fed.count(|c| &c.rx_oversized, 1);
-        return;
+    let (memo, gate) = fed.rx_state();
+    let find = |dqp: u32| {
+        let key = if dqp == 1 {
+            GSI_KEY | u32::from(port.num)
+        } else {
+            dqp
+        };
+        let qp = dev.qps.find(key, memo)?;
+        let filter = **qp.filter.load();
+        Some((qp, filter))
+    };
+    let accepted = match roce_transport::receive(&port.view, bytes, src, truncated, now, gate, find)
+    {
+        Ok(a) => a,
+        Err(why) => {
+            fed.count(|c| c.discarded(why), 1);
+            return;
+        }
+    };
+    if accepted.solved {
+        fed.count(|c| &c.rx_ipv4_id_solved, 1);
     }
-    let Ok(ep) = Endpoints::new(src, port.local) else {
-        fed.count(|c| &c.rx_decode_error, 1);
-        return;
-    };
-    let pkt = match Packet::decode(bytes, &ep) {
-        Ok(p) => p,
-        Err(DecodeError::IcrcMismatch { carried, .. }) => {
-            // An IPv4 sender other than us (Linux rxe, a NIC) writes an
-            // identification we cannot see: accept the packet if some
-            // identification makes its ICRC right.
-            let solved = match &ep {
-                Endpoints::V4(v4) if bytes.len() >= roce::ICRC_LEN => {
-                    let body = &bytes[..bytes.len() - roce::ICRC_LEN];
-                    roce::icrc::solve_ipv4_identification(v4, body, carried)
-                }
-                _ => None,
-            };
-            match solved.map(|_| Packet::decode_without_icrc(bytes)) {
-                Some(Ok(p)) => {
-                    fed.count(|c| &c.rx_ipv4_id_solved, 1);
-                    p
-                }
-                _ => {
-                    fed.count(|c| &c.rx_bad_icrc, 1);
-                    return;
-                }
-            }
-        }
-        Err(DecodeError::Truncated { .. }) => {
-            fed.count(|c| &c.rx_truncated, 1);
-            return;
-        }
-        Err(_) => {
-            fed.count(|c| &c.rx_decode_error, 1);
-            return;
-        }
-    };
-    let dqp = pkt.headers.bth.dest_qp;
-    let key = if dqp == 1 {
-        GSI_KEY | u32::from(port.num)
-    } else {
-        dqp
-    };
-    let qp = if dqp == 0 {
-        None
-    } else {
-        dev.qps.find(key, fed.memo())
-    };
-    let Some(qp) = qp else {
-        fed.count(|c| &c.rx_unknown_qpn, 1);
-        return;
-    };
     fed.count(|c| &c.rx_packets, 1);
+    let (qp, ep, pkt) = (accepted.qp, accepted.endpoints, accepted.packet);
     match reached {
-        Reached::Now(hooks) => qp.on_packet_and_drive(port, &ep, &pkt, hooks),
+        Reached::Now(hooks) => qp.on_packet_and_drive(port, &ep, &pkt, hooks, now),
         Reached::Later(list) => {
-            if qp.on_packet(port, &ep, &pkt) && !list.iter().any(|q| Arc::ptr_eq(q, &qp)) {
+            if qp.on_packet(port, &ep, &pkt, now) && !list.iter().any(|q| Arc::ptr_eq(q, &qp)) {
                 list.push(qp);
             }
         }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use al::sync::ArcCell;
 use al::{Error, Result};
 use parking_lot::Mutex;
 use provider::qp_state;
@@ -17,7 +18,7 @@ use provider::{
     SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
 };
 use roce::{Endpoints, IpHeader, Ipv4Header, Ipv6Header, Packet};
-use roce_transport::{Config, Counters, Memory, Source, Transmit, Transport};
+use roce_transport::{Config, Counters, Memory, PathGids, QpFilter, Source, Transmit, Transport};
 
 use crate::config::RouteCache;
 use crate::cq::{CqInner, Deferred};
@@ -110,6 +111,11 @@ pub(crate) struct QpInner {
     pub(crate) rq: Arc<Posted>,
     /// The transport's next deadline, nanoseconds from the device's base.
     pub(crate) deadline: AtomicU64,
+    /// What the receive stage checks this QP's packets against (type,
+    /// port, state, keys, the connection's addresses): replaced whenever
+    /// those change, read without the QP's lock, so a datagram the stage
+    /// refuses never touches the QP ([`roce_transport::receive()`]).
+    pub(crate) filter: ArcCell<QpFilter>,
 }
 
 fn send_opcode(op: &SendOp) -> WcOpcode {
@@ -156,6 +162,28 @@ pub(crate) fn fresh_attr(
         timeout: 0,
         retry_cnt: 0,
         rnr_retry: 0,
+    }
+}
+
+/// The receive stage's view of a QP of `dev` with attributes `a`.
+pub(crate) fn filter_of(dev: &DevShared, qpn: u32, a: &QpAttr) -> QpFilter {
+    // RC and UC take packets only from the GID of their primary path, to
+    // their port's GID (its one entry: `sgid_index` 0).
+    let path = match (a.qp_type, a.av.and_then(|av| av.grh), dev.port(a.port)) {
+        (QpType::Rc | QpType::Uc, Some(grh), Some(port)) => Some(PathGids {
+            remote: grh.dgid,
+            local: port.gid,
+        }),
+        _ => None,
+    };
+    QpFilter {
+        qpn,
+        qp_type: a.qp_type,
+        port: a.port,
+        state: a.state,
+        pkey: provider::DEFAULT_PKEY,
+        qkey: a.qkey,
+        path,
     }
 }
 
@@ -275,10 +303,21 @@ impl QpInner {
         let mut d = Deferred::default();
         let r = {
             let mut core = self.core.lock();
-            self.modify_locked(&mut core, m, &mut d)
+            let r = self.modify_locked(&mut core, m, &mut d);
+            self.publish_filter(&core.attr);
+            r
         };
         d.run();
         r
+    }
+
+    /// Gives the receive stage the QP's attributes as they are now (under
+    /// the QP's lock, after any change of its state, port, keys or path).
+    fn publish_filter(&self, attr: &QpAttr) {
+        let f = filter_of(&self.dev, self.qpn, attr);
+        if **self.filter.load() != f {
+            self.filter.store(Arc::new(f));
+        }
     }
 
     fn modify_locked(&self, core: &mut QpCore, m: &QpModify, d: &mut Deferred) -> Result<()> {
@@ -688,6 +727,7 @@ impl QpInner {
                 self.send_cq
                     .push(self.wc(wr.wr_id, status, send_opcode(&wr.op)), d);
                 core.attr.state = QpState::Sqe;
+                self.publish_filter(&core.attr);
                 return Ok(());
             }
         }
@@ -844,6 +884,7 @@ impl QpInner {
         }
         if t.state() == QpState::Err && !matches!(attr.state, QpState::Err | QpState::Reset) {
             attr.state = QpState::Err;
+            self.publish_filter(attr);
             for h in held.drain(..) {
                 if h.leased {
                     self.dev.mrs.release(&h.sg);
@@ -884,9 +925,15 @@ impl QpInner {
     /// [`QpInner::drive_now`], which the receive thread calls once per
     /// batch of datagrams. Returns whether the transport took the packet
     /// (so the QP needs driving).
-    pub(crate) fn on_packet(&self, port: &PortShared, ep: &Endpoints, pkt: &Packet<'_>) -> bool {
+    pub(crate) fn on_packet(
+        &self,
+        port: &PortShared,
+        ep: &Endpoints,
+        pkt: &Packet<'_>,
+        now: Duration,
+    ) -> bool {
         let mut core = self.core.lock();
-        self.take_packet(&mut core, port, ep, pkt, self.dev.now())
+        self.take_packet(&mut core, port, ep, pkt, now)
     }
 
     /// [`QpInner::on_packet`] and [`QpInner::drive_now`] in one: for a
@@ -900,9 +947,9 @@ impl QpInner {
         ep: &Endpoints,
         pkt: &Packet<'_>,
         d: &mut Deferred,
+        now: Duration,
     ) {
         let mut core = self.core.lock();
-        let now = self.dev.now();
         if self.take_packet(&mut core, port, ep, pkt, now) {
             self.drive_at(&mut core, d, now);
         }
@@ -916,8 +963,10 @@ impl QpInner {
         pkt: &Packet<'_>,
         now: Duration,
     ) -> bool {
+        // The stage checked the state against the QP's filter; the QP may
+        // have left it since (a modify or destroy between the two).
         if !core.attr.state.can_receive() || core.t.is_none() {
-            port.counters.add(&port.counters.rx_bad_state_or_opcode, 1);
+            port.counters.add(&port.counters.rx_bad_state, 1);
             return false;
         }
         let src = Source {
@@ -1001,6 +1050,12 @@ impl QpInner {
     pub(crate) fn destroy(&self) {
         self.flush_held_acks();
         let mut core = self.core.lock();
+        // A datagram the stage let through just before this still finds
+        // no transport below; none is let through after.
+        self.filter.store(Arc::new(QpFilter {
+            state: QpState::Reset,
+            ..**self.filter.load()
+        }));
         self.release_leases(&mut core);
         core.t = None;
         core.mrs_seen = MrCache::default();

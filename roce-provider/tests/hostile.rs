@@ -252,25 +252,29 @@ fn hostile_datagrams_are_dropped_and_counted() {
 
     // A sender that writes a non-zero IPv4 identification (Linux rxe):
     // its ICRC is right for that identification, which the socket does not
-    // show; the port finds it and takes the packet (here: to an unknown
-    // QPN, so it is counted there and not as a bad ICRC).
+    // show; the port finds it and takes the packet (here: a datagram to
+    // the UD QP, which has no receive posted, so it is counted there and
+    // not as a bad ICRC). The ICRC is the stage's last check: the packet
+    // must name a QP that takes it.
     let Endpoints::V4(mut v4) = ep else {
         panic!("an IPv4 flow")
     };
     v4.identification = 0xbeef;
-    let with_id = Packet::new(
-        Headers::new(Bth::new(Opcode::RcSendOnly, unknown, 0)),
-        b"rxe-style",
-    )
-    .encode(&Endpoints::V4(v4))
-    .unwrap();
-    let (icrc_before, unknown_before) = {
+    let mut h = Headers::new(Bth::new(Opcode::UdSendOnly, b.dev.qp_num(&ud), 0));
+    h.deth = Some(Deth {
+        qkey: 0x1234,
+        src_qp: 9,
+    });
+    let with_id = Packet::new(h, b"rxe-style")
+        .encode(&Endpoints::V4(v4))
+        .unwrap();
+    let (icrc_before, no_receive_before) = {
         let c = b.counters();
-        (c.rx_bad_icrc, c.rx_unknown_qpn)
+        (c.rx_bad_icrc, c.rx_no_receive)
     };
     send(&with_id);
     until(&b, "IPv4 identification solved", |c| {
-        c.rx_ipv4_id_solved > before.rx_ipv4_id_solved && c.rx_unknown_qpn > unknown_before
+        c.rx_ipv4_id_solved > before.rx_ipv4_id_solved && c.rx_no_receive > no_receive_before
     });
     assert_eq!(b.counters().rx_bad_icrc, icrc_before);
 
@@ -304,14 +308,13 @@ fn hostile_datagrams_are_dropped_and_counted() {
         Headers::new(Bth::new(Opcode::UcSendOnly, qpn_b, 1)),
         b"x",
     ));
-    until(&b, "opcode", |c| {
-        c.rx_bad_state_or_opcode > before.rx_bad_state_or_opcode
-    });
+    until(&b, "opcode", |c| c.rx_bad_opcode > before.rx_bad_opcode);
 
     assert_eq!(
         b.counters().rx_packets - before.rx_packets,
-        4,
-        "only the P_Key, Q_Key, PSN and opcode packets reached a QP"
+        2,
+        "only the rxe-style UD datagram and the out-of-window PSN passed the receive stage \
+         (the PSN check is the transport's)"
     );
     // The connection survives all of it.
     exchange(&a, &b, &qa, &qb, 2);
