@@ -150,10 +150,12 @@ enum Command {
         timeout: u64,
     },
     Relay {
-        /// Where A sends (tell A that B's GID is here).
+        /// Where A sends (tell A that B's GID is here): B's IP address with
+        /// another UDP port, since a connected QP takes packets only from
+        /// its peer's address.
         #[arg(long, value_name = "IP:PORT")]
         near_a: std::net::SocketAddr,
-        /// Where B sends.
+        /// Where B sends: A's IP address with another UDP port.
         #[arg(long, value_name = "IP:PORT")]
         near_b: std::net::SocketAddr,
         /// A's RoCEv2 port.

@@ -13,7 +13,11 @@
 //! the RoCEv2 ICRC covers the IP addresses and UDP ports, a relay that
 //! changes them must sign the packet again for its new flow (as the
 //! test's stand-in for a switch, not a NAT); a datagram that does not
-//! decode as RoCEv2 is forwarded as it is (the receiver drops it).
+//! decode as RoCEv2 is forwarded as it is (the receiver drops it). Each
+//! side of the relay must be bound to the IP address of the end it stands
+//! for (`near_a` to B's, `near_b` to A's; only the UDP port differs): a
+//! connected QP takes packets only from its peer's address, and the UDP
+//! source port is not checked.
 //!
 //! The fault decisions are a sans-IO core ([`Faults`]) with a seeded
 //! generator, so a run is reproducible from its seed; the I/O loop is thin

@@ -97,9 +97,12 @@ fn setup(faults: FaultConfig, retry: u8) -> (Al, End, End, relay::RelayHandle, R
     let al = Al::open().unwrap();
     let a = end(&al, &provider, 0xa7).unwrap();
     let b = end(&al, &provider, 0xb7).unwrap();
+    // Each side of the relay has the IP address of the end it stands for
+    // (a switch, not a NAT): a connected QP takes packets only from its
+    // peer's address (roce_transport::receive).
     let r = relay::spawn(RelayConfig {
-        near_a: "127.0.0.3:0".parse().unwrap(),
-        near_b: "127.0.0.4:0".parse().unwrap(),
+        near_a: "127.0.0.2:0".parse().unwrap(),
+        near_b: "127.0.0.1:0".parse().unwrap(),
         a: a.addr,
         b: b.addr,
         faults,
