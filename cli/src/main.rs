@@ -438,6 +438,13 @@ enum PerfCommand {
         /// CPUs: docs/benchmarks.md, "the bimodal ping-pong").
         #[arg(long)]
         no_pin: bool,
+        /// The ping-pong quiet and while a stranger (127.0.0.77) floods the
+        /// receiving port with 1000-byte bad-ICRC datagrams at full speed,
+        /// aimed at the connection's QP and at QP1, and the raw UDP
+        /// ping-pong quiet and flooded (target: median under flood <= 2x
+        /// quiet; docs/security.md).
+        #[arg(long, conflicts_with_all = ["device", "one_thread"])]
+        flood: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -977,6 +984,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             transport,
             one_thread,
             no_pin,
+            flood,
             json,
             ..
         } => {
@@ -985,6 +993,11 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
                     "send-lat runs on --transport udp only (a soft SEND completes within its post)"
                         .into(),
                 );
+            }
+            if flood {
+                let report = ibal_cli::perf::flood::run_send_lat_flood(iters, !no_pin)?;
+                print_report(json, report.to_json(), report.to_text());
+                return Ok(());
             }
             if one_thread {
                 let report = ibal_cli::perf::udp::run_send_lat_one_thread(iters)?;

@@ -347,7 +347,18 @@ fn perf_send_rate_json() {
 
 #[test]
 fn perf_over_udp_json() {
-    let cases: [(&[&str], &[&str]); 5] = [
+    let cases: [(&[&str], &[&str]); 6] = [
+        (
+            &["perf", "send-lat", "--flood", "--iters", "200", "--json"],
+            &[
+                "quiet_median_us",
+                "floods",
+                "rx_wrong_source",
+                "rx_icrc_unsolved",
+                "udp_flood_median_us",
+                "target_met",
+            ],
+        ),
         (
             &["perf", "send-lat", "--iters", "200", "--json"],
             &[

@@ -4,6 +4,7 @@
 pub mod conn;
 #[cfg(feature = "rdma")]
 pub mod conn_rdma;
+pub mod flood;
 pub mod lookup;
 pub mod placement;
 pub mod udp;

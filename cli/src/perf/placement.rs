@@ -25,6 +25,20 @@ pub fn two_cpus() -> Option<[usize; 2]> {
     }
 }
 
+/// Three CPUs this process may run on; None when it may use fewer.
+pub fn three_cpus() -> Option<[usize; 3]> {
+    #[cfg(target_os = "linux")]
+    {
+        let allowed = rustix::thread::sched_getaffinity(None).ok()?;
+        let mut cpus = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c));
+        Some([cpus.next()?, cpus.next()?, cpus.next()?])
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
 /// Pins the calling thread to `cpu` for the rest of its life (a
 /// contender's own thread). A refused pin (a CPU taken away meanwhile)
 /// only costs the placement, not the measurement.

@@ -56,16 +56,19 @@ fn err(what: &'static str) -> impl FnOnce(Error) -> String {
 }
 
 /// Two RoCE ports on loopback with an RC QP each, connected by hand.
-struct Pair {
-    al: Al,
-    ends: [End; 2],
+pub(super) struct Pair {
+    pub(super) al: Al,
+    pub(super) ends: [End; 2],
 }
 
-struct End {
-    cq: Handle<Cq>,
-    qp: Handle<Qp>,
+pub(super) struct End {
+    pub(super) ca: Handle<Ca>,
+    pub(super) cq: Handle<Cq>,
+    pub(super) qp: Handle<Qp>,
     lkey: u32,
     rkey: u32,
+    /// The UDP address of its RoCEv2 port (our provider only).
+    pub(super) addr: Option<SocketAddr>,
 }
 
 /// Where a benchmark's two ends run.
@@ -78,11 +81,13 @@ pub enum Target {
     Device(String),
 }
 
-/// How one end is reached: by LID (InfiniBand) or by GID at an index.
+/// How one end is reached: by LID (InfiniBand) or by GID at an index;
+/// and, on our RoCEv2 provider, the UDP address of its port.
 #[derive(Clone, Copy)]
 struct Route {
     lid: u16,
     gid: Option<([u8; 16], u8)>,
+    addr: Option<SocketAddr>,
 }
 
 impl Pair {
@@ -112,7 +117,14 @@ impl Pair {
                 .map_err(err("register"))?;
             routes.push(route);
             // The MR keeps the buffer's memory alive.
-            ends.push(End { cq, qp, lkey, rkey });
+            ends.push(End {
+                ca,
+                cq,
+                qp,
+                lkey,
+                rkey,
+                addr: route.addr,
+            });
         }
         let qpns: Vec<u32> = ends
             .iter()
@@ -151,6 +163,7 @@ fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
                     Route {
                         lid: 0,
                         gid: Some((gid, 0)),
+                        addr: Some(provider.address_of(&gid)),
                     },
                 ));
             }
@@ -173,6 +186,7 @@ fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
                     Route {
                         lid: port.lid,
                         gid: None,
+                        addr: None,
                     }
                 } else {
                     // RoCE: the first IPv4-mapped GID (RoCEv2 over IPv4),
@@ -185,6 +199,7 @@ fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
                     Route {
                         lid: 0,
                         gid: Some((port.gid_table[idx], idx as u8)),
+                        addr: None,
                     }
                 };
                 cas.push((ca, route));
@@ -290,7 +305,7 @@ fn recv_wr(sge: &[Sge; 1], wr_id: u64) -> RecvWr<'_> {
 }
 
 /// A UDP socket pair on 127.0.0.1 / 127.0.0.2, each with a read timeout.
-fn udp_pair() -> BenchResult<(UdpSocket, UdpSocket)> {
+pub(super) fn udp_pair() -> BenchResult<(UdpSocket, UdpSocket)> {
     let bind = |ip: &str| -> BenchResult<UdpSocket> {
         let s = UdpSocket::bind((ip, 0)).map_err(|e| format!("bind {ip}: {e}"))?;
         // The buffers the provider asks for on its sockets, so both sides
@@ -305,7 +320,7 @@ fn udp_pair() -> BenchResult<(UdpSocket, UdpSocket)> {
     Ok((bind("127.0.0.1")?, bind("127.0.0.2")?))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(super) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
@@ -555,11 +570,11 @@ pub fn run_send_lat_one_thread(iters: u32) -> BenchResult<OneThreadReport> {
 
 /// A ping-pong's send (offset 0) and receive (offset [`MSG`]) SGEs of one
 /// end.
-type PingSges = ([Sge; 1], [Sge; 1]);
+pub(super) type PingSges = ([Sge; 1], [Sge; 1]);
 
 /// The two ends of a [`MSG`]-byte ping-pong on `target`: the pair, each
 /// end's SGEs, and 64 receives posted on each.
-fn pingpong_pair(target: &Target) -> BenchResult<(Pair, [PingSges; 2])> {
+pub(super) fn pingpong_pair(target: &Target) -> BenchResult<(Pair, [PingSges; 2])> {
     const DEPTH: u32 = 64;
     let pair = Pair::on(target, Mtu::Mtu1024, 2 * MSG, DEPTH)?;
     let sges = pair.ends.each_ref().map(|e| {
@@ -580,8 +595,20 @@ fn pingpong_pair(target: &Target) -> BenchResult<(Pair, [PingSges; 2])> {
 }
 
 fn roce_pingpong(target: &Target, iters: u32, cpus: Option<[usize; 2]>) -> BenchResult<(f64, f64)> {
-    let (pair, [(a_send, a_recv), (b_send, b_recv)]) = pingpong_pair(target)?;
-    let Pair { al, ends: [a, b] } = &pair;
+    let (pair, sges) = pingpong_pair(target)?;
+    roce_pingpong_on(&pair, sges, iters, cpus)
+}
+
+/// `iters` round trips of a [`MSG`]-byte SEND ping-pong on `pair` (made
+/// by [`pingpong_pair`], with its SGEs): the median and mean round trip,
+/// us.
+pub(super) fn roce_pingpong_on(
+    pair: &Pair,
+    [(a_send, a_recv), (b_send, b_recv)]: [PingSges; 2],
+    iters: u32,
+    cpus: Option<[usize; 2]>,
+) -> BenchResult<(f64, f64)> {
+    let Pair { al, ends: [a, b] } = pair;
     let echo = {
         let (al, qp, cq) = (Arc::clone(al), b.qp, b.cq);
         std::thread::spawn(move || -> BenchResult<()> {
@@ -658,6 +685,21 @@ fn recv_one(s: &UdpSocket, buf: &mut [u8], busy: bool) -> std::io::Result<(usize
 
 fn udp_pingpong(iters: u32, busy: bool, cpus: Option<[usize; 2]>) -> BenchResult<(f64, f64)> {
     let (a, b) = udp_pair()?;
+    udp_pingpong_on(a, b, iters, busy, cpus)
+}
+
+/// `iters` round trips of an [`SEND_DATAGRAM`]-byte ping-pong between the
+/// sockets `a` and `b` (blocking, or `busy`-polled); the echo answers only
+/// datagrams from `a`'s address (others, a flood's, are taken and
+/// dropped, as the RoCE port's receive stage drops them). Median and mean
+/// round trip, us.
+pub(super) fn udp_pingpong_on(
+    a: UdpSocket,
+    b: UdpSocket,
+    iters: u32,
+    busy: bool,
+    cpus: Option<[usize; 2]>,
+) -> BenchResult<(f64, f64)> {
     for s in [&a, &b] {
         s.set_nonblocking(busy).map_err(|e| e.to_string())?;
     }
@@ -668,9 +710,13 @@ fn udp_pingpong(iters: u32, busy: bool, cpus: Option<[usize; 2]>) -> BenchResult
     let echo = std::thread::spawn(move || -> BenchResult<()> {
         pin_echo(cpus);
         let mut buf = [0u8; 2048];
-        for _ in 0..iters {
+        let mut answered = 0;
+        while answered < iters {
             let (n, from) = recv_one(&b, &mut buf, busy).map_err(|e| format!("echo recv: {e}"))?;
-            b.send_to(&buf[..n], from).map_err(|e| e.to_string())?;
+            if from == a_addr {
+                b.send_to(&buf[..n], from).map_err(|e| e.to_string())?;
+                answered += 1;
+            }
         }
         Ok(())
     });
