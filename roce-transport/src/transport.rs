@@ -544,13 +544,25 @@ impl<R: Clone> Transport<R> {
     }
 
     /// Moves the QP to ERR: every outstanding send and receive completes
-    /// with WR_FLUSH_ERR, nothing more is sent.
+    /// with WR_FLUSH_ERR, no request is sent or served any more. Answers
+    /// the responder owes for requests it already executed still leave
+    /// ([`Transport::enter_error`]).
     pub fn set_error(&mut self) {
         self.enter_error(None);
     }
 
     /// Enters ERR: the head send completes with `status` (when given),
     /// everything else is flushed.
+    ///
+    /// The responder's answer queue is kept: the READ responses, atomic
+    /// ACKs and ACKs queued there answer requests already executed (their
+    /// memory effects happened), and a NAK a responder error queues next
+    /// must follow them in PSN order (IBTA vol. 1 ch. 9: a requester takes
+    /// the NAK as an implied ACK of everything before it, so a READ or
+    /// atomic before it whose response was dropped here could only be
+    /// retried into a QP in ERR, and would end RETRY_EXC_ERR). Nothing new
+    /// is queued in ERR (packets are dropped on arrival), so the queue
+    /// drains and stays bounded as before.
     pub(crate) fn enter_error(&mut self, head_status: Option<WcStatus>) {
         if let Some(status) = head_status {
             if let Some(w) = self.sq.wqes.pop_front() {
@@ -571,9 +583,8 @@ impl<R: Clone> Transport<R> {
         while let Some(w) = self.resp.rq.pop_front() {
             self.flush_recv(w);
         }
-        self.resp.out.clear();
-        self.resp.rd_jobs = 0;
-        self.resp.replay_jobs = 0;
+        // Duplicates are no longer answered in ERR: the replay cache
+        // goes. The answer queue and its job counts stay (see above).
         self.resp.replay.clear();
     }
 

@@ -1,0 +1,273 @@
+//! RC error paths: what a responder error, a NAK or the retry limit owes
+//! the peer and the application (answers, completions, refusals).
+
+mod common;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use common::workload::{Kind, Workload, DST, RBUF, RECV, SRC};
+use common::{Net, TestMem};
+use provider::{Access, Mtu, QpState, RecvWr, SendOp, SendWr, Sge, WcStatus};
+use roce::{Aeth, AtomicEth, Bth, Endpoints, Headers, Opcode, Packet, Reth, Syndrome};
+use roce_transport::{Config, Source, Transmit, Transport};
+
+const NOW: Duration = Duration::from_secs(1);
+
+/// The `Source` of packets from the peer (192.0.2.2) to us (192.0.2.1).
+fn peer() -> Source {
+    let ep = Endpoints::new(
+        "192.0.2.2:49152".parse().unwrap(),
+        "192.0.2.1:4791".parse().unwrap(),
+    )
+    .unwrap();
+    common::source(&ep)
+}
+
+fn deliver(t: &mut Transport<()>, mem: &mut TestMem, h: Headers, payload: &[u8]) {
+    t.handle_packet(NOW, &peer(), &Packet::new(h, payload), mem);
+}
+
+fn drain(t: &mut Transport<()>, mem: &mut TestMem) -> Vec<Transmit<()>> {
+    std::iter::from_fn(|| t.poll_transmit(NOW, mem)).collect()
+}
+
+/// (opcode, PSN, NAK code if a NAK) of each packet.
+fn shape(out: &[Transmit<()>]) -> Vec<(Opcode, u32, Option<roce::NakCode>)> {
+    out.iter()
+        .map(|t| {
+            let nak = match t.headers.aeth.map(|a| a.syndrome) {
+                Some(Syndrome::Nak(code)) => Some(code),
+                _ => None,
+            };
+            (t.headers.bth.opcode, t.headers.bth.psn, nak)
+        })
+        .collect()
+}
+
+fn read_request(qpn: u32, psn: u32, rkey: u32, va: u64, len: u32) -> Headers {
+    let mut h = Headers::new(Bth::new(Opcode::RcReadRequest, qpn, psn));
+    h.reth = Some(Reth {
+        va,
+        rkey,
+        dma_len: len,
+    });
+    h
+}
+
+fn fetch_add(qpn: u32, psn: u32, rkey: u32, va: u64) -> Headers {
+    let mut h = Headers::new(Bth::new(Opcode::RcFetchAdd, qpn, psn));
+    h.atomic_eth = Some(AtomicEth {
+        va,
+        rkey,
+        swap_add: 1,
+        compare: 0,
+    });
+    h.bth.ack_req = true;
+    h
+}
+
+/// Records the opcode, PSN and NAK code of every packet side `from`
+/// sends through the network's script (dropping none).
+fn record(net: &mut Net, from: usize) -> Rc<RefCell<Vec<(Opcode, u32, Option<roce::NakCode>)>>> {
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let log = Rc::clone(&seen);
+    net.script = Some(Box::new(move |side, _, p| {
+        if side == from {
+            let nak = match p.headers.aeth.map(|a| a.syndrome) {
+                Some(Syndrome::Nak(code)) => Some(code),
+                _ => None,
+            };
+            log.borrow_mut()
+                .push((p.headers.bth.opcode, p.headers.bth.psn, nak));
+        }
+        true
+    }));
+    seen
+}
+
+/// A READ, an atomic and a SEND executed in the same receive batch as a
+/// WRITE with a bad R_Key: their answers leave before the WRITE's NAK, in
+/// PSN order, so the READ and the atomic succeed (their data and original
+/// value land), the SEND succeeds, the WRITE completes REM_ACCESS_ERR and
+/// the SEND behind it is flushed. No retry is needed. (The responder used
+/// to drop its queued answers when it went to ERR: the READ was retried
+/// into a QP in ERR and ended RETRY_EXC_ERR after 8 timeouts.)
+#[test]
+fn answers_executed_before_a_responder_error_leave_before_its_nak() {
+    use roce::NakCode::RemoteAccessError as Access;
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 31);
+    let w = Workload::new(
+        &mut net,
+        &[
+            (Kind::Read, 3000),
+            (Kind::Fadd, 8),
+            (Kind::Send, 10),
+            (Kind::Write, 100),
+            (Kind::Send, 10),
+        ],
+    );
+    let sent = record(&mut net, 1);
+    for i in [2, 4] {
+        let m = &w.msgs[i];
+        let sge = [Sge {
+            addr: RECV + m.dst_off,
+            length: m.len,
+            lkey: w.keys.recv,
+        }];
+        let wr = RecvWr {
+            wr_id: 1000 + i as u64,
+            sg_list: &sge,
+        };
+        net.sides[1].t.post_recv(&wr).unwrap();
+    }
+    for i in [0, 1, 2] {
+        w.post_one(&mut net, i, &w.msgs[i]);
+    }
+    let sg = [Sge {
+        addr: SRC + w.msgs[3].src_off,
+        length: 100,
+        lkey: w.keys.src,
+    }];
+    let bad = SendOp::Write {
+        remote_addr: DST + w.msgs[3].dst_off,
+        rkey: 0xdead,
+    };
+    let s = &mut net.sides[0];
+    s.t.post_send(&SendWr::new(3, bad, &sg), &mut s.mem).unwrap();
+    w.post_one(&mut net, 4, &w.msgs[4]);
+
+    assert!(w.run(&mut net, Duration::from_secs(10)));
+    let statuses: Vec<_> = net.sides[0].wcs.iter().map(|w| w.status).collect();
+    use WcStatus::*;
+    assert_eq!(
+        statuses,
+        [Success, Success, Success, RemoteAccessError, WrFlushError]
+    );
+    // The READ's bytes and the atomic's original value arrived.
+    let m = w.msgs[0];
+    let want = common::pattern(2, 3000);
+    assert!(net.sides[0].mem.read(w.keys.rbuf, RBUF + m.src_off, 3000) == want);
+    let m = w.msgs[1];
+    assert_eq!(
+        net.sides[0].mem.read(w.keys.rbuf, RBUF + m.src_off, 8),
+        1000u64.to_ne_bytes()
+    );
+    assert_eq!(net.sides[0].t.counters().retries, 0, "nothing was retried");
+    // The responder answered in PSN order, the NAK last, and went to ERR.
+    assert_eq!(
+        *sent.borrow(),
+        [
+            (Opcode::RcReadResponseFirst, 0, None),
+            (Opcode::RcReadResponseMiddle, 1, None),
+            (Opcode::RcReadResponseLast, 2, None),
+            (Opcode::RcAtomicAck, 3, None),
+            (Opcode::RcAck, 4, None),
+            (Opcode::RcAck, 5, Some(Access)),
+        ]
+    );
+    assert_eq!(net.sides[1].t.state(), QpState::Err);
+    let recvs: Vec<_> = net.sides[1]
+        .wcs
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(recvs, [(1002, Success), (1004, WrFlushError)]);
+}
+
+/// A QP's own requester error (here a NAK for its SEND) and a move to ERR
+/// by the application leave the answers its responder owes for requests
+/// it already executed: a READ served before the error still gets its
+/// response.
+#[test]
+fn answers_owed_survive_a_requester_error_and_set_error() {
+    for how in ["nak", "set_error"] {
+        let mut mem = TestMem::default();
+        let (src, _) = mem.register(0x1000, 64, Access::NONE);
+        let (_, rkey) = mem.register(0x9000, 64, Access::REMOTE_READ);
+        mem.write(rkey, 0x9000, &[7; 64]);
+        let mut t: Transport<()> = Transport::new(Config::rc(0x11, 0x22)).unwrap();
+        let sge = [Sge {
+            addr: 0x1000,
+            length: 16,
+            lkey: src,
+        }];
+        t.post_send(&SendWr::new(1, SendOp::Send, &sge), &mut mem)
+            .unwrap();
+        let send = drain(&mut t, &mut mem);
+        assert_eq!(shape(&send), [(Opcode::RcSendOnly, 0, None)]);
+        // The peer's READ is executed: its response is queued.
+        deliver(&mut t, &mut mem, read_request(0x11, 0, rkey, 0x9000, 64), &[]);
+        match how {
+            "nak" => {
+                let mut nak = Headers::new(Bth::new(Opcode::RcAck, 0x11, 0));
+                nak.aeth = Some(Aeth {
+                    syndrome: Syndrome::Nak(roce::NakCode::RemoteOperationalError),
+                    msn: 0,
+                });
+                deliver(&mut t, &mut mem, nak, &[]);
+                let wc = t.poll_completion().unwrap();
+                assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RemoteOpError));
+            }
+            _ => t.set_error(),
+        }
+        assert_eq!(t.state(), QpState::Err, "{how}");
+        let out = drain(&mut t, &mut mem);
+        assert_eq!(
+            shape(&out),
+            [(Opcode::RcReadResponseOnly, 0, None)],
+            "{how}: the READ still gets its response"
+        );
+        assert_eq!(&out[0].payload[..], &[7; 64]);
+        // Nothing new is served in ERR.
+        deliver(&mut t, &mut mem, read_request(0x11, 1, rkey, 0x9000, 8), &[]);
+        assert!(drain(&mut t, &mut mem).is_empty(), "{how}");
+    }
+}
+
+/// The responder answers directly (no network): READ, atomic, SEND and a
+/// malformed request in one batch leave as READ response, atomic ACK,
+/// ACK, NAK invalid request, and the atomic ran once.
+#[test]
+fn a_batch_ending_in_an_invalid_request_is_answered_in_psn_order() {
+    let mut mem = TestMem::default();
+    let (_, rkey) = mem.register(
+        0x9000,
+        4096,
+        Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+    );
+    let (recv, _) = mem.register(0x5000, 64, Access::LOCAL_WRITE);
+    let mut t: Transport<()> = Transport::new(Config::rc(0x22, 0x11)).unwrap();
+    let sge = [Sge {
+        addr: 0x5000,
+        length: 64,
+        lkey: recv,
+    }];
+    t.post_recv(&RecvWr {
+        wr_id: 9,
+        sg_list: &sge,
+    })
+    .unwrap();
+    deliver(&mut t, &mut mem, read_request(0x22, 0, rkey, 0x9000, 100), &[]);
+    deliver(&mut t, &mut mem, fetch_add(0x22, 1, rkey, 0x9100), &[]);
+    let mut send = Headers::new(Bth::new(Opcode::RcSendOnly, 0x22, 2));
+    send.bth.ack_req = true;
+    deliver(&mut t, &mut mem, send, b"hello");
+    // An atomic at an unaligned address: invalid request (class C).
+    deliver(&mut t, &mut mem, fetch_add(0x22, 3, rkey, 0x9204), &[]);
+    let out = drain(&mut t, &mut mem);
+    assert_eq!(
+        shape(&out),
+        [
+            (Opcode::RcReadResponseOnly, 0, None),
+            (Opcode::RcAtomicAck, 1, None),
+            (Opcode::RcAck, 2, None),
+            (Opcode::RcAck, 3, Some(roce::NakCode::InvalidRequest)),
+        ]
+    );
+    assert_eq!(t.state(), QpState::Err);
+    assert_eq!(mem.read(rkey, 0x9100, 8), 1u64.to_ne_bytes());
+    let wc = t.poll_completion().unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (9, WcStatus::Success, 5));
+}
