@@ -646,7 +646,13 @@ impl<R: Clone> Transport<R> {
         if last {
             if let Some(ieth) = h.ieth {
                 if mem.invalidate(ieth.rkey).is_err() {
-                    self.resp.cur = None;
+                    // The message landed but names no key this QP may
+                    // invalidate: its receive completes in error
+                    // (REM_INV_REQ_ERR, as rxe's class J) rather than
+                    // vanish with the message, then NAK and ERR.
+                    if let Some(InMsg::Send { wqe, .. }) = self.resp.cur.take() {
+                        self.recv_error(wqe, WcStatus::RemoteInvalidRequest);
+                    }
                     return Err(Fail::Nak(NakCode::InvalidRequest));
                 }
             }

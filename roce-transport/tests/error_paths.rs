@@ -135,7 +135,8 @@ fn answers_executed_before_a_responder_error_leave_before_its_nak() {
         rkey: 0xdead,
     };
     let s = &mut net.sides[0];
-    s.t.post_send(&SendWr::new(3, bad, &sg), &mut s.mem).unwrap();
+    s.t.post_send(&SendWr::new(3, bad, &sg), &mut s.mem)
+        .unwrap();
     w.post_one(&mut net, 4, &w.msgs[4]);
 
     assert!(w.run(&mut net, Duration::from_secs(10)));
@@ -198,7 +199,12 @@ fn answers_owed_survive_a_requester_error_and_set_error() {
         let send = drain(&mut t, &mut mem);
         assert_eq!(shape(&send), [(Opcode::RcSendOnly, 0, None)]);
         // The peer's READ is executed: its response is queued.
-        deliver(&mut t, &mut mem, read_request(0x11, 0, rkey, 0x9000, 64), &[]);
+        deliver(
+            &mut t,
+            &mut mem,
+            read_request(0x11, 0, rkey, 0x9000, 64),
+            &[],
+        );
         match how {
             "nak" => {
                 let mut nak = Headers::new(Bth::new(Opcode::RcAck, 0x11, 0));
@@ -221,7 +227,12 @@ fn answers_owed_survive_a_requester_error_and_set_error() {
         );
         assert_eq!(&out[0].payload[..], &[7; 64]);
         // Nothing new is served in ERR.
-        deliver(&mut t, &mut mem, read_request(0x11, 1, rkey, 0x9000, 8), &[]);
+        deliver(
+            &mut t,
+            &mut mem,
+            read_request(0x11, 1, rkey, 0x9000, 8),
+            &[],
+        );
         assert!(drain(&mut t, &mut mem).is_empty(), "{how}");
     }
 }
@@ -249,7 +260,12 @@ fn a_batch_ending_in_an_invalid_request_is_answered_in_psn_order() {
         sg_list: &sge,
     })
     .unwrap();
-    deliver(&mut t, &mut mem, read_request(0x22, 0, rkey, 0x9000, 100), &[]);
+    deliver(
+        &mut t,
+        &mut mem,
+        read_request(0x22, 0, rkey, 0x9000, 100),
+        &[],
+    );
     deliver(&mut t, &mut mem, fetch_add(0x22, 1, rkey, 0x9100), &[]);
     let mut send = Headers::new(Bth::new(Opcode::RcSendOnly, 0x22, 2));
     send.bth.ack_req = true;
@@ -269,5 +285,113 @@ fn a_batch_ending_in_an_invalid_request_is_answered_in_psn_order() {
     assert_eq!(t.state(), QpState::Err);
     assert_eq!(mem.read(rkey, 0x9100, 8), 1u64.to_ne_bytes());
     let wc = t.poll_completion().unwrap();
-    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (9, WcStatus::Success, 5));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (9, WcStatus::Success, 5)
+    );
+}
+
+/// Memory whose `invalidate` refuses every key (as a provider does for a
+/// key that is not a memory window or MR this QP may invalidate).
+struct NoInvalidate(TestMem);
+
+impl roce_transport::Memory for NoInvalidate {
+    fn check_local(&mut self, s: &[Sge], need: Access) -> Result<u64, roce_transport::MemError> {
+        self.0.check_local(s, need)
+    }
+    fn gather(
+        &mut self,
+        s: &[Sge],
+        off: u64,
+        out: &mut [u8],
+    ) -> Result<(), roce_transport::MemError> {
+        self.0.gather(s, off, out)
+    }
+    fn scatter(
+        &mut self,
+        s: &[Sge],
+        off: u64,
+        data: &[u8],
+    ) -> Result<(), roce_transport::MemError> {
+        self.0.scatter(s, off, data)
+    }
+    fn check_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(), roce_transport::MemError> {
+        self.0.check_remote(rkey, va, len, need)
+    }
+    fn write_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        data: &[u8],
+    ) -> Result<(), roce_transport::MemError> {
+        self.0.write_remote(rkey, va, data)
+    }
+    fn read_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        out: &mut [u8],
+    ) -> Result<(), roce_transport::MemError> {
+        self.0.read_remote(rkey, va, out)
+    }
+    fn atomic(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        op: roce_transport::AtomicOp,
+    ) -> Result<u64, roce_transport::MemError> {
+        self.0.atomic(rkey, va, op)
+    }
+    fn invalidate(&mut self, _rkey: u32) -> Result<(), roce_transport::MemError> {
+        Err(roce_transport::MemError::BadKey)
+    }
+}
+
+/// A SEND with invalidate whose R_Key cannot be invalidated: the receive
+/// it landed in completes REM_INV_REQ_ERR (it used to vanish: no
+/// completion at all), the requester gets a NAK invalid request, the QP
+/// goes to ERR and the next receive is flushed.
+#[test]
+fn a_send_with_a_bad_invalidate_key_completes_its_receive_in_error() {
+    use roce::Ieth;
+    let mut mem = NoInvalidate(TestMem::default());
+    let (recv, _) = mem.0.register(0x5000, 64, Access::LOCAL_WRITE);
+    let mut t: Transport<()> = Transport::new(Config::rc(0x22, 0x11)).unwrap();
+    for (wr_id, at) in [(9, 0x5000), (10, 0x5020)] {
+        let sge = [Sge {
+            addr: at,
+            length: 32,
+            lkey: recv,
+        }];
+        t.post_recv(&RecvWr {
+            wr_id,
+            sg_list: &sge,
+        })
+        .unwrap();
+    }
+    let mut h = Headers::new(Bth::new(Opcode::RcSendOnlyInvalidate, 0x22, 0));
+    h.ieth = Some(Ieth { rkey: 0x4242 });
+    t.handle_packet(NOW, &peer(), &Packet::new(h, b"hi"), &mut mem);
+    let out: Vec<_> = std::iter::from_fn(|| t.poll_transmit(NOW, &mut mem)).collect();
+    assert_eq!(
+        shape(&out),
+        [(Opcode::RcAck, 0, Some(roce::NakCode::InvalidRequest))]
+    );
+    assert_eq!(t.state(), QpState::Err);
+    let wcs: Vec<_> = std::iter::from_fn(|| t.poll_completion())
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(
+        wcs,
+        [
+            (9, WcStatus::RemoteInvalidRequest),
+            (10, WcStatus::WrFlushError)
+        ]
+    );
 }
