@@ -877,10 +877,19 @@ impl<R: Clone> Transport<R> {
                         .read_remote(*rkey, va.wrapping_add(u64::from(off)), &mut data)
                         .is_err()
                 {
-                    // The region went away under the READ.
+                    // The region went away under the READ (deregistered
+                    // since the request was checked): the class C error
+                    // the check would have found, so NAK remote access and
+                    // go to ERR, as after any such NAK. The requester goes
+                    // to ERR on the NAK; a responder left in RTS would go
+                    // on serving a peer that can no longer talk to it.
                     let msn = *msn;
                     if let Some(job) = self.resp.out.pop_front() {
                         self.resp.job_done(&job);
+                    }
+                    self.counters.naks_sent += 1;
+                    if self.state == QpState::Rts {
+                        self.enter_error(None);
                     }
                     let mut h = Headers::new(Bth::new(Opcode::RcAck, dest, p));
                     h.aeth = Some(Aeth {

@@ -395,3 +395,53 @@ fn a_send_with_a_bad_invalidate_key_completes_its_receive_in_error() {
         ]
     );
 }
+
+/// The region under a READ goes away between its check and its
+/// response: the responder NAKs remote access at the response's PSN and,
+/// as after any class C NAK, goes to ERR (it used to stay in RTS serving
+/// a peer the NAK had put in ERR). The answer owed to the SEND executed
+/// after the READ still leaves.
+#[test]
+fn a_read_whose_region_goes_before_its_response_naks_and_ends_in_err() {
+    let mut mem = TestMem::default();
+    let (_, rkey) = mem.register(0x9000, 4096, Access::REMOTE_READ);
+    let (recv, _) = mem.register(0x5000, 64, Access::LOCAL_WRITE);
+    let mut t: Transport<()> = Transport::new(Config::rc(0x22, 0x11)).unwrap();
+    let sge = [Sge {
+        addr: 0x5000,
+        length: 64,
+        lkey: recv,
+    }];
+    t.post_recv(&RecvWr {
+        wr_id: 9,
+        sg_list: &sge,
+    })
+    .unwrap();
+    deliver(
+        &mut t,
+        &mut mem,
+        read_request(0x22, 0, rkey, 0x9000, 2000),
+        &[],
+    );
+    let mut send = Headers::new(Bth::new(Opcode::RcSendOnly, 0x22, 2));
+    send.bth.ack_req = true;
+    deliver(&mut t, &mut mem, send, b"hello");
+    mem.regions.retain(|r| r.rkey != rkey);
+    let out = drain(&mut t, &mut mem);
+    assert_eq!(
+        shape(&out),
+        [
+            (Opcode::RcAck, 0, Some(roce::NakCode::RemoteAccessError)),
+            (Opcode::RcAck, 2, None),
+        ]
+    );
+    assert_eq!(t.state(), QpState::Err);
+    assert_eq!(t.counters().naks_sent, 1);
+    deliver(
+        &mut t,
+        &mut mem,
+        read_request(0x22, 3, rkey, 0x9000, 8),
+        &[],
+    );
+    assert!(drain(&mut t, &mut mem).is_empty(), "nothing served in ERR");
+}
