@@ -445,3 +445,55 @@ fn a_read_whose_region_goes_before_its_response_naks_and_ends_in_err() {
     );
     assert!(drain(&mut t, &mut mem).is_empty(), "nothing served in ERR");
 }
+
+/// The status a SEND completes with when the responder NAKs it with
+/// `code`.
+fn status_after_nak(code: roce::NakCode) -> WcStatus {
+    let mut mem = TestMem::default();
+    let (src, _) = mem.register(0x1000, 64, Access::NONE);
+    let mut t: Transport<()> = Transport::new(Config::rc(0x11, 0x22)).unwrap();
+    let sge = [Sge {
+        addr: 0x1000,
+        length: 16,
+        lkey: src,
+    }];
+    for wr_id in [1, 2] {
+        t.post_send(&SendWr::new(wr_id, SendOp::Send, &sge), &mut mem)
+            .unwrap();
+    }
+    assert_eq!(drain(&mut t, &mut mem).len(), 2);
+    let mut nak = Headers::new(Bth::new(Opcode::RcAck, 0x11, 0));
+    nak.aeth = Some(Aeth {
+        syndrome: Syndrome::Nak(code),
+        msn: 0,
+    });
+    deliver(&mut t, &mut mem, nak, &[]);
+    assert_eq!(t.state(), QpState::Err, "{code:?}");
+    let wcs: Vec<_> = std::iter::from_fn(|| t.poll_completion())
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(wcs[1], (2, WcStatus::WrFlushError), "{code:?}");
+    wcs[0].1
+}
+
+/// NAK codes map to completion statuses as rxe maps them: invalid
+/// request, remote access error and remote operational error to their
+/// own statuses, and a code an RC requester has no meaning for (invalid
+/// RD request) to REM_OP_ERR (it used to be REM_INV_REQ_ERR).
+#[test]
+fn nak_codes_complete_with_their_status_and_unknown_ones_rem_op_err() {
+    use roce::NakCode::*;
+    assert_eq!(
+        status_after_nak(InvalidRequest),
+        WcStatus::RemoteInvalidRequest
+    );
+    assert_eq!(
+        status_after_nak(RemoteAccessError),
+        WcStatus::RemoteAccessError
+    );
+    assert_eq!(
+        status_after_nak(RemoteOperationalError),
+        WcStatus::RemoteOpError
+    );
+    assert_eq!(status_after_nak(InvalidRdRequest), WcStatus::RemoteOpError);
+}
