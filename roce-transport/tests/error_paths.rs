@@ -497,3 +497,32 @@ fn nak_codes_complete_with_their_status_and_unknown_ones_rem_op_err() {
     );
     assert_eq!(status_after_nak(InvalidRdRequest), WcStatus::RemoteOpError);
 }
+
+/// retry_cnt 7 means seven retries (IBTA vol. 1 §9.7.6.1.3: the count
+/// of retries after the first try), not "retry forever" as Linux rxe
+/// reads it: a SEND that nobody answers goes out 8 times, one timeout
+/// apart, and then completes RETRY_EXC_ERR.
+#[test]
+fn retry_cnt_7_is_seven_retries_then_retry_exceeded() {
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 32);
+    for s in &mut net.sides {
+        let mut cfg = *s.t.config();
+        assert_eq!(cfg.retry_cnt, 7);
+        cfg.timeout = 10; // 4.2 ms
+        s.t = Transport::new(cfg).unwrap();
+    }
+    net.cut = [true, false];
+    let w = Workload::new(&mut net, &[(Kind::Send, 10)]);
+    w.post_one(&mut net, 0, &w.msgs[0]);
+    let t0 = net.now;
+    assert!(w.run(&mut net, Duration::from_secs(60)));
+    let wc = net.sides[0].wcs[0];
+    assert_eq!((wc.wr_id, wc.status), (0, WcStatus::RetryExceeded));
+    assert_eq!(net.sides[0].t.counters().retries, 7);
+    assert_eq!(net.sent, 8, "the first try and seven retries");
+    let to = roce_transport::timers::ack_timeout(10).unwrap();
+    let took = net.now - t0;
+    assert!(took >= to * 8 && took < to * 9, "{took:?}");
+    assert_eq!(net.sides[0].t.state(), QpState::Err);
+    assert_eq!(net.sides[0].t.poll_timeout(), None, "no retry after that");
+}
