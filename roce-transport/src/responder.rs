@@ -123,7 +123,8 @@ pub(crate) struct Responder {
     /// counted against the requester's limit: a late duplicate may be
     /// replayed after the requester has its answer and moved on.
     pub replay_jobs: usize,
-    /// Size of the replay cache and of the READ/atomic job limit.
+    /// Size of the replay cache and of the READ/atomic job limit
+    /// (`max_dest_rd_atomic`; 0: READs and atomics are refused).
     pub resources: usize,
 }
 
@@ -140,7 +141,9 @@ impl Responder {
             replay: VecDeque::new(),
             rd_jobs: 0,
             replay_jobs: 0,
-            resources: usize::from(cfg.max_dest_rd_atomic.max(1)),
+            // 0 is none (IBTA): every READ and atomic is then NAKed as an
+            // invalid request, as a responder that offered no resources.
+            resources: usize::from(cfg.max_dest_rd_atomic),
         }
     }
 

@@ -526,3 +526,158 @@ fn retry_cnt_7_is_seven_retries_then_retry_exceeded() {
     assert_eq!(net.sides[0].t.state(), QpState::Err);
     assert_eq!(net.sides[0].t.poll_timeout(), None, "no retry after that");
 }
+
+/// An RC pair whose A has `max_rd_atomic` `ra` and B `max_dest_rd_atomic`
+/// `rb`, with the usual workload memory for `kinds`.
+fn depth_pair(ra: u8, rb: u8, kinds: &[(Kind, u32)]) -> (Net, Workload) {
+    let mut a = Config::rc(0x11, 0x22);
+    let mut b = Config::rc(0x22, 0x11);
+    a.max_rd_atomic = ra;
+    b.max_dest_rd_atomic = rb;
+    let mut net = Net::new(a, b, 33);
+    let w = Workload::new(&mut net, kinds);
+    (net, w)
+}
+
+/// `max_rd_atomic` 0 means no READ or atomic may be outstanding (IBTA),
+/// not one: post_send refuses them with an error and the QP is
+/// unchanged (no PSN taken, no completion, still RTS: a SEND after them
+/// goes through). With 1 the same READ succeeds.
+#[test]
+fn max_rd_atomic_0_refuses_read_and_atomics_at_post() {
+    let kinds = [
+        (Kind::Read, 64),
+        (Kind::Cas, 8),
+        (Kind::Fadd, 8),
+        (Kind::Send, 10),
+    ];
+    let (mut net, w) = depth_pair(0, 16, &kinds);
+    let psn = net.sides[0].t.next_send_psn();
+    for op in [
+        SendOp::Read {
+            remote_addr: DST,
+            rkey: w.keys.dst_r,
+        },
+        SendOp::CompareSwap {
+            remote_addr: DST,
+            rkey: w.keys.dst_r,
+            compare: 0,
+            swap: 1,
+        },
+        SendOp::FetchAdd {
+            remote_addr: DST,
+            rkey: w.keys.dst_r,
+            add: 1,
+        },
+    ] {
+        let sge = [Sge {
+            addr: RBUF,
+            length: 8,
+            lkey: w.keys.rbuf,
+        }];
+        let s = &mut net.sides[0];
+        let r = s.t.post_send(&SendWr::new(7, op, &sge), &mut s.mem);
+        assert!(
+            matches!(r, Err(roce_transport::Error::InvalidWr(_))),
+            "{op:?}: {r:?}"
+        );
+    }
+    assert_eq!(net.sides[0].t.next_send_psn(), psn, "no PSN taken");
+    assert_eq!(net.sides[0].t.state(), QpState::Rts);
+    assert!(net.sides[0].t.poll_completion().is_none());
+    // The QP goes on: a SEND is delivered.
+    let m = w.msgs[3];
+    let sge = [Sge {
+        addr: RECV + m.dst_off,
+        length: m.len,
+        lkey: w.keys.recv,
+    }];
+    net.sides[1]
+        .t
+        .post_recv(&RecvWr {
+            wr_id: 1003,
+            sg_list: &sge,
+        })
+        .unwrap();
+    w.post_one(&mut net, 3, &m);
+    assert!(net.run_until(Duration::from_secs(1), |n| !n.sides[0].wcs.is_empty()));
+    assert_eq!(net.sides[0].wcs[0].status, WcStatus::Success);
+    assert_eq!(net.sides[1].wcs[0].status, WcStatus::Success);
+    // Positive control: max_rd_atomic 1 takes the same READ.
+    let (mut net, w) = depth_pair(1, 16, &kinds[..1]);
+    w.post(&mut net);
+    assert!(w.run(&mut net, Duration::from_secs(1)));
+    w.check(&mut net);
+}
+
+/// `max_dest_rd_atomic` 0 means the responder offers no READ/atomic
+/// resources (IBTA): a READ or an atomic is NAKed invalid request (the
+/// requester broke the limit it was given), the requester completes
+/// REM_INV_REQ_ERR, the responder goes to ERR and no byte moves. With 1
+/// the same requests succeed.
+#[test]
+fn max_dest_rd_atomic_0_naks_read_and_atomics() {
+    for kind in [Kind::Read, Kind::Cas, Kind::Fadd] {
+        let (mut net, w) = depth_pair(16, 0, &[(kind, 64)]);
+        let before = net.sides[1].mem.read(w.keys.dst_l, DST, 64);
+        w.post(&mut net);
+        assert!(w.run(&mut net, Duration::from_secs(1)), "{kind:?}");
+        let wc = net.sides[0].wcs[0];
+        assert_eq!(wc.status, WcStatus::RemoteInvalidRequest, "{kind:?}");
+        assert_eq!(net.sides[0].t.state(), QpState::Err);
+        assert_eq!(net.sides[1].t.state(), QpState::Err);
+        assert_eq!(net.sides[1].t.counters().naks_sent, 1);
+        assert_eq!(net.sides[1].mem.read(w.keys.dst_l, DST, 64), before);
+        assert_eq!(net.sides[0].mem.read(w.keys.rbuf, RBUF, 8), [0; 8]);
+
+        let (mut net, w) = depth_pair(16, 1, &[(kind, 64)]);
+        w.post(&mut net);
+        assert!(w.run(&mut net, Duration::from_secs(1)), "{kind:?}");
+        w.check(&mut net);
+    }
+}
+
+/// `update_config` (a modify SQD -> SQD, RTR -> RTS) takes `max_rd_atomic`
+/// 0 only when no READ or atomic is queued (one queued could then never
+/// be sent or retransmitted): refused with the transport unchanged, and
+/// accepted once the READ completed; READs are then refused at post.
+/// `max_dest_rd_atomic` 0 applied the same way makes the responder NAK.
+#[test]
+fn update_config_to_zero_depths() {
+    let (mut net, w) = depth_pair(16, 16, &[(Kind::Read, 64), (Kind::Read, 64)]);
+    w.post_one(&mut net, 0, &w.msgs[0]);
+    let mut cfg = *net.sides[0].t.config();
+    cfg.max_rd_atomic = 0;
+    let r = net.sides[0].t.update_config(cfg);
+    assert!(
+        matches!(r, Err(roce_transport::Error::InvalidConfig(_))),
+        "{r:?}"
+    );
+    assert_eq!(net.sides[0].t.config().max_rd_atomic, 16, "unchanged");
+    assert!(net.run_until(Duration::from_secs(1), |n| !n.sides[0].wcs.is_empty()));
+    assert_eq!(net.sides[0].wcs[0].status, WcStatus::Success);
+    net.sides[0].t.update_config(cfg).unwrap();
+    let sge = [Sge {
+        addr: RBUF,
+        length: 64,
+        lkey: w.keys.rbuf,
+    }];
+    let read = SendOp::Read {
+        remote_addr: DST,
+        rkey: w.keys.dst_r,
+    };
+    let s = &mut net.sides[0];
+    assert!(s
+        .t
+        .post_send(&SendWr::new(1, read, &sge), &mut s.mem)
+        .is_err());
+    // Back to 1 on A, B's responder down to 0: the READ is NAKed.
+    cfg.max_rd_atomic = 1;
+    net.sides[0].t.update_config(cfg).unwrap();
+    let mut b = *net.sides[1].t.config();
+    b.max_dest_rd_atomic = 0;
+    net.sides[1].t.update_config(b).unwrap();
+    w.post_one(&mut net, 1, &w.msgs[1]);
+    assert!(w.run(&mut net, Duration::from_secs(1)));
+    assert_eq!(net.sides[0].wcs[1].status, WcStatus::RemoteInvalidRequest);
+}
