@@ -33,8 +33,11 @@ fn drain(t: &mut Transport<()>, mem: &mut TestMem) -> Vec<Transmit<()>> {
     std::iter::from_fn(|| t.poll_transmit(NOW, mem)).collect()
 }
 
-/// (opcode, PSN, NAK code if a NAK) of each packet.
-fn shape(out: &[Transmit<()>]) -> Vec<(Opcode, u32, Option<roce::NakCode>)> {
+/// A packet's opcode, PSN and NAK code (if a NAK).
+type Shape = (Opcode, u32, Option<roce::NakCode>);
+
+/// The [`Shape`] of each packet.
+fn shape(out: &[Transmit<()>]) -> Vec<Shape> {
     out.iter()
         .map(|t| {
             let nak = match t.headers.aeth.map(|a| a.syndrome) {
@@ -70,7 +73,7 @@ fn fetch_add(qpn: u32, psn: u32, rkey: u32, va: u64) -> Headers {
 
 /// Records the opcode, PSN and NAK code of every packet side `from`
 /// sends through the network's script (dropping none).
-fn record(net: &mut Net, from: usize) -> Rc<RefCell<Vec<(Opcode, u32, Option<roce::NakCode>)>>> {
+fn record(net: &mut Net, from: usize) -> Rc<RefCell<Vec<Shape>>> {
     let seen = Rc::new(RefCell::new(Vec::new()));
     let log = Rc::clone(&seen);
     net.script = Some(Box::new(move |side, _, p| {
