@@ -68,6 +68,17 @@ pub trait Fixture {
         true
     }
 
+    /// Whether `post_send` refuses an RC READ or atomic on a QP whose
+    /// `max_rd_atomic` is 0 (IBTA: none may be outstanding), with
+    /// `InvalidParameter` and the QP unchanged. The soft and RoCEv2
+    /// providers: yes. A provider over libibverbs: no (the post succeeds
+    /// and the device never sends the request: Linux rxe waits for a
+    /// READ/atomic credit that never comes), so the suite then checks only
+    /// the responder's side of "0 is none".
+    fn refuses_rd_atomic_without_max_rd_atomic(&self) -> bool {
+        true
+    }
+
     /// The longest any single wait may take before the check fails. The
     /// default suits a provider that completes within milliseconds.
     fn deadline(&self) -> Duration {

@@ -127,6 +127,10 @@ pub struct Conn {
     pub timeout: u8,
     /// Minimum RNR NAK timer (IBTA encoding).
     pub min_rnr_timer: u8,
+    /// READs/atomics this side may have outstanding (RC; 0 is none).
+    pub max_rd_atomic: u8,
+    /// READs/atomics this side serves for its peer (RC; 0 is none).
+    pub max_dest_rd_atomic: u8,
 }
 
 impl Default for Conn {
@@ -139,6 +143,8 @@ impl Default for Conn {
             retry_cnt: 7,
             timeout: 14,
             min_rnr_timer: 1,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
         }
     }
 }
@@ -297,7 +303,8 @@ impl<'f, F: Fixture> Node<'f, F> {
             .dest_qpn(dqpn)
             .rq_psn(c.rq_psn);
         if self.dev.query_qp(qp).unwrap().qp_type == QpType::Rc {
-            m.max_dest_rd_atomic(1).min_rnr_timer(c.min_rnr_timer)
+            m.max_dest_rd_atomic(c.max_dest_rd_atomic)
+                .min_rnr_timer(c.min_rnr_timer)
         } else {
             m
         }
@@ -310,7 +317,7 @@ impl<'f, F: Fixture> Node<'f, F> {
             m.timeout(c.timeout)
                 .retry_cnt(c.retry_cnt)
                 .rnr_retry(c.rnr_retry)
-                .max_rd_atomic(1)
+                .max_rd_atomic(c.max_rd_atomic)
         } else {
             m
         }

@@ -82,6 +82,7 @@ macro_rules! __with_checks {
                 errors::remote_write_up_to_the_end_is_exact,
                 errors::missing_mr_remote_rights_are_remote_access_error,
                 errors::qp_access_and_misaligned_atomic_are_remote_invalid_request,
+                errors::rd_atomic_depths_of_0_are_none,
                 errors::receive_errors_complete_both_sides,
                 errors::rc_without_responder_is_retry_exceeded,
                 flush::modify_to_err_flushes_everything,

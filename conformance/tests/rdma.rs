@@ -113,6 +113,12 @@ impl Fixture for RdmaFixture {
         false
     }
 
+    /// libibverbs posts a READ or atomic whatever `max_rd_atomic` is;
+    /// Linux rxe then never sends it.
+    fn refuses_rd_atomic_without_max_rd_atomic(&self) -> bool {
+        false
+    }
+
     /// Linux rxe under an emulated CPU (the CI's VM) is slow, and its
     /// retry timers are in the hundreds of milliseconds.
     fn deadline(&self) -> Duration {

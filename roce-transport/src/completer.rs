@@ -96,9 +96,13 @@ impl<R: Clone> Transport<R> {
                     return;
                 }
                 let status = match code {
+                    NakCode::InvalidRequest => WcStatus::RemoteInvalidRequest,
                     NakCode::RemoteAccessError => WcStatus::RemoteAccessError,
-                    NakCode::RemoteOperationalError => WcStatus::RemoteOpError,
-                    _ => WcStatus::RemoteInvalidRequest,
+                    // Remote operational error, and every code an RC
+                    // requester has no meaning for (invalid RD request):
+                    // the responder failed in a way it did not name, as
+                    // rxe reads any other NAK code.
+                    _ => WcStatus::RemoteOpError,
                 };
                 self.enter_error(Some(status));
             }

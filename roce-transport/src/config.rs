@@ -21,6 +21,7 @@ pub struct Config {
     /// Local ACK timeout code: 4.096 us x 2^timeout, 0 = infinite (RC).
     pub timeout: u8,
     /// Transport retries after a timeout or a PSN sequence NAK, 0..=7 (RC).
+    /// 7 is seven retries, as IBTA says (Linux rxe retries forever).
     pub retry_cnt: u8,
     /// Retries after an RNR NAK, 0..=7, 7 = infinite (RC).
     pub rnr_retry: u8,

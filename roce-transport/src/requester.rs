@@ -109,7 +109,9 @@ impl<R: Clone> Transport<R> {
                 .take(self.sq.tx_idx)
                 .filter(|o| o.needs_response())
                 .count();
-            if busy >= usize::from(self.cfg.max_rd_atomic.max(1)) {
+            // max_rd_atomic 0 never gets here with a READ or atomic
+            // queued: post_send and update_config refuse that.
+            if busy >= usize::from(self.cfg.max_rd_atomic) {
                 return None;
             }
         }

@@ -120,7 +120,8 @@ pub(crate) struct Responder {
     /// counted against the requester's limit: a late duplicate may be
     /// replayed after the requester has its answer and moved on.
     pub replay_jobs: usize,
-    /// Size of the replay cache and of the READ/atomic job limit.
+    /// Size of the replay cache and of the READ/atomic job limit
+    /// (`max_dest_rd_atomic`; 0: READs and atomics are refused).
     pub resources: usize,
 }
 
@@ -137,7 +138,9 @@ impl Responder {
             replay: VecDeque::new(),
             rd_jobs: 0,
             replay_jobs: 0,
-            resources: usize::from(cfg.max_dest_rd_atomic.max(1)),
+            // 0 is none (IBTA): every READ and atomic is then NAKed as an
+            // invalid request, as a responder that offered no resources.
+            resources: usize::from(cfg.max_dest_rd_atomic),
         }
     }
 
@@ -644,7 +647,13 @@ impl<R: Clone> Transport<R> {
         if last {
             if let Some(ieth) = h.ieth {
                 if mem.invalidate(ieth.rkey).is_err() {
-                    self.resp.cur = None;
+                    // The message landed but names no key this QP may
+                    // invalidate: its receive completes in error
+                    // (REM_INV_REQ_ERR, as rxe's class J) rather than
+                    // vanish with the message, then NAK and ERR.
+                    if let Some(InMsg::Send { wqe, .. }) = self.resp.cur.take() {
+                        self.recv_error(wqe, WcStatus::RemoteInvalidRequest);
+                    }
                     return Err(Fail::Nak(NakCode::InvalidRequest));
                 }
             }
@@ -861,10 +870,19 @@ impl<R: Clone> Transport<R> {
                         .read_remote(*rkey, va.wrapping_add(u64::from(off)), &mut data)
                         .is_err()
                 {
-                    // The region went away under the READ.
+                    // The region went away under the READ (deregistered
+                    // since the request was checked): the class C error
+                    // the check would have found, so NAK remote access and
+                    // go to ERR, as after any such NAK. The requester goes
+                    // to ERR on the NAK; a responder left in RTS would go
+                    // on serving a peer that can no longer talk to it.
                     let msn = *msn;
                     if let Some(job) = self.resp.out.pop_front() {
                         self.resp.job_done(&job);
+                    }
+                    self.counters.naks_sent += 1;
+                    if self.state == QpState::Rts {
+                        self.enter_error(None);
                     }
                     let mut h = Headers::new(Bth::new(Opcode::RcAck, dest, p));
                     h.aeth = Some(Aeth {

@@ -358,6 +358,13 @@ impl<R: Clone> Transport<R> {
             (_, false) => (None, self.cfg.dest_qpn, 0),
         };
         match (self.cfg.qp_type, wr.op) {
+            // max_rd_atomic 0 is "none" (IBTA), not "one": a READ or an
+            // atomic could never be sent.
+            (QpType::Rc, op) if needs_response(&op) && self.cfg.max_rd_atomic == 0 => {
+                return Err(Error::InvalidWr(
+                    "READ and atomics need max_rd_atomic of at least 1",
+                ))
+            }
             (QpType::Rc, _) => {}
             (QpType::Uc, SendOp::Send | SendOp::SendImm(_))
             | (QpType::Uc, SendOp::Write { .. } | SendOp::WriteImm { .. }) => {}
@@ -498,7 +505,9 @@ impl<R: Clone> Transport<R> {
     /// RTS -> RTS, SQD -> SQD): the retry, timer, Q_Key, access and
     /// READ/atomic attributes take effect at once; the send PSN only while
     /// nothing was ever sent or posted (RTR -> RTS). The QP type, number,
-    /// destination and path MTU must not change (`InvalidConfig`).
+    /// destination and path MTU must not change, nor `max_rd_atomic` drop
+    /// to 0 while READs or atomics are queued (`InvalidConfig`; the
+    /// transport is then unchanged).
     pub fn update_config(&mut self, cfg: Config) -> Result<(), Error> {
         cfg.validate()?;
         let c = &self.cfg;
@@ -509,6 +518,13 @@ impl<R: Clone> Transport<R> {
         }
         if !self.is_datagram() && cfg.dest_qpn != c.dest_qpn {
             return Err(Error::InvalidConfig("the destination QP is fixed"));
+        }
+        let waiting = |w: &SendWqe<R>| w.needs_response() && w.failed.is_none();
+        if cfg.max_rd_atomic == 0 && self.sq.wqes.iter().any(waiting) {
+            // They could neither be sent nor retransmitted any more.
+            return Err(Error::InvalidConfig(
+                "max_rd_atomic 0 while READs or atomics are queued",
+            ));
         }
         let idle = self.sq.wqes.is_empty()
             && self.sq.una == self.sq.next_psn
@@ -524,7 +540,7 @@ impl<R: Clone> Transport<R> {
         if cfg.rnr_retry != c.rnr_retry {
             self.sq.rnr_left = cfg.rnr_retry;
         }
-        self.resp.resources = usize::from(cfg.max_dest_rd_atomic.max(1));
+        self.resp.resources = usize::from(cfg.max_dest_rd_atomic);
         // The responder's expected PSN was set when it was built (RTR).
         self.cfg = Config {
             rq_psn: self.cfg.rq_psn,
@@ -544,13 +560,25 @@ impl<R: Clone> Transport<R> {
     }
 
     /// Moves the QP to ERR: every outstanding send and receive completes
-    /// with WR_FLUSH_ERR, nothing more is sent.
+    /// with WR_FLUSH_ERR, no request is sent or served any more. Answers
+    /// the responder owes for requests it already executed still leave
+    /// ([`Transport::enter_error`]).
     pub fn set_error(&mut self) {
         self.enter_error(None);
     }
 
     /// Enters ERR: the head send completes with `status` (when given),
     /// everything else is flushed.
+    ///
+    /// The responder's answer queue is kept: the READ responses, atomic
+    /// ACKs and ACKs queued there answer requests already executed (their
+    /// memory effects happened), and a NAK a responder error queues next
+    /// must follow them in PSN order (IBTA vol. 1 ch. 9: a requester takes
+    /// the NAK as an implied ACK of everything before it, so a READ or
+    /// atomic before it whose response was dropped here could only be
+    /// retried into a QP in ERR, and would end RETRY_EXC_ERR). Nothing new
+    /// is queued in ERR (packets are dropped on arrival), so the queue
+    /// drains and stays bounded as before.
     pub(crate) fn enter_error(&mut self, head_status: Option<WcStatus>) {
         if let Some(status) = head_status {
             if let Some(w) = self.sq.wqes.pop_front() {
@@ -571,9 +599,8 @@ impl<R: Clone> Transport<R> {
         while let Some(w) = self.resp.rq.pop_front() {
             self.flush_recv(w);
         }
-        self.resp.out.clear();
-        self.resp.rd_jobs = 0;
-        self.resp.replay_jobs = 0;
+        // Duplicates are no longer answered in ERR: the replay cache
+        // goes. The answer queue and its job counts stay (see above).
         self.resp.replay.clear();
     }
 

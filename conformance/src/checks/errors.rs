@@ -262,6 +262,76 @@ pub fn qp_access_and_misaligned_atomic_are_remote_invalid_request<F: Fixture>(f:
     s.untouched();
 }
 
+/// `max_rd_atomic` 0 and `max_dest_rd_atomic` 0 mean none (IBTA), not
+/// one. A requester with `max_rd_atomic` 0 (where the fixture says the
+/// provider refuses it at post): READ and atomics are `InvalidParameter`
+/// at post, nothing completes, the QP stays in RTS and a SEND after them
+/// is delivered. A responder with `max_dest_rd_atomic` 0 (every provider):
+/// a READ or an atomic completes `RemoteInvalidRequest`, the requester
+/// goes to ERR, no byte moves. Atomics are left out on a device that
+/// reports no atomic support.
+pub fn rd_atomic_depths_of_0_are_none<F: Fixture>(f: &F) {
+    let atomics = {
+        let (a, b) = two(f);
+        a.dev.query().atomic_cap != hca::AtomicCap::None
+            && b.dev.query().atomic_cap != hca::AtomicCap::None
+    };
+    // The READ, then (with atomics) compare-and-swap and fetch-and-add,
+    // at `remote_addr` under `rkey`.
+    let kinds = if atomics { 3 } else { 1 };
+    let op = |kind: usize, rkey: u32, remote_addr: u64| match kind {
+        0 => SendOp::Read { remote_addr, rkey },
+        1 => SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare: 0,
+            swap: 1,
+        },
+        _ => SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add: 1,
+        },
+    };
+    if f.refuses_rd_atomic_without_max_rd_atomic() {
+        let (a, b) = two(f);
+        let ca = Conn {
+            max_rd_atomic: 0,
+            ..Conn::default()
+        };
+        let (qa, qb) = pair_with(&a, &b, QpType::Rc, &ca, &Conn::default());
+        let am = a.mem(64, FILL_A, ALL);
+        let bm = b.mem(64, FILL_B, ALL);
+        let sge = [am.sge(0, 8)];
+        for kind in 0..kinds {
+            let wr = SendWr::new(1, op(kind, bm.rkey, bm.iova), &sge);
+            invalid(a.post_send(&qa, &[wr]));
+        }
+        assert_eq!(a.state(&qa), QpState::Rts, "refusals leave the QP");
+        a.assert_empty(&a.scq, "a refused request completes nothing");
+        b.recv(&qb, 5, &[bm.sge(0, 8)]);
+        a.send(&qa, SendWr::new(2, SendOp::Send, &[am.sge(0, 8)]));
+        ok(&a.wait_send(), 2, WcOpcode::Send, 8);
+        ok(&b.wait_recv(), 5, WcOpcode::Recv, 8);
+        assert_eq!(bm.read(0, 8), am.read(0, 8), "the SEND landed");
+    }
+    for kind in 0..kinds {
+        let (a, b) = two(f);
+        let cb = Conn {
+            max_dest_rd_atomic: 0,
+            ..Conn::default()
+        };
+        let (qa, _qb) = pair_with(&a, &b, QpType::Rc, &Conn::default(), &cb);
+        let am = a.mem(64, FILL_A, ALL);
+        let bm = b.mem(64, FILL_B, ALL);
+        let op = op(kind, bm.rkey, bm.iova);
+        a.send(&qa, SendWr::new(1, op, &[am.sge(0, 8)]));
+        failed(&a.wait_send(), 1, WcStatus::RemoteInvalidRequest);
+        assert_eq!(a.state(&qa), QpState::Err, "{op:?}");
+        assert!(am.all(FILL_A) && bm.all(FILL_B), "{op:?}: no byte moved");
+    }
+}
+
 /// A SEND longer than the receive buffer: the requester gets
 /// `RemoteInvalidRequest`, the receive `LocalLengthError`. A receive whose
 /// SGE names no MR: the requester gets `RemoteOpError`, the receive

@@ -827,7 +827,9 @@ fn respond_read(
     rkey: u32,
     d: &mut Deferred,
 ) -> Resp {
-    if !rq.access.contains(Access::REMOTE_READ) {
+    if !rq.access.contains(Access::REMOTE_READ) || rq.rd_atomic_resources == 0 {
+        // No right, or no READ/atomic resources offered
+        // (max_dest_rd_atomic 0): invalid request, as IBTA and rxe say.
         return nak_or_drop(dest, rq, WcStatus::RemoteInvalidRequest, d);
     }
     let len = local.total;
@@ -861,7 +863,7 @@ fn respond_atomic(
         } => (remote_addr, rkey),
         _ => return Resp::Nak(WcStatus::LocalQpOpError),
     };
-    if !rq.access.contains(Access::REMOTE_ATOMIC) {
+    if !rq.access.contains(Access::REMOTE_ATOMIC) || rq.rd_atomic_resources == 0 {
         return nak_or_drop(dest, rq, WcStatus::RemoteInvalidRequest, d);
     }
     if addr % 8 != 0 {

@@ -8,7 +8,7 @@ use crate::buffer::for_providers::{memory_of, region_memory, Memory, Span};
 use crate::buffer::{RawRegion, RegisteredBuffer};
 use crate::provider::{
     Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, DeviceInfo, PortAttr, PortState, Provider,
-    QpAttr, QpInit, QpModify, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
+    QpAttr, QpInit, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
 };
 use crate::soft::cq::{CqInner, Deferred};
 use crate::soft::fabric::{
@@ -718,6 +718,23 @@ impl SoftQp {
                     None
                 };
                 let v = self.view(i, wr, av)?;
+                // max_rd_atomic 0 is none (IBTA): a READ or atomic could
+                // never be outstanding. Refused where the QP takes sends
+                // (RTS, SQD), the QP unchanged; other states answer below.
+                let responds = matches!(
+                    wr.op,
+                    SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+                );
+                if responds
+                    && self.inner.qp_type == QpType::Rc
+                    && matches!(sq.attr.state, QpState::Rts | QpState::Sqd)
+                    && sq.attr.max_rd_atomic == 0
+                {
+                    return Err(Error::invalid_parameter(format!(
+                        "send {i}: {:?} needs max_rd_atomic of at least 1",
+                        wr.op
+                    )));
+                }
                 engine::submit(&self.fabric, &self.inner, &mut sq, &v, &mut d).map_err(
                     |e| match e {
                         Error::InvalidQpState(s) => {

@@ -285,6 +285,9 @@ pub(crate) struct RecvQueue {
     pub(crate) pkey_index: u16,
     pub(crate) qkey: u32,
     pub(crate) access: Access,
+    /// READs and atomics the responder serves at once
+    /// (`max_dest_rd_atomic`): 0 is none, and they are NAKed (RC).
+    pub(crate) rd_atomic_resources: u8,
     /// Next expected PSN (RC).
     pub(crate) psn: u32,
     pub(crate) wrs: VecDeque<RecvEntry>,
@@ -363,6 +366,7 @@ impl QpInner {
                 pkey_index: 0,
                 qkey: 0,
                 access: Access::NONE,
+                rd_atomic_resources: 0,
                 psn: 0,
                 wrs: VecDeque::with_capacity(caps.max_recv_wr as usize),
                 seen: SeenKeys::default(),
@@ -557,6 +561,7 @@ impl QpInner {
                 rq.pkey_index = 0;
                 rq.qkey = 0;
                 rq.access = Access::NONE;
+                rq.rd_atomic_resources = 0;
                 rq.psn = 0;
                 return Ok(());
             }
@@ -650,6 +655,7 @@ impl QpInner {
         rq.pkey_index = a.pkey_index;
         rq.qkey = a.qkey;
         rq.access = a.access;
+        rq.rd_atomic_resources = a.max_dest_rd_atomic;
         drop(rq);
         if to == QpState::Rts && !sq.pending.is_empty() {
             crate::soft::engine::drain_pending(f, this, &mut sq, d);
