@@ -651,6 +651,20 @@ impl QpInner {
                     continue;
                 }
                 QpState::Sqd => {
+                    // Refused at post as in RTS (the transport's rule):
+                    // held, it would end flushed instead.
+                    if core.attr.max_rd_atomic == 0
+                        && matches!(
+                            wr.op,
+                            SendOp::Read { .. }
+                                | SendOp::CompareSwap { .. }
+                                | SendOp::FetchAdd { .. }
+                        )
+                    {
+                        return Err(Error::invalid_parameter(format!(
+                            "send {i}: READ and atomics need max_rd_atomic of at least 1"
+                        )));
+                    }
                     if core.held.len() >= self.caps.max_send_wr as usize {
                         return Err(Error::insufficient_resources(format!(
                             "send {i}: the send queue is full ({} requests held)",

@@ -2,7 +2,7 @@
 //! responder. Each ends with the IBV-style status, the requester's RC QP
 //! in ERR, and no byte moved anywhere.
 
-use hca::{Access, Device, QpState, QpType, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use hca::{Access, Device, QpModify, QpState, QpType, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
 use crate::fixture::Fixture;
 use crate::harness::*;
@@ -307,6 +307,14 @@ pub fn rd_atomic_depths_of_0_are_none<F: Fixture>(f: &F) {
             let wr = SendWr::new(1, op(kind, bm.rkey, bm.iova), &sge);
             invalid(a.post_send(&qa, &[wr]));
         }
+        // In SQD too, where a send is held until RTS: refused at post,
+        // not held and flushed later.
+        a.modify(&qa, QpModify::to(QpState::Sqd)).unwrap();
+        for kind in 0..kinds {
+            let wr = SendWr::new(1, op(kind, bm.rkey, bm.iova), &sge);
+            invalid(a.post_send(&qa, &[wr]));
+        }
+        a.modify(&qa, QpModify::to(QpState::Rts)).unwrap();
         assert_eq!(a.state(&qa), QpState::Rts, "refusals leave the QP");
         a.assert_empty(&a.scq, "a refused request completes nothing");
         b.recv(&qb, 5, &[bm.sge(0, 8)]);
