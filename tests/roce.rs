@@ -498,3 +498,87 @@ fn soft_and_roce_cas_live_in_one_al() -> Result<()> {
     assert_eq!(stats.live(Kind::QP), 0);
     Ok(())
 }
+
+/// A RoCE CA destroyed inside a completion callback (served inline on the
+/// device's receive thread, or on the executor): the device's threads are
+/// joined by its reaper, never by the callback's thread, and the same
+/// device opens again at once on the same fixed UDP port.
+#[test]
+fn a_ca_destroyed_in_a_callback_is_reaped_off_that_thread_and_reopens() -> Result<()> {
+    use std::sync::Arc;
+    let al = Al::open()?;
+    let fixed: SocketAddr = {
+        let probe = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+        probe.local_addr().unwrap()
+    };
+    let provider = RoceProvider::new(vec![
+        DeviceConfig::new(
+            "ra",
+            0xa1,
+            vec![PortConfig::new("127.0.0.1:0".parse().unwrap())],
+        ),
+        DeviceConfig::new("rb", 0xb1, vec![PortConfig::new(fixed)]),
+    ]);
+    let a = end(&al, &provider, 0xa1, 64)?;
+    let b_ca = al.open_ca(&provider, 0xb1)?;
+    let watch = match al.resolve(b_ca)?.device() {
+        hca::any::AnyDevice::Roce(d) => d.close_watch(),
+        #[allow(unreachable_patterns)]
+        _ => panic!("a RoCE device"),
+    };
+    let (ran, ran_rx) = mpsc::channel();
+    let on_completion: ibal::verbs::CompletionCallback = {
+        let inst = Arc::clone(al.instance());
+        Arc::new(move |_cq| {
+            let thread = std::thread::current().name().map(str::to_string);
+            let _ = ran.send((thread, b_ca.destroy(&inst)));
+        })
+    };
+    let b_pd = b_ca.alloc_pd(&al)?;
+    let b_cq = b_ca.create_cq_with(&al, 16, Some(on_completion), None)?;
+    let b_qp = b_pd.create_qp(&al, QpCreate::new(QpType::Rc, b_cq))?;
+    let b_buf = RegisteredBuffer::new(64);
+    let (b_lkey, _) = b_pd.register(&al, &b_buf, Access::LOCAL_WRITE)?.keys(&al)?;
+    let b = End {
+        ca: b_ca,
+        cq: b_cq,
+        qp: b_qp,
+        buf: b_buf,
+        lkey: b_lkey,
+        rkey: 0,
+        gid: b_ca.port(&al, 1)?.gid_table[0],
+    };
+    let qpn = |e: &End| e.qp.query(&al).map(|q| q.qpn);
+    connect_by_hand(&al, &a, 7, (qpn(&b)?, 9, b.gid))?;
+    connect_by_hand(&al, &b, 9, (qpn(&a)?, 7, a.gid))?;
+    let rsge = [Sge {
+        addr: 0,
+        length: 64,
+        lkey: b.lkey,
+    }];
+    b.qp.post_recv(
+        &al,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &rsge,
+        }],
+    )?;
+    b.cq.arm(&al, CqArm::NextCompletion)?;
+    let ssge = [Sge {
+        addr: 0,
+        length: 8,
+        lkey: a.lkey,
+    }];
+    a.qp.post_send(&al, &[SendWr::new(1, SendOp::Send, &ssge)])?;
+    let (thread, destroyed) = ran_rx.recv_timeout(DEADLINE).expect("the callback ran");
+    destroyed?;
+    // Right away: the same device, on the same fixed port.
+    let again = al.open_ca(&provider, 0xb1)?;
+    assert_eq!(again.port(&al, 1)?.gid_table[0], b.gid);
+    let joiner = watch.wait(DEADLINE).expect("the old device was reaped");
+    assert_eq!(joiner, "roce-rb-reaper", "the callback ran on {thread:?}");
+    assert_ne!(Some(joiner), thread);
+    let stats = al.close()?;
+    assert_eq!(stats.live(Kind::CA), 0);
+    Ok(())
+}

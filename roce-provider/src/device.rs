@@ -27,6 +27,7 @@ use crate::driver::{run_port, run_timers, Timers, RECV_TIMEOUT};
 use crate::mr::{MrInner, MrTable, Posted, RecvEntry};
 use crate::qp::{fresh_attr, QpCore, QpInner, SrqInner, GSI_KEY, NO_DEADLINE, QPN_MASK};
 use crate::qp_map::{QpMap, QpMemo};
+use crate::shutdown::{self, join_all, signal_stop, CloseWatch, Closed, Reap};
 
 /// [`BUSY_POLL_STREAK`] empty polls of a device's CQs, each this close
 /// behind the one before, mean an application busy-polls
@@ -827,6 +828,10 @@ impl Provider for RoceProvider {
             .iter()
             .find(|d| d.node_guid == node_guid)
             .ok_or_else(|| Error::NotFound(format!("RoCE device {node_guid:#x}").into()))?;
+        // A device (this one, or another on the same fixed UDP port) whose
+        // last handle just dropped may still be being reaped.
+        let addrs: Vec<SocketAddr> = cfg.ports.iter().map(|p| p.addr).collect();
+        shutdown::wait_closed(&addrs, shutdown::owner_of(&self.open), node_guid);
         if !self.open.lock().insert(node_guid) {
             return Err(Error::busy(format!(
                 "RoCE device {node_guid:#x} is already open"
@@ -853,10 +858,12 @@ pub struct RoceDevice {
 
 /// The driver of an open device: what stops it.
 struct Running {
-    shared: Arc<DevShared>,
+    /// Taken by the drop (the reaper holds it last).
+    shared: Option<Arc<DevShared>>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     open: Arc<Mutex<HashSet<u64>>>,
+    closed: Arc<Closed>,
 }
 
 impl RoceDevice {
@@ -1033,12 +1040,20 @@ impl RoceDevice {
         Ok(RoceDevice {
             shared: shared.clone(),
             _life: Arc::new(Running {
-                shared,
+                shared: Some(shared),
                 stop,
                 threads: Mutex::new(threads),
                 open,
+                closed: Arc::default(),
             }),
         })
+    }
+
+    /// A watch on this device's shutdown, which starts when its last
+    /// handle drops: its threads are joined by a reaper thread, never by
+    /// the thread that dropped it ([`CloseWatch`]).
+    pub fn close_watch(&self) -> CloseWatch {
+        CloseWatch(self._life.closed.clone())
     }
 
     /// Node GUID.
@@ -1152,35 +1167,30 @@ impl RoceDevice {
     }
 }
 
-/// Stop the driver threads of `shared` and join them (all but the
-/// calling thread: a hook running on a driver thread may close the
-/// device; that thread then ends by itself when the hook returns).
+/// Stop the driver threads of `shared` and join them (a device whose
+/// opening failed: on the opening thread, which may wait).
 fn stop_driver(shared: &DevShared, stop: &AtomicBool, threads: Vec<JoinHandle<()>>) {
-    for p in &shared.ports {
-        p.flush_held();
-    }
-    stop.store(true, Ordering::Release);
-    shared.timers.wake();
-    for p in &shared.ports {
-        // Wake the receive thread: an empty datagram to its own socket.
-        let _ = p.socket.send_to(&[], p.local);
-    }
-    let me = std::thread::current().id();
-    for h in threads {
-        if h.thread().id() != me {
-            let _ = h.join();
-        }
-    }
+    signal_stop(shared, stop);
+    join_all(threads);
 }
 
 impl Drop for Running {
+    /// The last handle is gone, on whatever thread: the threads are told
+    /// to stop, and a reaper joins them (`shutdown`).
     fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
         let threads: Vec<JoinHandle<()>> = self.threads.lock().drain(..).collect();
-        stop_driver(&self.shared, &self.stop, threads);
-        for p in &self.shared.ports {
-            self.shared.directory.remove(&p.gid, p.local);
-        }
-        self.open.lock().remove(&self.shared.attr.node_guid);
+        shutdown::reap(
+            Reap {
+                shared,
+                threads,
+                open: self.open.clone(),
+                closed: self.closed.clone(),
+            },
+            &self.stop,
+        );
     }
 }
 

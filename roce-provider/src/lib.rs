@@ -8,7 +8,9 @@
 //!   IP address and UDP port, the UDP port peers listen on, the MTU).
 //! * [`RoceDevice`] ([`provider::Device`]): the verbs. Opening one binds
 //!   its sockets and starts one receive thread per port and a timer
-//!   thread; dropping the last handle (it is `Clone`) stops and joins them.
+//!   thread; dropping the last handle (it is `Clone`) stops them, and a
+//!   reaper thread joins them ([`RoceDevice::close_watch`]): the drop
+//!   never waits, wherever it happens.
 //! * A port's GID (index 0, its only one) is its IP address as a RoCEv2
 //!   GID: IPv4-mapped (`::ffff:a.b.c.d`) or the IPv6 address. Every
 //!   address vector carries a GRH; there is no LID routing (LID 0).
@@ -33,7 +35,9 @@ mod mmsg;
 mod mr;
 mod qp;
 mod qp_map;
+mod shutdown;
 
 pub use config::{gid_of, ip_of, DeviceConfig, PortConfig, ROCE_PORT};
 pub use counters::PortCounters;
 pub use device::{RoceAv, RoceCq, RoceDevice, RoceMr, RocePd, RoceProvider, RoceQp, RoceSrq};
+pub use shutdown::CloseWatch;
