@@ -501,8 +501,13 @@ fn dropping_the_device_frees_its_threads_and_sockets() {
 }
 
 /// Thousands of random packets with a valid ICRC (so they get past the
-/// codec) aimed at live QPs of every type: no panic, every datagram
-/// counted, and a fresh connection works afterwards.
+/// codec) aimed at live QPs of every type, first from a stranger
+/// (127.0.0.77), then from the connected QPs' peer's own address. From
+/// the stranger: the RC and UC QPs stay in RTS, complete nothing, and
+/// their posted buffers keep their bytes (only the UD QP, which takes
+/// datagrams from anyone, may complete receives, into its own buffers).
+/// From the peer (which may end its own connections): no panic, every
+/// datagram counted, and a fresh connection works afterwards.
 #[test]
 fn random_packets_with_valid_icrc_do_not_break_the_device() {
     let p = provider();
@@ -515,7 +520,8 @@ fn random_packets_with_valid_icrc_do_not_break_the_device() {
     b.connect(&uc, &a, a.dev.qp_num(&peer));
     let ud = b.qp(QpType::Ud);
     b.ud(&ud, 7);
-    let (_buf, _mr, key) = b.mem(4096);
+    let (buf, _mr, key) = b.mem(4096);
+    buf.write(0, &[0xee; 4096]).unwrap();
     for (i, q) in [&rc, &uc, &ud].into_iter().enumerate() {
         for k in 0..8u64 {
             let sg = [Sge {
@@ -536,8 +542,6 @@ fn random_packets_with_valid_icrc_do_not_break_the_device() {
     }
     let qpns = [b.dev.qp_num(&rc), b.dev.qp_num(&uc), b.dev.qp_num(&ud), 1];
     let target = b.dev.local_addr(1).unwrap();
-    let evil = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let ep = Endpoints::new(evil.local_addr().unwrap(), target).unwrap();
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let mut rnd = move || {
         x ^= x << 13;
@@ -545,46 +549,80 @@ fn random_packets_with_valid_icrc_do_not_break_the_device() {
         x ^= x << 17;
         x
     };
-    let before = b.counters();
     const N: u64 = 3000;
-    for i in 0..N {
-        let len = 12 + 4 * (rnd() % 80) as usize;
-        let mut body: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
-        // A known opcode most of the time, a live QP, TVer 0, P_Key ffff
-        // half of the time, and a PSN near 0 now and then.
-        if i % 4 != 0 {
-            let ops = [
-                0x00u8, 0x01, 0x02, 0x04, 0x05, 0x06, 0x0a, 0x0b, 0x0c, 0x10, 0x11, 0x13, 0x14,
-                0x24, 0x2a, 0x64, 0x65,
-            ];
-            body[0] = ops[(rnd() % ops.len() as u64) as usize];
-            body[1] &= 0xf0;
+    let mut flood = |from: &str| {
+        let evil = UdpSocket::bind((from, 0)).unwrap();
+        let ep = Endpoints::new(evil.local_addr().unwrap(), target).unwrap();
+        let before = b.counters();
+        for i in 0..N {
+            let len = 12 + 4 * (rnd() % 80) as usize;
+            let mut body: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+            // A known opcode most of the time, a live QP, TVer 0, P_Key
+            // ffff half of the time, and a PSN near 0 now and then.
+            if i % 4 != 0 {
+                let ops = [
+                    0x00u8, 0x01, 0x02, 0x04, 0x05, 0x06, 0x0a, 0x0b, 0x0c, 0x10, 0x11, 0x13, 0x14,
+                    0x24, 0x2a, 0x64, 0x65,
+                ];
+                body[0] = ops[(rnd() % ops.len() as u64) as usize];
+                body[1] &= 0xf0;
+            }
+            if i % 2 == 0 {
+                body[2] = 0xff;
+                body[3] = 0xff;
+            }
+            let q = qpns[(rnd() % 4) as usize];
+            body[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
+            if i % 3 == 0 {
+                body[9] = 0;
+                body[10] = 0;
+            }
+            let crc = icrc::icrc(&ep, &body).unwrap();
+            body.extend_from_slice(&icrc::to_wire(crc));
+            evil.send_to(&body, target).unwrap();
+            if i % 256 == 0 {
+                // Let the driver keep up (the socket buffer is finite).
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
-        if i % 2 == 0 {
-            body[2] = 0xff;
-            body[3] = 0xff;
-        }
-        let q = qpns[(rnd() % 4) as usize];
-        body[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
-        if i % 3 == 0 {
-            body[9] = 0;
-            body[10] = 0;
-        }
-        let crc = icrc::icrc(&ep, &body).unwrap();
-        body.extend_from_slice(&icrc::to_wire(crc));
-        evil.send_to(&body, target).unwrap();
-        if i % 256 == 0 {
-            // Let the driver keep up (the socket buffer is finite).
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        until(&b, "every datagram handled", |c| {
+            c.rx_datagrams >= before.rx_datagrams + N / 2
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        (before, b.counters())
+    };
+
+    // From a stranger.
+    let (before, c) = flood("127.0.0.77");
+    assert!(c.rx_wrong_source > before.rx_wrong_source, "{c:#?}");
+    for (q, name) in [(&rc, "RC"), (&uc, "UC")] {
+        assert_eq!(b.dev.query_qp(q).unwrap().state, QpState::Rts, "{name}");
     }
-    until(&b, "every datagram handled", |c| {
-        c.rx_datagrams >= before.rx_datagrams + N / 2
-    });
-    std::thread::sleep(Duration::from_millis(50));
-    let c = b.counters();
+    let mut got = [Wc::default(); 64];
+    let n = b.dev.poll_cq(&b.cq, &mut got).unwrap();
+    let ud_qpn = b.dev.qp_num(&ud);
+    assert!(
+        got[..n].iter().all(|w| w.qp_num == ud_qpn),
+        "only the UD QP completes anything: {:?}",
+        &got[..n]
+    );
+    let mut connected = vec![0u8; 16 * 64];
+    buf.read(0, &mut connected).unwrap();
+    assert!(
+        connected.iter().all(|&x| x == 0xee),
+        "the RC and UC receive buffers are untouched"
+    );
+    let mut rest = vec![0u8; 4096 - 24 * 64];
+    buf.read(24 * 64, &mut rest).unwrap();
+    assert!(
+        rest.iter().all(|&x| x == 0xee),
+        "nothing outside any receive"
+    );
+
+    // From the peer's own address: the targets may end (a peer can break
+    // its own connection), the device does not.
+    let (before, c) = flood("127.0.0.1");
     assert!(c.rx_packets > before.rx_packets, "{c:#?}");
-    // Whatever state the targets are in now, a fresh pair works.
     let qa = a.qp(QpType::Rc);
     let qb = b.qp(QpType::Rc);
     a.connect(&qa, &b, b.dev.qp_num(&qb));
