@@ -19,6 +19,8 @@
 //!   packet), every successful message delivered exactly the bytes sent,
 //!   and the receive side saw each SEND exactly once, in order.
 
+pub mod receive;
+
 use std::collections::{HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
