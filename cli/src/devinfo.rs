@@ -116,6 +116,10 @@ pub struct DeviceReport {
     pub attr: DeviceAttr,
     /// Attributes of ports 1..=`attr.num_ports`.
     pub ports: Vec<PortAttr>,
+    /// Each port's counters by name, where the provider has them (the
+    /// RoCEv2 provider's `PortCounters`: traffic and drops by reason);
+    /// empty otherwise.
+    pub counters: Vec<Vec<(&'static str, u64)>>,
 }
 
 /// Everything devinfo prints: the provider's name and its devices.
@@ -129,6 +133,23 @@ pub struct DevinfoReport {
 
 /// Open every device of `provider` and query it and its ports.
 pub fn query_all<P: Provider>(provider: &P) -> al::Result<DevinfoReport> {
+    query_with_counters(provider, |_, _| Vec::new())
+}
+
+/// [`query_all`] on the RoCEv2 provider, with each port's counters.
+pub fn query_roce(provider: &roce_provider::RoceProvider) -> al::Result<DevinfoReport> {
+    query_with_counters(provider, |dev, port| {
+        dev.port_counters(port)
+            .map(|c| c.fields())
+            .unwrap_or_default()
+    })
+}
+
+/// [`query_all`], with `counters` read for each port.
+fn query_with_counters<P: Provider>(
+    provider: &P,
+    counters: impl Fn(&P::Device, u8) -> Vec<(&'static str, u64)>,
+) -> al::Result<DevinfoReport> {
     let mut devices = Vec::new();
     for info in provider.devices() {
         let dev = provider.open(info.node_guid)?;
@@ -136,7 +157,13 @@ pub fn query_all<P: Provider>(provider: &P) -> al::Result<DevinfoReport> {
         let ports = (1..=attr.num_ports)
             .map(|p| dev.query_port(p))
             .collect::<al::Result<Vec<_>>>()?;
-        devices.push(DeviceReport { info, attr, ports });
+        let counters = (1..=attr.num_ports).map(|p| counters(&dev, p)).collect();
+        devices.push(DeviceReport {
+            info,
+            attr,
+            ports,
+            counters,
+        });
     }
     Ok(DevinfoReport {
         provider: provider.name().to_string(),
@@ -288,10 +315,18 @@ impl DevinfoReport {
                     .map(|g| format!("\"{}\"", port_gid(p, g)))
                     .collect();
                 let pkeys: Vec<String> = p.pkey_table.iter().map(|k| k.to_string()).collect();
+                let counters = match d.counters.get(j) {
+                    Some(c) if !c.is_empty() => {
+                        let fields: Vec<String> =
+                            c.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                        format!(",\"counters\":{{{}}}", fields.join(","))
+                    }
+                    _ => String::new(),
+                };
                 s.push_str(&format!(
                     "{{\"port\":{},\"state\":\"{}\",\"max_mtu\":{},\"active_mtu\":{},\
                      \"sm_lid\":{},\"port_lid\":{},\"port_lmc\":{},\"link_layer\":\"{}\",\
-                     \"gids\":[{}],\"pkeys\":[{}]}}",
+                     \"gids\":[{}],\"pkeys\":[{}]{counters}}}",
                     p.port_num,
                     port_state(p.state).0,
                     p.max_mtu.bytes(),
@@ -368,7 +403,7 @@ mod tests {
     #[test]
     fn a_roce_port_lists_as_ethernet_with_its_address_as_gid() {
         let provider = roce_provider(&["127.0.0.1:0".parse().unwrap()]);
-        let report = query_all(&provider).unwrap();
+        let report = query_roce(&provider).unwrap();
         assert_eq!(report.provider, "roce");
         assert_eq!(report.devices.len(), 1);
         let port = &report.devices[0].ports[0];
@@ -385,5 +420,8 @@ mod tests {
             "{json}"
         );
         assert!(json.contains("\"provider\":\"roce\""), "{json}");
+        // The RoCEv2 port's counters, every drop reason by name.
+        assert!(json.contains("\"counters\":{\"rx_datagrams\":0"), "{json}");
+        assert!(json.contains("\"rx_wrong_source\":0"), "{json}");
     }
 }

@@ -1076,7 +1076,9 @@ fn print_report(json: bool, as_json: String, as_text: String) {
 const NO_RDMA_DEVICES_EXIT: u8 = 255;
 
 fn devinfo(json: bool, roce: &[String]) -> Result<ExitCode, String> {
-    use ibal_cli::devinfo::{default_provider, query_all, reports_to_json, roce_provider};
+    use ibal_cli::devinfo::{
+        default_provider, query_all, query_roce, reports_to_json, roce_provider,
+    };
     let addrs = if roce.is_empty() {
         vec!["127.0.0.1:0".parse().expect("a literal address")]
     } else {
@@ -1085,7 +1087,7 @@ fn devinfo(json: bool, roce: &[String]) -> Result<ExitCode, String> {
             .collect::<Result<Vec<_>, _>>()?
     };
     let soft = query_all(&default_provider()).map_err(|e| e.to_string())?;
-    let roce = query_all(&roce_provider(&addrs))
+    let roce = query_roce(&roce_provider(&addrs))
         .map_err(|e| format!("cannot open a RoCEv2 port on {addrs:?}: {e}"))?;
     #[allow(unused_mut)]
     let mut text = format!("{}{}", soft.to_text(), roce.to_text());

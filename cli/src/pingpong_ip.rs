@@ -173,7 +173,14 @@ pub struct IpPingPongReport {
     pub connections: Vec<ConnectionReport>,
     /// The AL's objects left at close (must be 0).
     pub live_after_close: usize,
+    /// Our RoCEv2 port's counters at the end (traffic, and datagrams
+    /// dropped by reason: a stranger's show as `rx_wrong_source`); None
+    /// over an RDMA device.
+    pub port_counters: Option<PortCounterList>,
 }
+
+/// Counters by name (`PortCounters::fields`).
+pub type PortCounterList = Vec<(&'static str, u64)>;
 
 impl IpPingPongReport {
     /// Lines for people.
@@ -199,6 +206,29 @@ impl IpPingPongReport {
             "  AL closed with {} objects live\n",
             self.live_after_close
         ));
+        if let Some(c) = &self.port_counters {
+            // Drops and retries only when there were any: what an operator
+            // looks for.
+            let odd: Vec<String> = c
+                .iter()
+                .filter(|(k, v)| {
+                    *v > 0
+                        && !matches!(
+                            *k,
+                            "rx_datagrams"
+                                | "rx_packets"
+                                | "rx_bytes"
+                                | "tx_packets"
+                                | "tx_bytes"
+                                | "rx_thread_naps"
+                        )
+                })
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            if !odd.is_empty() {
+                s.push_str(&format!("  port counters: {}\n", odd.join(", ")));
+            }
+        }
         s
     }
 
@@ -228,9 +258,16 @@ impl IpPingPongReport {
                 )
             })
             .collect();
+        let counters = match &self.port_counters {
+            Some(c) => {
+                let fields: Vec<String> = c.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                format!(",\"port_counters\":{{{}}}", fields.join(","))
+            }
+            None => String::new(),
+        };
         format!(
             "{{\"command\":\"pingpong\",\"transport\":\"{}\",\"role\":\"{}\",\"local\":\"{}\",\
-             \"connections\":[{}],\"live_after_close\":{}}}",
+             \"connections\":[{}],\"live_after_close\":{}{counters}}}",
             if self.transport == "RoCEv2" {
                 "roce"
             } else {
@@ -311,7 +348,7 @@ pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
     device.first_qpn = cfg.first_qpn;
     let provider = RoceProvider::new(vec![device]);
     let al = Al::open().map_err(|e| e.to_string())?;
-    let result = (|| -> Result<Vec<ConnectionReport>, String> {
+    let result = (|| -> Result<(Vec<ConnectionReport>, PortCounterList), String> {
         let ca = verbs::open_ca(al.instance(), &provider, guid)
             .map_err(|e| format!("cannot open a RoCEv2 port on {local}: {e}"))?;
         cm::attach_ca(al.instance(), ca).map_err(|e| e.to_string())?;
@@ -327,13 +364,19 @@ pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
                     .map_err(|e| e.to_string())?;
             }
         }
+        let counters = match al.resolve(ca).map_err(|e| e.to_string())?.device() {
+            hca::any::AnyDevice::Roce(d) => d.port_counters(1).map(|c| c.fields()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+        .unwrap_or_default();
         al.destroy_sync(ca).map_err(|e| e.to_string())?;
-        Ok(connections)
+        Ok((connections, counters))
     })();
     // Close whatever happened: a failed run must not leak either, and its
     // error says how the close went.
     let closed = al.close();
-    let connections = result.map_err(|e| match &closed {
+    let (connections, counters) = result.map_err(|e| match &closed {
         Ok(s) if s.total_live() == 0 => format!("{e}; AL closed: no objects left live"),
         Ok(s) => format!("{e}; AL closed: objects leaked: {s}"),
         Err(c) => format!("{e}; closing the AL: {c}"),
@@ -351,6 +394,7 @@ pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
         local,
         connections,
         live_after_close: stats.total_live(),
+        port_counters: Some(counters),
     })
 }
 
@@ -1197,6 +1241,13 @@ mod tests {
         assert_eq!(c.live_after_close, 0);
         assert_eq!(s.live_after_close, 0);
         assert!(c.to_json().contains("\"role\":\"connect\""));
+        // The port's counters close the report; nothing came from anyone
+        // but the peer.
+        let counters = c.port_counters.as_ref().unwrap();
+        let count = |name: &str| counters.iter().find(|(k, _)| *k == name).unwrap().1;
+        assert!(count("rx_packets") > 100, "{counters:?}");
+        assert_eq!(count("rx_wrong_source"), 0);
+        assert!(c.to_json().contains("\"port_counters\":{\"rx_datagrams\":"));
     }
 
     #[test]

@@ -84,6 +84,7 @@ pub fn run(cfg: &IpPingPongConfig, device: &str) -> Result<IpPingPongReport, Str
         local,
         connections,
         live_after_close: stats.total_live(),
+        port_counters: None,
     })
 }
 
