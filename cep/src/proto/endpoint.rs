@@ -155,7 +155,7 @@ impl Endpoint {
     /// An endpoint with empty tables, configured by `config`.
     pub fn new(config: EndpointConfig) -> Self {
         Self {
-            conns: IdSlab::new(config.max_ceps, config.id_seed),
+            conns: IdSlab::new(config.max_ceps, config.id_key),
             listeners: BTreeMap::new(),
             remote_ids: BTreeMap::new(),
             remote_qpns: BTreeMap::new(),

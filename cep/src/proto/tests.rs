@@ -953,7 +953,7 @@ fn stale_connection_rejects_new_and_disconnects_old() {
     let (mut sim, _a, b) = connected();
     // A reboots: same CA GUID, same QPN, new comm ids.
     sim.eps[0] = Endpoint::new(EndpointConfig {
-        id_seed: 0x5555,
+        id_key: IdKey::fixed(0x5555, 0x5555),
         first_tid: 99 << 32,
         ..config(0)
     });
