@@ -121,6 +121,13 @@ pub struct AgentStats {
     pub dropped_malformed: u64,
     /// Decoded, but the endpoint ignored them (`Disposition::Ignored`).
     pub ignored: u64,
+    /// Named one of this agent's connections (by its comm id, or its
+    /// remote comm id, QPN and CA GUID) but came from another address than
+    /// the connection's peer (on RoCE its GID, on InfiniBand its LID and
+    /// GID): handled as naming no connection, so nothing changed and the
+    /// sender learnt nothing ([`Endpoint::not_from_peer`]). Linux's CM has
+    /// no such check. Some of these are also counted in `ignored`.
+    pub not_from_peer: u64,
     /// MADs that could not be encoded or posted, or whose send completed in
     /// error (each is lost; the CM retries).
     pub send_errors: u64,
@@ -863,6 +870,7 @@ impl<D: Device + 'static> CmAgent<D> {
             mads_received: k.received,
             dropped_malformed: k.malformed,
             ignored: k.ignored,
+            not_from_peer: c.ep.not_from_peer(),
             send_errors: k.send_errors,
             recv_errors: k.recv_errors,
             send_backlog: c.backlog.len(),

@@ -2010,3 +2010,9 @@ fn unsupported_transport_and_mtu_are_rejected_with_their_reasons() {
         ep.check_invariants().unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------
+// MADs for a connection from another port than its peer
+// ---------------------------------------------------------------------------
+
+mod strangers;
