@@ -882,11 +882,16 @@ impl Endpoint {
             }
             let c = self.conns.get(rej.remote_comm_id)?;
             // A stateless REJ (LocalCommID 0: the sender has no CEP for
-            // this connection, e.g. REJ "invalid comm ID" for our REP)
-            // names only our id.
-            let remote_matches = c.remote_comm_id == 0
-                || c.remote_comm_id == rej.local_comm_id
-                || rej.local_comm_id == 0;
+            // this connection) names only our id. The one such REJ a CEP
+            // that knows its peer's id can get answers our REP (REJ
+            // "invalid comm ID": the active side gave up or never asked);
+            // taking it in any other state would let a REJ that guessed
+            // only our id (from the peer's address: a spoofer) end an
+            // established connection, where a guess must hit both ids.
+            let answers_our_rep =
+                rej.local_comm_id == 0 && matches!(c.state, State::RepSent | State::MraRepRcvd);
+            let remote_matches =
+                c.remote_comm_id == 0 || c.remote_comm_id == rej.local_comm_id || answers_our_rep;
             return remote_matches.then_some(c.id);
         }
         if rej.local_comm_id == 0 {

@@ -183,6 +183,41 @@ fn rej_for_an_established_connection() {
     assert_acted_on(&mut sim, 0, a, rej, Some(State::Timewait), "Rejected");
 }
 
+/// A REJ that names only our comm id (LocalCommID 0, the form a CM with no
+/// CEP for the connection sends) ends a connection only where it can be
+/// the answer to our REP; an established connection needs both ids, even
+/// from its peer's address (what a spoofer would use).
+#[test]
+fn rej_with_only_our_id_ends_only_a_rep_sent() {
+    let stateless = |to: ConnId| {
+        CmMad::new(
+            7,
+            wire::Rej {
+                local_comm_id: 0,
+                remote_comm_id: to.comm_id(),
+                message_rejected: wire::MessageRejected::Rep,
+                reason: RejectReason::InvalidCommId,
+                ..Default::default()
+            },
+        )
+    };
+    let (mut sim, a, b) = connected();
+    for (side, conn) in [(0, a), (1, b)] {
+        let (d, events, sent) = hand(&mut sim, side, addr(1 - side), stateless(conn));
+        assert_eq!(sim.eps[side].state(conn), Some(State::Established), "{d:?}");
+        assert!(events.is_empty() && sent.is_empty(), "{events:?} {sent:?}");
+    }
+    let (mut sim, _a, b) = replied();
+    assert_acted_on(
+        &mut sim,
+        1,
+        b,
+        stateless(b),
+        Some(State::Timewait),
+        "Rejected",
+    );
+}
+
 /// The active side timing out before it learnt B's id sends a REJ with
 /// RemoteCommID 0 and its GUID in the ARI: B finds the connection by A's
 /// comm id and GUID, and only A's port may end it that way.
