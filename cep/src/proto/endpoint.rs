@@ -897,27 +897,40 @@ impl Endpoint {
         if rej.local_comm_id == 0 {
             return None;
         }
+        let mut found = None;
         if rej.reason == RejectReason::Timeout {
             if let Ok(guid) = <[u8; 8]>::try_from(rej.ari_bytes().get(..8).unwrap_or(&[])) {
                 let key = (rej.local_comm_id, u64::from_be_bytes(guid));
-                if let Some(&id) = self.remote_ids.get(&key) {
-                    if self.came_from_peer(id, from) {
-                        return Some(id);
-                    }
-                }
+                found = self
+                    .remote_ids
+                    .get(&key)
+                    .copied()
+                    .filter(|&id| self.came_from_peer(id, from));
             }
         }
-        let mut named = self
-            .remote_ids
-            .range((rej.local_comm_id, 0)..=(rej.local_comm_id, u64::MAX))
-            .map(|(_, &id)| id)
-            .peekable();
-        let any = named.peek().is_some();
-        let found = named.find(|&id| self.came_from_peer(id, from));
-        if found.is_none() && any {
-            self.not_from_peer += 1;
+        if found.is_none() {
+            let mut named = self
+                .remote_ids
+                .range((rej.local_comm_id, 0)..=(rej.local_comm_id, u64::MAX))
+                .map(|(_, &id)| id)
+                .peekable();
+            let any = named.peek().is_some();
+            found = named.find(|&id| self.came_from_peer(id, from));
+            if found.is_none() && any {
+                self.not_from_peer += 1;
+            }
         }
-        found
+        // Only an active side that never got our REP can send it: once a
+        // REP told it our id it names it, so a REJ that guessed only its
+        // sender's id (from a spoofer) cannot end a connection further on.
+        found.filter(|&id| {
+            self.conns.get(id).is_some_and(|c| {
+                matches!(
+                    c.state,
+                    State::ReqRcvd | State::MraReqSent | State::RepSent | State::MraRepRcvd
+                )
+            })
+        })
     }
 
     fn on_rej(&mut self, now: Nanos, from: PeerAddr, rej: Rej) -> Disposition {

@@ -247,6 +247,31 @@ fn rej_that_names_only_the_senders_id() {
     assert_acted_on(&mut sim, 1, b, rej, Some(State::Timewait), "Rejected");
 }
 
+/// The same REJ (RemoteCommID 0, A's id and GUID) for a connection A has
+/// established: A knows B's id by then and would name it, so even from
+/// A's address (a spoofer's choice) it ends nothing.
+#[test]
+fn rej_without_our_id_leaves_an_established_connection() {
+    let (mut sim, a, b) = connected();
+    let mut ari = [0u8; wire::INFO_LEN];
+    ari[..8].copy_from_slice(&guid(0).to_be_bytes());
+    let rej = CmMad::new(
+        7,
+        wire::Rej {
+            local_comm_id: a.comm_id(),
+            remote_comm_id: 0,
+            message_rejected: wire::MessageRejected::Other,
+            reason: RejectReason::Timeout,
+            rejected_info_length: 8,
+            ari,
+            ..Default::default()
+        },
+    );
+    let (d, events, sent) = hand(&mut sim, 1, addr(0), rej);
+    assert_eq!(sim.eps[1].state(b), Some(State::Established), "{d:?}");
+    assert!(events.is_empty() && sent.is_empty(), "{events:?} {sent:?}");
+}
+
 #[test]
 fn rep_and_mra_for_a_req_sent() {
     let (mut sim, a, b) = requested();
