@@ -46,6 +46,8 @@ use crate::proto::{
 use crate::wire::{ApStatus, PathInfo, PrivateData, RejectReason, Rep, Req, TransportType};
 use qp::cid as binding;
 
+pub use crate::keyed::starting_psn;
+
 /// Called on the AL executor for every event of a CEP.
 pub type CmHandler = std::sync::Arc<dyn Fn(Handle<Cep>, &Event) + Send + Sync>;
 /// Called on the AL executor when a REQ (or SIDR_REQ) matches a listen: the
@@ -133,27 +135,6 @@ pub enum CmDrive {
     Poll,
 }
 
-/// A process-wide count of the agents this layer started, to seed each
-/// one's comm ids differently (`AgentConfig::incarnation`), from a start
-/// drawn at random once per process. Without the random start a process
-/// restarted with the same CA GUID (a NIC's, or a configured one) handed
-/// out its predecessor's comm ids, and a peer still holding the old
-/// connection took the new REQ for a duplicate of the old one and ignored
-/// it, instead of rejecting it as stale and dropping the old connection
-/// (Linux's CM likewise mixes a random value into its ids). Identity only,
-/// never synchronisation: a plain std atomic is enough even under loom.
-fn next_incarnation() -> u32 {
-    use std::hash::BuildHasher;
-    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    // std's RandomState holds per-process random keys: a hash under them
-    // is an unpredictable value without a dependency.
-    let start = *START.get_or_init(|| {
-        std::collections::hash_map::RandomState::new().hash_one(std::process::id()) as u32
-    });
-    start.wrapping_add(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-}
-
 /// A counted use of a port's CM; the last use shuts the agent down, without
 /// waiting for anything (see [`CmAgent::shutdown`]), wherever that drop
 /// runs: an AL executor, an agent thread, under the routes lock.
@@ -199,11 +180,12 @@ impl PortUse {
         let drive = drive.unwrap_or_default();
         #[cfg(ibal_loom)]
         let drive = drive.unwrap_or(CmDrive::Poll);
-        let config = AgentConfig {
-            incarnation: next_incarnation(),
-            ..AgentConfig::default()
-        };
-        let agent = CmAgent::new(ca.device().clone(), port, config)?;
+        // The agent draws its comm id key from the OS: a port started
+        // again, or a process restarted with the same CA GUID, hands out
+        // none of its predecessor's ids (a peer still holding the old
+        // connection would take the new REQ for a duplicate of it and
+        // ignore it, where it must reject it as stale).
+        let agent = CmAgent::new(ca.device().clone(), port, AgentConfig::default())?;
         let routes = Arc::new(Routes::default());
         let sink_routes = routes.clone();
         let sink: EventSink = std::sync::Arc::new(move |ev| deliver(&sink_routes, ev));
@@ -888,7 +870,9 @@ pub struct LocalQpAttrs {
     pub qpn: u32,
     /// The StartingPSN this side puts in its REQ or REP (24 bits): the
     /// first PSN the QP receives, its RQ PSN in RTR, and the peer's SQ PSN
-    /// (IBTA and Linux's CM: each side names the PSN it expects).
+    /// (IBTA and Linux's CM: each side names the PSN it expects). Draw it
+    /// with [`starting_psn`], as bound connections do: a PSN a stranger
+    /// can guess lets it inject packets that RoCE cannot authenticate.
     pub starting_psn: u32,
     /// The QP takes its receives from a shared receive queue.
     pub srq: bool,
@@ -924,7 +908,7 @@ impl LocalQpAttrs {
         LocalQpAttrs {
             qp_type: qp.qp_type(),
             qpn: qp.qpn(),
-            starting_psn: psn_seed(qp.qpn()),
+            starting_psn: starting_psn(),
             srq: qp.has_srq(),
             end_to_end_flow_control: false,
         }
@@ -1213,22 +1197,6 @@ fn spec_bounded(name: &str, value: u8, max: u8) -> Result<u8> {
         )));
     }
     Ok(value)
-}
-
-/// A random 24-bit starting PSN, as Linux's rdma_cm draws one per
-/// connection. (It used to be a function of the QPN: a process restarted
-/// with the same QPNs started each connection at its predecessor's PSN,
-/// so the old connection's packets still in flight fell in the new
-/// window, and every reconnect of a QP started at the same PSN.)
-fn psn_seed(qpn: u32) -> u32 {
-    use std::hash::BuildHasher;
-    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
-        std::sync::OnceLock::new();
-    static DRAWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = DRAWN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // std's RandomState keys are random per process: unpredictable values
-    // without a dependency.
-    (KEYS.get_or_init(Default::default).hash_one((qpn, n)) as u32) & 0xff_ffff
 }
 
 /// Why a bind on a QP failed, in the words the caller can act on.

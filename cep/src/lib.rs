@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod cm;
 pub mod ip;
+mod keyed;
 pub mod proto;
 pub mod rdmacm;
 pub mod wire;

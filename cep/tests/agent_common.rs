@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use cep::agent::{AgentConfig, CmAgent};
-use cep::proto::{ConnectParams, Event, Nanos};
+use cep::proto::{ConnectParams, Event, IdKey, Nanos};
 use cep::wire::{PathInfo, Rep, Req};
 use hca::soft::{Fabric, HcaConfig, SoftHca};
 
@@ -21,13 +21,25 @@ pub const MS: u64 = 1_000_000;
 pub const GUID_A: u64 = 0xA0;
 pub const GUID_B: u64 = 0xB0;
 
-/// Two soft HCAs (LIDs 1 and 2) on one fabric, one agent on each port 1.
+/// Two soft HCAs (LIDs 1 and 2) on one fabric, one agent on each port 1,
+/// with fixed comm id keys: the ids, and so the order of timers that fall
+/// due together, are the same every run, so a seeded faulty fabric gives
+/// the same run every time.
 pub fn pair() -> (Fabric, Agent, Agent) {
+    let key = |guid| AgentConfig {
+        id_key: Some(IdKey::fixed(guid, 0x1d)),
+        ..AgentConfig::default()
+    };
+    pair_with(key(GUID_A), key(GUID_B))
+}
+
+/// [`pair`] with the agents configured by `a` and `b`.
+pub fn pair_with(a: AgentConfig, b: AgentConfig) -> (Fabric, Agent, Agent) {
     let f = Fabric::new();
     let ha = f.add_hca(HcaConfig::new(GUID_A, &[1])).unwrap();
     let hb = f.add_hca(HcaConfig::new(GUID_B, &[2])).unwrap();
-    let a = CmAgent::new(ha, 1, AgentConfig::default()).unwrap();
-    let b = CmAgent::new(hb, 1, AgentConfig::default()).unwrap();
+    let a = CmAgent::new(ha, 1, a).unwrap();
+    let b = CmAgent::new(hb, 1, b).unwrap();
     (f, a, b)
 }
 

@@ -43,8 +43,8 @@ use al::{Error, Result};
 use hca::provider::Device;
 
 use crate::proto::{
-    ConnId, ConnectParams, Disposition, Endpoint, EndpointConfig, Event, LapParams, LocalPort,
-    Nanos, PeerAddr, ProtoError, SidrParams, SidrReplyParams, State, Transmit,
+    ConnId, ConnectParams, Disposition, Endpoint, EndpointConfig, Event, IdKey, LapParams,
+    LocalPort, Nanos, PeerAddr, ProtoError, SidrParams, SidrReplyParams, State, Transmit,
 };
 use crate::wire::{ApStatus, RejectReason, Rep};
 
@@ -80,15 +80,15 @@ pub struct AgentConfig {
     pub recv_buffers: u32,
     /// Send buffers (the most MADs in flight before the rest wait).
     pub send_buffers: u32,
-    /// Overrides [`EndpointConfig::id_seed`] (default: from the node GUID).
-    pub id_seed: Option<u32>,
+    /// Overrides the comm id key ([`EndpointConfig::id_key`]), which is
+    /// otherwise drawn from the operating system for every agent, so that
+    /// no two agents (of one port, one process or two processes with the
+    /// same CA GUID) share ids, and no id tells a stranger anything about
+    /// another. For reproducible tests only: a known key makes every id
+    /// predictable.
+    pub id_key: Option<IdKey>,
     /// Overrides [`EndpointConfig::max_ceps`].
     pub max_ceps: Option<u32>,
-    /// Which agent of this port this is (0 for the first): mixed into the
-    /// comm id seed, so an agent started again on a port does not hand out
-    /// the ids of its predecessor, which peers may still hold in timewait.
-    /// The CM layer counts them; a standalone agent stays deterministic.
-    pub incarnation: u32,
 }
 
 impl Default for AgentConfig {
@@ -101,9 +101,8 @@ impl Default for AgentConfig {
             // responses in flight overflowed it and cost CM retries.
             recv_buffers: 512,
             send_buffers: 128,
-            id_seed: None,
+            id_key: None,
             max_ceps: None,
-            incarnation: 0,
         }
     }
 }
@@ -122,6 +121,13 @@ pub struct AgentStats {
     pub dropped_malformed: u64,
     /// Decoded, but the endpoint ignored them (`Disposition::Ignored`).
     pub ignored: u64,
+    /// Named one of this agent's connections (by its comm id, or its
+    /// remote comm id, QPN and CA GUID) but came from another address than
+    /// the connection's peer (on RoCE its GID, on InfiniBand its LID and
+    /// GID): handled as naming no connection, so nothing changed and the
+    /// sender learnt nothing ([`Endpoint::not_from_peer`]). Linux's CM has
+    /// no such check. Some of these are also counted in `ignored`.
+    pub not_from_peer: u64,
     /// MADs that could not be encoded or posted, or whose send completed in
     /// error (each is lost; the CM retries).
     pub send_errors: u64,
@@ -585,16 +591,7 @@ impl<D: Device + 'static> CmAgent<D> {
             )));
         };
         let mut ep_config = EndpointConfig::new(attr.node_guid);
-        // Ports of one device, and successive agents of one port
-        // (`AgentConfig::incarnation`), get different id seeds unless told
-        // otherwise.
-        ep_config.id_seed = ep_config
-            .id_seed
-            .wrapping_add(u32::from(port) << 12)
-            .wrapping_add(config.incarnation.wrapping_mul(0x9E37_79B9));
-        if let Some(seed) = config.id_seed {
-            ep_config.id_seed = seed;
-        }
+        ep_config.id_key = config.id_key.unwrap_or_else(IdKey::random);
         if let Some(max) = config.max_ceps {
             ep_config.max_ceps = max;
         }
@@ -873,6 +870,7 @@ impl<D: Device + 'static> CmAgent<D> {
             mads_received: k.received,
             dropped_malformed: k.malformed,
             ignored: k.ignored,
+            not_from_peer: c.ep.not_from_peer(),
             send_errors: k.send_errors,
             recv_errors: k.recv_errors,
             send_backlog: c.backlog.len(),

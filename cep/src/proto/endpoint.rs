@@ -120,6 +120,9 @@ pub struct Endpoint {
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     next_tid: u64,
+    /// MADs that named a connection but came from another address than its
+    /// peer's (see `source_may_name`).
+    not_from_peer: u64,
 }
 
 fn wrong_state(conn: &Conn, call: &'static str) -> ProtoError {
@@ -155,7 +158,7 @@ impl Endpoint {
     /// An endpoint with empty tables, configured by `config`.
     pub fn new(config: EndpointConfig) -> Self {
         Self {
-            conns: IdSlab::new(config.max_ceps, config.id_seed),
+            conns: IdSlab::new(config.max_ceps, config.id_key),
             listeners: BTreeMap::new(),
             remote_ids: BTreeMap::new(),
             remote_qpns: BTreeMap::new(),
@@ -165,6 +168,7 @@ impl Endpoint {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             next_tid: config.first_tid,
+            not_from_peer: 0,
             config,
         }
     }
@@ -209,6 +213,15 @@ impl Endpoint {
     /// Number of allocated ids (listeners included).
     pub fn allocated_ids(&self) -> usize {
         self.conns.len()
+    }
+
+    /// MADs that named one of this endpoint's connections (by its comm id,
+    /// its remote comm id and CA GUID, or its remote QPN and CA GUID) but
+    /// came from an address other than the connection's peer. Each was
+    /// handled as if it named no connection: no state changed, no event,
+    /// and no answer but the stateless one a MAD naming nothing gets.
+    pub fn not_from_peer(&self) -> u64 {
+        self.not_from_peer
     }
 
     /// Every allocated CEP with its state, in id order of the slots.
@@ -515,9 +528,57 @@ impl Endpoint {
         );
     }
 
-    /// Looks up a CEP by the local id a message names and checks the sender's
-    /// comm id against what we know (an unknown remote id always matches).
-    fn lookup(&self, local: u32, remote: u32) -> Option<&Conn> {
+    /// Whether this port is routed by GID only (RoCE: LID 0), where LIDs
+    /// mean nothing and no alternate path can be loaded.
+    fn gid_routed(&self) -> bool {
+        matches!(self.config.local_port, Some(p) if p.lid == 0)
+    }
+
+    /// Whether a MAD from `from` may come from `peer`, the port a
+    /// connection talks to: on a GID-routed port the source GID (on RoCEv2
+    /// the packet's IP source) must be the peer's; elsewhere the source LID
+    /// must be, and the GIDs too when both the MAD (its GRH) and the peer
+    /// carry one. The port, not the QP or UDP port: the UDP source port is
+    /// entropy.
+    fn is_peer(&self, peer: &PeerAddr, from: &PeerAddr) -> bool {
+        const NO_GID: [u8; 16] = [0; 16];
+        if self.gid_routed() {
+            return from.gid == peer.gid;
+        }
+        from.lid == peer.lid && (from.gid == NO_GID || peer.gid == NO_GID || from.gid == peer.gid)
+    }
+
+    /// Whether `from` may speak for the CEP our comm id `local` names:
+    /// anyone for an id that names nothing or a listener (the MAD finds no
+    /// connection there anyway), only the peer for any other CEP. A MAD
+    /// from anyone else is counted, and the caller handles it as naming no
+    /// CEP, so its sender learns nothing, not even whether the id is live.
+    /// (Linux's CM matches by comm id alone.)
+    fn source_may_name(&mut self, local: u32, from: PeerAddr) -> bool {
+        let Some(c) = self.conns.get(local) else {
+            return true;
+        };
+        if c.state == State::Listen || self.is_peer(&c.peer, &from) {
+            return true;
+        }
+        self.not_from_peer += 1;
+        false
+    }
+
+    /// Whether the CEP `id` exists and a MAD from `from` came from its peer.
+    fn came_from_peer(&self, id: u32, from: PeerAddr) -> bool {
+        self.conns
+            .get(id)
+            .is_some_and(|c| self.is_peer(&c.peer, &from))
+    }
+
+    /// Looks up a CEP by the local id a message names, if the sender may
+    /// name it (`source_may_name`), and checks the sender's comm id against
+    /// what we know (an unknown remote id always matches).
+    fn lookup(&mut self, from: PeerAddr, local: u32, remote: u32) -> Option<&Conn> {
+        if !self.source_may_name(local, from) {
+            return None;
+        }
         let c = self.conns.get(local)?;
         (c.remote_comm_id == 0 || c.remote_comm_id == remote).then_some(c)
     }
@@ -532,16 +593,16 @@ impl Endpoint {
         let tid = mad.transaction_id;
         match mad.message {
             CmMessage::Req(m) => self.on_req(now, from, tid, m),
-            CmMessage::Mra(m) => self.on_mra(now, m),
+            CmMessage::Mra(m) => self.on_mra(now, from, m),
             CmMessage::Rej(m) => self.on_rej(now, from, m),
             CmMessage::Rep(m) => self.on_rep(now, from, tid, m),
-            CmMessage::Rtu(m) => self.on_rtu(m),
+            CmMessage::Rtu(m) => self.on_rtu(from, m),
             CmMessage::Dreq(m) => self.on_dreq(now, from, tid, m),
-            CmMessage::Drep(m) => self.on_drep(now, m),
+            CmMessage::Drep(m) => self.on_drep(now, from, m),
             CmMessage::SidrReq(m) => self.on_sidr_req(now, from, tid, m),
-            CmMessage::SidrRep(m) => self.on_sidr_rep(m),
-            CmMessage::Lap(m) => self.on_lap(tid, m),
-            CmMessage::Apr(m) => self.on_apr(tid, m),
+            CmMessage::SidrRep(m) => self.on_sidr_rep(from, m),
+            CmMessage::Lap(m) => self.on_lap(from, tid, m),
+            CmMessage::Apr(m) => self.on_apr(from, tid, m),
         }
     }
 
@@ -599,6 +660,13 @@ impl Endpoint {
     fn on_req(&mut self, now: Nanos, from: PeerAddr, tid: u64, req: Req) -> Disposition {
         let remote_key = (req.local_comm_id, req.local_ca_guid);
         if let Some(&id) = self.remote_ids.get(&remote_key) {
+            if !self.came_from_peer(id, from) {
+                // Another port claims a live connection's comm id and CA
+                // GUID: it is not that connection's peer repeating its REQ,
+                // and it cannot have a second connection under the same ids.
+                self.not_from_peer += 1;
+                return Disposition::Ignored("REQ names a connection of another port");
+            }
             return self.on_dup_req(id, from, tid, &req);
         }
         let Some(&listener) = self.listeners.get(&req.service_id) else {
@@ -616,6 +684,14 @@ impl Endpoint {
         let qpn_key = (req.local_qpn, req.local_ca_guid);
         if let Some(&old) = self.remote_qpns.get(&qpn_key) {
             self.stateless_rej(from, tid, &req, RejectReason::StaleConnection);
+            if !self.came_from_peer(old, from) {
+                // A REQ from another port that names the remote QPN and CA
+                // GUID of a live connection: both are on the wire for
+                // anyone to copy, so it does not prove that connection
+                // stale; the connection stays.
+                self.not_from_peer += 1;
+                return Disposition::Answered;
+            }
             self.stale_old(now, old);
             return Disposition::Handled;
         }
@@ -673,11 +749,13 @@ impl Endpoint {
     }
 
     fn on_rep(&mut self, now: Nanos, from: PeerAddr, tid: u64, rep: Rep) -> Disposition {
-        let Some(c) = self.lookup(rep.remote_comm_id, rep.local_comm_id) else {
+        let Some(c) = self.lookup(from, rep.remote_comm_id, rep.local_comm_id) else {
             // The passive side would resend this REP until it times out;
             // tell it now that nothing here waits for it (IBTA reason 6, or
-            // 7 when the id is ours but bound to another remote instance).
-            let reason = if self.conns.get(rep.remote_comm_id).is_some() {
+            // 7 when the id is ours but bound to another remote instance;
+            // never 7 to a sender that is not the id's peer, which must not
+            // learn that the id is live).
+            let reason = if self.came_from_peer(rep.remote_comm_id, from) {
                 RejectReason::InvalidCommInstance
             } else {
                 RejectReason::InvalidCommId
@@ -723,7 +801,13 @@ impl Endpoint {
                 });
             }
             if let Some(old) = stale {
-                self.stale_old(now, old);
+                // Only the old connection's own peer can make it stale
+                // (see `on_req`).
+                if self.came_from_peer(old, from) {
+                    self.stale_old(now, old);
+                } else {
+                    self.not_from_peer += 1;
+                }
             }
             return Disposition::Handled;
         }
@@ -740,8 +824,8 @@ impl Endpoint {
         Disposition::Handled
     }
 
-    fn on_rtu(&mut self, rtu: Rtu) -> Disposition {
-        let Some(c) = self.lookup(rtu.remote_comm_id, rtu.local_comm_id) else {
+    fn on_rtu(&mut self, from: PeerAddr, rtu: Rtu) -> Disposition {
+        let Some(c) = self.lookup(from, rtu.remote_comm_id, rtu.local_comm_id) else {
             return Disposition::Ignored("RTU for an unknown comm id");
         };
         let id = c.id;
@@ -761,8 +845,8 @@ impl Endpoint {
         self.emit(Event::Established { conn: ConnId(id) });
     }
 
-    fn on_mra(&mut self, now: Nanos, mra: Mra) -> Disposition {
-        let Some(c) = self.lookup(mra.remote_comm_id, mra.local_comm_id) else {
+    fn on_mra(&mut self, now: Nanos, from: PeerAddr, mra: Mra) -> Disposition {
+        let Some(c) = self.lookup(from, mra.remote_comm_id, mra.local_comm_id) else {
             return Disposition::Ignored("MRA for an unknown comm id");
         };
         let id = c.id;
@@ -789,38 +873,64 @@ impl Endpoint {
     /// Finds the CEP a REJ is meant for. A REJ answering a REQ may carry
     /// RemoteCommID 0 only when the sender is the active side timing out
     /// before it learnt our id; then the (sender id, sender GUID from the
-    /// Timeout ARI) pair, or failing that the sender id and address, finds it.
-    fn find_rejected(&self, from: PeerAddr, rej: &Rej) -> Option<u32> {
+    /// Timeout ARI) pair, or failing that the sender id, finds it. Every
+    /// way, only the connection's peer can name it (`source_may_name`).
+    fn find_rejected(&mut self, from: PeerAddr, rej: &Rej) -> Option<u32> {
         if rej.remote_comm_id != 0 {
-            if let Some(c) = self.lookup(rej.remote_comm_id, rej.local_comm_id) {
-                return Some(c.id);
+            if !self.source_may_name(rej.remote_comm_id, from) {
+                return None;
             }
+            let c = self.conns.get(rej.remote_comm_id)?;
             // A stateless REJ (LocalCommID 0: the sender has no CEP for
-            // this connection, e.g. REJ "invalid comm ID" for our REP) names
-            // only our id; it counts if it comes from the connection's peer.
-            return (rej.local_comm_id == 0)
-                .then(|| self.conns.get(rej.remote_comm_id))
-                .flatten()
-                .filter(|c| c.peer == from)
-                .map(|c| c.id);
+            // this connection) names only our id. The one such REJ a CEP
+            // that knows its peer's id can get answers our REP (REJ
+            // "invalid comm ID": the active side gave up or never asked);
+            // taking it in any other state would let a REJ that guessed
+            // only our id (from the peer's address: a spoofer) end an
+            // established connection, where a guess must hit both ids.
+            let answers_our_rep =
+                rej.local_comm_id == 0 && matches!(c.state, State::RepSent | State::MraRepRcvd);
+            let remote_matches =
+                c.remote_comm_id == 0 || c.remote_comm_id == rej.local_comm_id || answers_our_rep;
+            return remote_matches.then_some(c.id);
         }
         if rej.local_comm_id == 0 {
             return None;
         }
+        let mut found = None;
         if rej.reason == RejectReason::Timeout {
             if let Ok(guid) = <[u8; 8]>::try_from(rej.ari_bytes().get(..8).unwrap_or(&[])) {
-                if let Some(&id) = self
+                let key = (rej.local_comm_id, u64::from_be_bytes(guid));
+                found = self
                     .remote_ids
-                    .get(&(rej.local_comm_id, u64::from_be_bytes(guid)))
-                {
-                    return Some(id);
-                }
+                    .get(&key)
+                    .copied()
+                    .filter(|&id| self.came_from_peer(id, from));
             }
         }
-        self.remote_ids
-            .range((rej.local_comm_id, 0)..=(rej.local_comm_id, u64::MAX))
-            .map(|(_, &id)| id)
-            .find(|&id| self.conns.get(id).is_some_and(|c| c.peer == from))
+        if found.is_none() {
+            let mut named = self
+                .remote_ids
+                .range((rej.local_comm_id, 0)..=(rej.local_comm_id, u64::MAX))
+                .map(|(_, &id)| id)
+                .peekable();
+            let any = named.peek().is_some();
+            found = named.find(|&id| self.came_from_peer(id, from));
+            if found.is_none() && any {
+                self.not_from_peer += 1;
+            }
+        }
+        // Only an active side that never got our REP can send it: once a
+        // REP told it our id it names it, so a REJ that guessed only its
+        // sender's id (from a spoofer) cannot end a connection further on.
+        found.filter(|&id| {
+            self.conns.get(id).is_some_and(|c| {
+                matches!(
+                    c.state,
+                    State::ReqRcvd | State::MraReqSent | State::RepSent | State::MraRepRcvd
+                )
+            })
+        })
     }
 
     fn on_rej(&mut self, now: Nanos, from: PeerAddr, rej: Rej) -> Disposition {
@@ -863,11 +973,14 @@ impl Endpoint {
     }
 
     fn on_dreq(&mut self, now: Nanos, from: PeerAddr, tid: u64, dreq: Dreq) -> Disposition {
-        let found = self
-            .conns
-            .get(dreq.remote_comm_id)
-            .filter(|c| c.remote_comm_id == dreq.local_comm_id && c.state != State::Listen)
-            .map(|c| (c.id, c.state, c.local_qpn));
+        let found = if self.source_may_name(dreq.remote_comm_id, from) {
+            self.conns
+                .get(dreq.remote_comm_id)
+                .filter(|c| c.remote_comm_id == dreq.local_comm_id && c.state != State::Listen)
+                .map(|c| (c.id, c.state, c.local_qpn))
+        } else {
+            None
+        };
         let Some((id, state, local_qpn)) = found else {
             // IBTA: a DREQ for an unknown comm id is answered with a DREP so
             // the sender can leave DREQ_SENT.
@@ -926,8 +1039,8 @@ impl Endpoint {
         }
     }
 
-    fn on_drep(&mut self, now: Nanos, drep: Drep) -> Disposition {
-        let Some(c) = self.lookup(drep.remote_comm_id, drep.local_comm_id) else {
+    fn on_drep(&mut self, now: Nanos, from: PeerAddr, drep: Drep) -> Disposition {
+        let Some(c) = self.lookup(from, drep.remote_comm_id, drep.local_comm_id) else {
             return Disposition::Ignored("DREP for an unknown comm id");
         };
         let id = c.id;
@@ -953,11 +1066,12 @@ impl Endpoint {
     /// Whether this endpoint's port can load alternate paths (LAP/APR):
     /// not a RoCE port (LID 0, routed by GID only).
     fn alternate_paths(&self) -> bool {
-        !matches!(self.config.local_port, Some(p) if p.lid == 0)
+        !self.gid_routed()
     }
 
-    fn on_lap(&mut self, tid: u64, lap: Lap) -> Disposition {
-        let Some(c) = self.lookup(lap.remote_comm_id, lap.local_comm_id) else {
+    fn on_lap(&mut self, from: PeerAddr, tid: u64, lap: Lap) -> Disposition {
+        let alternate_paths = self.alternate_paths();
+        let Some(c) = self.lookup(from, lap.remote_comm_id, lap.local_comm_id) else {
             return Disposition::Ignored("LAP for an unknown comm id");
         };
         let id = c.id;
@@ -968,7 +1082,7 @@ impl Endpoint {
             State::Established if tid == c.lap_tid && c.lap_tid != 0 => {
                 self.resend_reply(id, "APR")
             }
-            State::Established if !self.alternate_paths() => {
+            State::Established if !alternate_paths => {
                 // RoCE: no alternate path can be loaded. The APR says so
                 // (status 2, "unsupported") and the connection stays as it
                 // is; a duplicate LAP gets the same APR again (above).
@@ -1003,8 +1117,8 @@ impl Endpoint {
         }
     }
 
-    fn on_apr(&mut self, tid: u64, apr: Apr) -> Disposition {
-        let Some(c) = self.lookup(apr.remote_comm_id, apr.local_comm_id) else {
+    fn on_apr(&mut self, from: PeerAddr, tid: u64, apr: Apr) -> Disposition {
+        let Some(c) = self.lookup(from, apr.remote_comm_id, apr.local_comm_id) else {
             return Disposition::Ignored("APR for an unknown comm id");
         };
         let id = c.id;
@@ -1065,7 +1179,10 @@ impl Endpoint {
         Disposition::Handled
     }
 
-    fn on_sidr_rep(&mut self, rep: SidrRep) -> Disposition {
+    fn on_sidr_rep(&mut self, from: PeerAddr, rep: SidrRep) -> Disposition {
+        if !self.source_may_name(rep.request_id, from) {
+            return Disposition::Ignored("SIDR_REP not from where the SIDR_REQ went");
+        }
         match self.conns.get(rep.request_id) {
             Some(c) if c.state == State::SidrReqSent => {}
             _ => return Disposition::Ignored("SIDR_REP matches no outstanding SIDR_REQ"),

@@ -1,11 +1,22 @@
-//! Local communication id allocator: a slab whose ids carry a generation
-//! "modifier" in the upper bits, as IBAL did.
+//! Local communication id allocator: a slab whose slots carry a generation
+//! "modifier", as IBAL's did, behind a keyed permutation.
 //!
-//! An id is `index | modifier << INDEX_BITS`. Freed indices go to the back of
-//! a FIFO free list and their modifier advances, so an id is not handed out
-//! again until the index has been through every other free slot *and* its
-//! modifier has wrapped (4095 generations). The modifier is never zero, so no
-//! id is zero (zero means "unknown" in REJ and MRA RemoteCommID fields).
+//! A slot's internal id is `index | modifier << INDEX_BITS`. Freed indices go
+//! to the back of a FIFO free list and their modifier advances, so an
+//! internal id is not handed out again until the index has been through
+//! every other free slot *and* its modifier has wrapped (4095 generations).
+//! The modifier is never zero, so no internal id is zero.
+//!
+//! The id that names the slot everywhere else (the `ConnId`, the comm id on
+//! the wire) is the internal id under the endpoint's keyed permutation
+//! ([`IdCipher`]): distinct internal ids give distinct ids, none is zero
+//! (zero means "unknown" in REJ and MRA comm id fields), and without the key
+//! an id says nothing about any other: not its index, not its modifier,
+//! not the next id. Looking an id up inverts the permutation and then
+//! checks the slot's index and modifier, so a stale or forged id finds
+//! nothing. A small direct-mapped table remembers which slot recent ids
+//! name, so the common lookup costs a compare instead of the ten hash
+//! rounds of the inverse.
 //!
 //! Slots live in chunks that never move: chunk `k` holds `16 << k` slots,
 //! so growing the slab allocates one new chunk instead of copying every
@@ -17,7 +28,9 @@
 
 use std::collections::VecDeque;
 
-/// Bits of an id that select the slot.
+use crate::keyed::{IdCipher, IdKey};
+
+/// Bits of an internal id that select the slot.
 pub(crate) const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 /// Largest modifier; modifiers run 1..=MODIFIER_MAX.
@@ -25,10 +38,18 @@ const MODIFIER_MAX: u32 = u32::MAX >> INDEX_BITS;
 /// The first chunk holds `1 << FIRST_CHUNK_BITS` slots; each next one twice
 /// as many as the one before.
 const FIRST_CHUNK_BITS: u32 = 4;
+/// Entries of the id -> slot hint table (16 KiB): the ids of up to this
+/// many live CEPs are found without inverting the permutation.
+const HINT_BITS: u32 = 12;
+const HINT_MASK: u32 = (1 << HINT_BITS) - 1;
+/// A hint entry that names no slot.
+const NO_HINT: u32 = u32::MAX;
 
 #[derive(Debug)]
 struct Slot<T> {
     modifier: u32,
+    /// The slot's current id: `compose(index, modifier)` under the cipher.
+    id: u32,
     value: Option<T>,
 }
 
@@ -42,7 +63,10 @@ pub(crate) struct IdSlab<T> {
     free: VecDeque<u32>,
     len: usize,
     capacity: u32,
-    seed: u32,
+    cipher: IdCipher,
+    /// `hints[id & HINT_MASK]`: the index of the slot that last got an id
+    /// with these low bits (a hint only: checked against the slot's id).
+    hints: Box<[u32]>,
 }
 
 const fn compose(index: u32, modifier: u32) -> u32 {
@@ -66,23 +90,18 @@ const fn next_modifier(m: u32) -> u32 {
 }
 
 impl<T> IdSlab<T> {
-    pub fn new(capacity: u32, seed: u32) -> Self {
+    /// A slab of at most `capacity` ids (and at most `2^20`), whose ids
+    /// are its internal ids under the permutation keyed by `key`.
+    pub fn new(capacity: u32, key: IdKey) -> Self {
         Self {
             chunks: Vec::new(),
             slots: 0,
             free: VecDeque::new(),
             len: 0,
             capacity: capacity.min(INDEX_MASK + 1),
-            seed,
+            cipher: IdCipher::new(key),
+            hints: vec![NO_HINT; 1 << HINT_BITS].into_boxed_slice(),
         }
-    }
-
-    fn initial_modifier(&self, index: u32) -> u32 {
-        let mixed = self
-            .seed
-            .wrapping_add(index.wrapping_mul(0x9E37_79B1))
-            .rotate_left(7);
-        1 + mixed % MODIFIER_MAX
     }
 
     /// Allocates an id and stores `make(id)` under it.
@@ -94,14 +113,15 @@ impl<T> IdSlab<T> {
                 if i >= self.capacity {
                     return None;
                 }
-                let modifier = self.initial_modifier(i);
                 let (chunk, _) = locate(i);
                 if chunk == self.chunks.len() {
                     self.chunks
                         .push(Vec::with_capacity(1 << (FIRST_CHUNK_BITS as usize + chunk)));
                 }
+                let id = self.cipher.encrypt(compose(i, 1));
                 self.chunks.get_mut(chunk)?.push(Slot {
-                    modifier,
+                    modifier: 1,
+                    id,
                     value: None,
                 });
                 self.slots += 1;
@@ -109,8 +129,11 @@ impl<T> IdSlab<T> {
             }
         };
         let slot = self.slot_mut(index)?;
-        let id = compose(index, slot.modifier);
+        let id = slot.id;
         slot.value = Some(make(id));
+        if let Some(hint) = self.hints.get_mut((id & HINT_MASK) as usize) {
+            *hint = index;
+        }
         self.len += 1;
         Some(id)
     }
@@ -125,31 +148,40 @@ impl<T> IdSlab<T> {
         self.chunks.get_mut(chunk)?.get_mut(at)
     }
 
-    fn slot_of(&self, id: u32) -> Option<&Slot<T>> {
-        let slot = self.slot(id)?;
-        (slot.modifier == id >> INDEX_BITS).then_some(slot)
+    /// The index of the slot `id` names now, if any: the hint if it is
+    /// right, else the inverse permutation and the slot's modifier check.
+    fn index_of(&self, id: u32) -> Option<u32> {
+        let hint = self
+            .hints
+            .get((id & HINT_MASK) as usize)
+            .copied()
+            .unwrap_or(NO_HINT);
+        if hint < self.slots && self.slot(hint).is_some_and(|s| s.id == id) {
+            return Some(hint);
+        }
+        let internal = self.cipher.decrypt(id)?;
+        let index = internal & INDEX_MASK;
+        let slot = self.slot(index).filter(|_| index < self.slots)?;
+        (slot.modifier == internal >> INDEX_BITS).then_some(index)
     }
 
     pub fn get(&self, id: u32) -> Option<&T> {
-        self.slot_of(id)?.value.as_ref()
+        let index = self.index_of(id)?;
+        self.slot(index)?.value.as_ref()
     }
 
     pub fn get_mut(&mut self, id: u32) -> Option<&mut T> {
-        let slot = self.slot_mut(id)?;
-        if slot.modifier != id >> INDEX_BITS {
-            return None;
-        }
-        slot.value.as_mut()
+        let index = self.index_of(id)?;
+        self.slot_mut(index)?.value.as_mut()
     }
 
     pub fn remove(&mut self, id: u32) -> Option<T> {
-        let index = id & INDEX_MASK;
+        let index = self.index_of(id)?;
+        let cipher = self.cipher;
         let slot = self.slot_mut(index)?;
-        if slot.modifier != id >> INDEX_BITS {
-            return None;
-        }
         let value = slot.value.take()?;
         slot.modifier = next_modifier(slot.modifier);
+        slot.id = cipher.encrypt(compose(index, slot.modifier));
         self.free.push_back(index);
         self.len -= 1;
         Some(value)
@@ -163,11 +195,7 @@ impl<T> IdSlab<T> {
         self.chunks
             .iter()
             .flatten()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let index = u32::try_from(i).ok()?;
-                s.value.as_ref().map(|v| (compose(index, s.modifier), v))
-            })
+            .filter_map(|s| s.value.as_ref().map(|v| (s.id, v)))
     }
 
     /// Checks the allocator's own bookkeeping.
@@ -225,6 +253,20 @@ impl<T> IdSlab<T> {
             if s.modifier == 0 || s.modifier > MODIFIER_MAX {
                 return Err(format!("slot {i} has modifier {}", s.modifier));
             }
+            let index = u32::try_from(i).map_err(|_| format!("slot {i} past u32"))?;
+            if s.id == 0 || s.id != self.cipher.encrypt(compose(index, s.modifier)) {
+                return Err(format!("slot {i} holds id {:#x} for its modifier", s.id));
+            }
+            if self.index_of(s.id) != Some(index) {
+                return Err(format!("id {:#x} does not find slot {i}", s.id));
+            }
+        }
+        if let Some(h) = self
+            .hints
+            .iter()
+            .find(|&&h| h != NO_HINT && h >= self.slots)
+        {
+            return Err(format!("hint {h} names no slot"));
         }
         Ok(())
     }
@@ -234,9 +276,18 @@ impl<T> IdSlab<T> {
 mod tests {
     use super::*;
 
+    fn key(k: u64) -> IdKey {
+        IdKey::fixed(k, k.rotate_left(32) ^ 0x5a5a)
+    }
+
+    /// The internal id behind `id`.
+    fn internal<T>(s: &IdSlab<T>, id: u32) -> u32 {
+        s.cipher.decrypt(id).unwrap()
+    }
+
     #[test]
     fn ids_are_nonzero_and_not_reused_immediately() {
-        let mut s = IdSlab::new(4, 0);
+        let mut s = IdSlab::new(4, key(0));
         let a = s.insert_with(|id| id).unwrap();
         assert_ne!(a, 0);
         assert_eq!(s.get(a), Some(&a));
@@ -245,17 +296,18 @@ mod tests {
         let b = s.insert_with(|id| id).unwrap();
         assert_ne!(a, b);
         assert_eq!(
-            a & INDEX_MASK,
-            b & INDEX_MASK,
+            internal(&s, a) & INDEX_MASK,
+            internal(&s, b) & INDEX_MASK,
             "FIFO reuses the only free index"
         );
         assert_eq!(s.remove(a), None, "old id does not remove the new entry");
+        assert_eq!(s.get(0), None);
         s.check().unwrap();
     }
 
     #[test]
     fn capacity_is_enforced() {
-        let mut s = IdSlab::new(2, 7);
+        let mut s = IdSlab::new(2, key(7));
         let a = s.insert_with(|_| ()).unwrap();
         s.insert_with(|_| ()).unwrap();
         assert!(s.insert_with(|_| ()).is_none());
@@ -277,7 +329,7 @@ mod tests {
         ] {
             assert_eq!(locate(index), want, "index {index}");
         }
-        let mut s = IdSlab::new(1000, 3);
+        let mut s = IdSlab::new(1000, key(3));
         let first = s.insert_with(|id| id).unwrap();
         let at = s.get(first).unwrap() as *const u32;
         let ids: Vec<u32> = (0..999).map(|_| s.insert_with(|id| id).unwrap()).collect();
@@ -302,10 +354,84 @@ mod tests {
         s.check().unwrap();
     }
 
+    /// More live ids than hint entries: ids whose hint another id took are
+    /// found through the inverse permutation; stale ids, ids of another
+    /// key and made-up ids find nothing.
+    #[test]
+    fn lookups_past_the_hints_and_forged_ids() {
+        let n = 3 << HINT_BITS;
+        let mut s = IdSlab::new(n, key(11));
+        let ids: Vec<u32> = (0..n).map(|_| s.insert_with(|id| id).unwrap()).collect();
+        for &id in &ids {
+            assert_eq!(s.get(id), Some(&id));
+        }
+        s.check().unwrap();
+        let freed: Vec<u32> = ids.iter().copied().step_by(2).collect();
+        for &id in &freed {
+            assert_eq!(s.remove(id), Some(id));
+        }
+        let again: Vec<u32> = (0..freed.len())
+            .map(|_| s.insert_with(|id| id).unwrap())
+            .collect();
+        for &id in &freed {
+            assert_eq!(s.get(id), None, "stale id {id:#x} found an entry");
+        }
+        for &id in &again {
+            assert_eq!(s.get(id), Some(&id));
+        }
+        let other = IdSlab::<()>::new(n, key(12));
+        let foreign = (0..n).map(|i| other.cipher.encrypt(compose(i, 1)));
+        let made_up = (1..=50_000u32).map(|i| i.wrapping_mul(0x9E37_79B1));
+        let live: std::collections::HashSet<u32> = s.iter().map(|(id, _)| id).collect();
+        for id in foreign.chain(made_up).filter(|id| !live.contains(id)) {
+            assert_eq!(s.get(id), None, "forged id {id:#x} found an entry");
+        }
+        s.check().unwrap();
+    }
+
+    /// One slot used over and over (a listener started and stopped): the
+    /// internal ids step by exactly `1 << 20`, the ids do not. Every bit
+    /// is set in about half of them, consecutive ids differ in about half
+    /// their bits, and no difference repeats more than chance allows. A
+    /// slab under another key hands out other ids.
+    #[test]
+    fn reused_slots_give_ids_without_structure() {
+        let n = 2048usize;
+        let cycle = |k| {
+            let mut s = IdSlab::new(4, key(k));
+            (0..n)
+                .map(|_| {
+                    let id = s.insert_with(|_| ()).unwrap();
+                    s.remove(id).unwrap();
+                    id
+                })
+                .collect::<Vec<u32>>()
+        };
+        let ids = cycle(21);
+        for bit in 0..32 {
+            let ones = ids.iter().filter(|&&id| id >> bit & 1 == 1).count();
+            // Mean n/2 = 1024, standard deviation about 23: +-150 is 6.5 sigma.
+            assert!(
+                (874..=1174).contains(&ones),
+                "bit {bit} set in {ones} of {n}"
+            );
+        }
+        let flips: u32 = ids.windows(2).map(|w| (w[0] ^ w[1]).count_ones()).sum();
+        let mean = f64::from(flips) / (n - 1) as f64;
+        assert!((15.0..=17.0).contains(&mean), "{mean} bits flip per step");
+        let mut steps: Vec<u32> = ids.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        steps.sort_unstable();
+        steps.dedup();
+        assert!(steps.len() > n - 8, "only {} distinct steps", steps.len());
+        let other = cycle(22);
+        let same = ids.iter().zip(&other).filter(|(a, b)| a == b).count();
+        assert_eq!(same, 0, "two keys gave {same} equal ids");
+    }
+
     #[test]
     fn modifier_wraps_and_skips_zero() {
         assert_eq!(next_modifier(MODIFIER_MAX), 1);
-        let mut s = IdSlab::new(1, 0);
+        let mut s = IdSlab::new(1, key(0));
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..MODIFIER_MAX {
             let id = s.insert_with(|_| ()).unwrap();

@@ -57,6 +57,7 @@ use crate::wire::{
     RejectReason, Rep, Req, SidrRep, SidrReq, SidrStatus, WireError, INFO_LEN,
 };
 
+pub use crate::keyed::IdKey;
 pub use endpoint::Endpoint;
 
 /// A point in time, in nanoseconds since an origin the caller picks.
@@ -90,9 +91,11 @@ impl fmt::Display for Nanos {
 /// A connection endpoint (CEP): a connection, a listener or a SIDR exchange.
 ///
 /// The value is the local communication id this endpoint uses on the wire
-/// (for SIDR, the RequestID). Ids are `index | modifier << 20`, and the
-/// modifier advances every time an index is reused, so a stale id does not
-/// name a new connection.
+/// (for SIDR, the RequestID): a slot of the endpoint's table and a
+/// generation of that slot (advanced every time the slot is reused, so a
+/// stale id does not name a new connection), under a keyed permutation
+/// ([`EndpointConfig::id_key`]), so that without the key an id reveals
+/// nothing about any other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ConnId(pub(crate) u32);
 
@@ -478,9 +481,10 @@ pub enum Disposition {
 pub struct EndpointConfig {
     /// The local CA GUID, sent in REQ and REP and used in REJ(Timeout) ARI.
     pub local_ca_guid: u64,
-    /// Seeds the comm id modifiers, so two endpoints (or two incarnations of
-    /// one) do not start from the same ids.
-    pub id_seed: u32,
+    /// Keys the permutation that turns table slots into comm ids. Secret:
+    /// whoever has it can predict every id. A [`CmAgent`](crate::agent::CmAgent)
+    /// draws one from the operating system ([`IdKey::random`]).
+    pub id_key: IdKey,
     /// Maximum number of simultaneously allocated CEPs (at most 2^20).
     pub max_ceps: u32,
     /// First transaction id; each request gets the next one.
@@ -516,12 +520,15 @@ impl LocalPort {
 }
 
 impl EndpointConfig {
-    /// Settings for the CA `local_ca_guid`: id seed and first transaction
-    /// id derived from the GUID, the largest CEP table, no port check.
+    /// Settings for the CA `local_ca_guid`: the largest CEP table, no port
+    /// check, and a first transaction id and comm id key derived from the
+    /// GUID. Reproducible, for simulations, fuzzing and tests: anyone who
+    /// knows the GUID can predict the ids, so a CM that faces a network
+    /// sets [`id_key`](Self::id_key) to [`IdKey::random`] (the agent does).
     pub const fn new(local_ca_guid: u64) -> Self {
         Self {
             local_ca_guid,
-            id_seed: local_ca_guid as u32,
+            id_key: IdKey::fixed(local_ca_guid, !local_ca_guid),
             max_ceps: 1 << ids::INDEX_BITS,
             first_tid: local_ca_guid << 32,
             local_port: None,

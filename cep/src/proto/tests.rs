@@ -230,9 +230,14 @@ impl Sim {
                 let bytes = wire::encode(&tx.mad).expect("endpoint produced an unencodable MAD");
                 let mad = wire::decode(&bytes).expect("decode");
                 assert_eq!(mad, tx.mad);
-                let to = (0..2)
-                    .find(|&j| addr(j) == tx.to)
-                    .expect("MAD to an unknown address");
+                let Some(to) = (0..2).find(|&j| addr(j) == tx.to) else {
+                    // Answers to a stranger (addr(2), which tests use as
+                    // the source of MADs from neither side) leave the
+                    // simulated network.
+                    assert_eq!(tx.to, addr(2), "MAD to an unknown address");
+                    self.sent.push((self.now, from, tx.mad));
+                    continue;
+                };
                 self.sent.push((self.now, from, mad));
                 if let Some(rule) = self.drop_rule.as_mut() {
                     if rule(to, &mad) {
@@ -953,7 +958,7 @@ fn stale_connection_rejects_new_and_disconnects_old() {
     let (mut sim, _a, b) = connected();
     // A reboots: same CA GUID, same QPN, new comm ids.
     sim.eps[0] = Endpoint::new(EndpointConfig {
-        id_seed: 0x5555,
+        id_key: IdKey::fixed(0x5555, 0x5555),
         first_tid: 99 << 32,
         ..config(0)
     });
@@ -1656,9 +1661,11 @@ fn invalid_user_calls_are_errors() {
 }
 
 /// Random MADs whose comm ids are drawn from live CEPs, thrown at a pair in
-/// mid-conversation: nothing panics and the invariants hold.
+/// mid-conversation, mostly from the peer and sometimes from a stranger:
+/// nothing panics and the invariants hold.
 #[test]
 fn random_mads_keep_invariants() {
+    let mut from_strangers = 0;
     for seed in 0..seeds(40) {
         let mut sim = Sim::new(seed);
         let mut rng = Rng::new(seed ^ 0xDEAD);
@@ -1758,15 +1765,19 @@ fn random_mads_keep_invariants() {
                 .into(),
             };
             let tid = if rng.chance(500) { rng.next() } else { 0 };
-            sim.eps[side].handle_mad(sim.now, addr(1 - side), CmMad::new(tid, msg));
+            // Mostly from the peer, sometimes from a stranger's port.
+            let from = if rng.chance(200) { 2 } else { 1 - side };
+            sim.eps[side].handle_mad(sim.now, addr(from), CmMad::new(tid, msg));
             sim.check();
             // Interleave real traffic and time.
             if rng.chance(300) {
                 sim.step(&mut lenient);
             }
         }
+        from_strangers += sim.eps[0].not_from_peer() + sim.eps[1].not_from_peer();
         sim.finish();
     }
+    assert!(from_strangers > 0, "no MAD tried the source check");
 }
 
 // ---------------------------------------------------------------------------
@@ -2010,3 +2021,9 @@ fn unsupported_transport_and_mtu_are_rejected_with_their_reasons() {
         ep.check_invariants().unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------
+// MADs for a connection from another port than its peer
+// ---------------------------------------------------------------------------
+
+mod strangers;
