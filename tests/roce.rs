@@ -527,11 +527,18 @@ fn a_ca_destroyed_in_a_callback_is_reaped_off_that_thread_and_reopens() -> Resul
         _ => panic!("a RoCE device"),
     };
     let (ran, ran_rx) = mpsc::channel();
+    let (gone, gone_rx) = mpsc::channel();
     let on_completion: ibal::verbs::CompletionCallback = {
         let inst = Arc::clone(al.instance());
         Arc::new(move |_cq| {
             let thread = std::thread::current().name().map(str::to_string);
-            let _ = ran.send((thread, b_ca.destroy(&inst)));
+            // The CA's destroy callback runs once its last reference is
+            // gone, and so its device handle (after this callback returns).
+            let gone = gone.clone();
+            let done: ibal::DestroyCallback = Box::new(move |_| {
+                let _ = gone.send(());
+            });
+            let _ = ran.send((thread, inst.destroy(b_ca, Some(done))));
         })
     };
     let b_pd = b_ca.alloc_pd(&al)?;
@@ -572,7 +579,11 @@ fn a_ca_destroyed_in_a_callback_is_reaped_off_that_thread_and_reopens() -> Resul
     a.qp.post_send(&al, &[SendWr::new(1, SendOp::Send, &ssge)])?;
     let (thread, destroyed) = ran_rx.recv_timeout(DEADLINE).expect("the callback ran");
     destroyed?;
-    // Right away: the same device, on the same fixed port.
+    gone_rx
+        .recv_timeout(DEADLINE)
+        .expect("the CA was destroyed");
+    // Right away (its reaper may still be at work): the same device, on
+    // the same fixed port.
     let again = al.open_ca(&provider, 0xb1)?;
     assert_eq!(again.port(&al, 1)?.gid_table[0], b.gid);
     let joiner = watch.wait(DEADLINE).expect("the old device was reaped");

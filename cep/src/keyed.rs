@@ -4,7 +4,7 @@
 //! that go on the wire, and connections' starting PSNs.
 //!
 //! Why: a comm id or a PSN that can be predicted lets anyone who can reach
-//! the port forge messages for a connection (`docs/security-cm.md`). Each
+//! the port forge messages for a connection (`docs/security.md, "The CM"`). Each
 //! value here is a function of a counter or a slot under a secret 128-bit
 //! key, so values seen on the wire say nothing about the next one without
 //! the key, and two agents (or processes) with the same CA GUID share

@@ -277,7 +277,7 @@ impl UdPair {
             local_comm_id: 1,
             service_id: SERVICE_ID,
             local_qpn: active.qpn(),
-            starting_psn: active.qpn() & 0xff_ffff,
+            starting_psn: cm::starting_psn(),
             responder_resources: 4,
             initiator_depth: 4,
             remote_cm_response_timeout: 16,
@@ -298,8 +298,9 @@ impl UdPair {
         };
         let passive = al.resolve_live(qps[1]).map_err(al_err("resolving a QP"))?;
         cm::qp_to_init(&passive, 1, access).map_err(al_err("passive QP to INIT"))?;
-        // Each side's StartingPSN is its own receive PSN.
-        let passive_psn = passive.qpn() & 0xff_ffff;
+        // Each side's StartingPSN is its own receive PSN, drawn as the
+        // CM draws it.
+        let passive_psn = cm::starting_psn();
         modify(
             &passive,
             &cm::rtr_attrs(
