@@ -11,11 +11,12 @@ fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
 }
 
-#[test]
-fn roce_transport_corpus_replays_clean() {
+/// Runs `check` on every file under `fuzz/corpus/<target>` and
+/// `fuzz/artifacts/<target>`; fails if one panics or none is there.
+fn replay(target: &str, check: impl Fn(&[u8]) + std::panic::RefUnwindSafe) {
     let mut count = 0;
     for dir in ["corpus", "artifacts"] {
-        let Ok(entries) = std::fs::read_dir(fuzz_dir().join(dir).join("roce_transport")) else {
+        let Ok(entries) = std::fs::read_dir(fuzz_dir().join(dir).join(target)) else {
             continue;
         };
         let mut paths: Vec<_> = entries
@@ -27,12 +28,19 @@ fn roce_transport_corpus_replays_clean() {
             let Ok(data) = std::fs::read(&path) else {
                 continue;
             };
-            let outcome = std::panic::catch_unwind(|| roce_transport(&data));
-            assert!(outcome.is_ok(), "roce_transport: {} fails", path.display());
+            let outcome = std::panic::catch_unwind(|| check(&data));
+            assert!(outcome.is_ok(), "{target}: {} fails", path.display());
             count += 1;
         }
     }
-    assert!(count > 0, "the roce_transport seed corpus is missing");
+    assert!(count > 0, "the {target} seed corpus is missing");
+}
+
+#[test]
+fn roce_transport_corpus_replays_clean() {
+    replay("roce_transport", |data| {
+        roce_transport(data);
+    });
 }
 
 /// splitmix64, for the sweep.
@@ -139,26 +147,9 @@ use roce_transport::fuzzing::receive::roce_receive;
 
 #[test]
 fn roce_receive_corpus_replays_clean() {
-    let mut count = 0;
-    for dir in ["corpus", "artifacts"] {
-        let Ok(entries) = std::fs::read_dir(fuzz_dir().join(dir).join("roce_receive")) else {
-            continue;
-        };
-        let mut paths: Vec<_> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file())
-            .collect();
-        paths.sort();
-        for path in paths {
-            let Ok(data) = std::fs::read(&path) else {
-                continue;
-            };
-            let outcome = std::panic::catch_unwind(|| roce_receive(&data));
-            assert!(outcome.is_ok(), "roce_receive: {} fails", path.display());
-            count += 1;
-        }
-    }
-    assert!(count > 0, "the roce_receive seed corpus is missing");
+    replay("roce_receive", |data| {
+        roce_receive(data);
+    });
 }
 
 #[test]
