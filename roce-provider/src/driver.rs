@@ -203,26 +203,40 @@ pub(crate) enum Reached<'a> {
     Now(&'a mut Deferred),
 }
 
-/// Feeds the `n` datagrams of `batch` to their QPs.
+/// Feeds the `n` datagrams of `batch` to their QPs; how many the receive
+/// stage passed.
 fn feed(
     dev: &DevShared,
     fed: &mut Feeding<'_>,
     batch: &RecvBatch,
     n: usize,
     reached: &mut Reached<'_>,
-) {
+) -> usize {
     // Every datagram and its bytes, counted once per batch; one clock
     // reading for the batch (they arrived together).
-    let (mut datagrams, mut bytes) = (0u64, 0u64);
+    let (mut datagrams, mut bytes, mut accepted) = (0u64, 0u64, 0);
     let now = dev.now();
     for d in (0..n).filter_map(|i| batch.get(i)) {
         datagrams += 1;
         bytes += d.bytes.len() as u64;
-        handle_datagram(dev, fed, d.bytes, d.from, d.truncated, now, reached);
+        accepted += usize::from(handle_datagram(
+            dev,
+            fed,
+            d.bytes,
+            d.from,
+            d.truncated,
+            now,
+            reached,
+        ));
     }
     fed.count(|c| &c.rx_datagrams, datagrams);
     fed.count(|c| &c.rx_bytes, bytes);
+    accepted
 }
+
+/// Most batches one poller's progress takes from a port in a row while
+/// each is full and holds nothing the receive stage passes.
+const DRAIN_BATCHES: usize = 8;
 
 std::thread_local! {
     /// Set on the provider's own threads (receive and timer threads).
@@ -310,19 +324,33 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
         let mut hooks = Deferred::default();
         let taken = RX_SCRATCH.with_borrow_mut(|slot| {
             let batch = slot.get_or_insert_with(|| RecvBatch::new(RX_BATCH, RX_BUF));
-            let asked = poller_batch();
-            let n = batch.recv(&port.socket, asked, false);
-            poller_took(asked, n);
-            if n == 1 {
-                // A lone datagram (a ping-pong's): its QP is driven as it
-                // takes the packet, its positive ACK held as below.
-                crate::device::holding_acks(|| {
-                    feed(dev, &mut feeding, batch, n, &mut Reached::Now(&mut hooks));
-                });
-            } else {
-                feed(dev, &mut feeding, batch, n, &mut Reached::Later(reached));
+            let mut asked = poller_batch();
+            let mut taken = 0;
+            for _ in 0..DRAIN_BATCHES {
+                let n = batch.recv(&port.socket, asked, false);
+                poller_took(asked, n);
+                taken += n;
+                if n == 1 {
+                    // A lone datagram (a ping-pong's): its QP is driven as
+                    // it takes the packet, its positive ACK held as below.
+                    crate::device::holding_acks(|| {
+                        feed(dev, &mut feeding, batch, n, &mut Reached::Now(&mut hooks));
+                    });
+                    break;
+                }
+                let accepted = feed(dev, &mut feeding, batch, n, &mut Reached::Later(reached));
+                // A full batch of which the receive stage took nothing (a
+                // stranger's flood, or any junk) says nothing to the
+                // application: take the next at once rather than return to
+                // it empty-handed, so a packet queued behind the junk is
+                // not left there for another poll (each a yield or more:
+                // a flooded ping-pong's median went from 24 to 58-92 us).
+                if n < asked || accepted > 0 {
+                    break;
+                }
+                asked = RX_BATCH;
             }
-            n
+            taken
         });
         hooks.run();
         any |= taken > 0;
@@ -347,6 +375,7 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
 /// has passed the datagram.
 ///
 /// The QP the packet reached is driven or listed as `reached` says.
+/// Returns whether the stage passed the datagram.
 fn handle_datagram(
     dev: &DevShared,
     fed: &mut Feeding<'_>,
@@ -355,7 +384,7 @@ fn handle_datagram(
     truncated: bool,
     now: Duration,
     reached: &mut Reached<'_>,
-) {
+) -> bool {
     let port = fed.port();
     let (memo, gate) = fed.rx_state();
     let find = |dqp: u32| {
@@ -373,7 +402,7 @@ fn handle_datagram(
         Ok(a) => a,
         Err(why) => {
             fed.count(|c| c.discarded(why), 1);
-            return;
+            return false;
         }
     };
     if accepted.solved {
@@ -389,6 +418,7 @@ fn handle_datagram(
             }
         }
     }
+    true
 }
 
 #[cfg(test)]

@@ -79,6 +79,10 @@ pub struct FloodRun {
     pub flood_per_sec: f64,
     /// The receiving port's counters over the run (differences).
     pub port: PortCounters,
+    /// Retransmissions by the pinging end over the run: pings (or
+    /// answers' ACKs) the flood made the kernel drop cost a transport
+    /// timeout each.
+    pub sender_retries: u64,
     /// Resident memory before and after the run, KiB.
     pub rss_kib: (u64, u64),
 }
@@ -163,13 +167,15 @@ impl FloodReport {
             let c = &f.port;
             out += &format!(
                 "flood {}: the receiving port took {} datagrams: {} delivered to QPs, dropped {} wrong source, \
-                 {} bad ICRC, {} ICRC unsolved (solver budget spent); resident memory {} -> {} KiB\n",
+                 {} bad ICRC, {} ICRC unsolved (solver budget spent); retransmissions {} + {}; resident memory {} -> {} KiB\n",
                 f.kind.name(),
                 c.rx_datagrams,
                 c.rx_packets,
                 c.rx_wrong_source,
                 c.rx_bad_icrc,
                 c.rx_icrc_unsolved,
+                f.sender_retries,
+                c.retries,
                 f.rss_kib.0,
                 f.rss_kib.1
             );
@@ -196,7 +202,8 @@ impl FloodReport {
                 format!(
                     "{{\"target\":\"{}\",\"median_us\":{},\"mean_us\":{},\"flood_per_sec\":{},\"ratio\":{},\
                      \"rx_datagrams\":{},\"rx_packets\":{},\"rx_wrong_source\":{},\"rx_bad_icrc\":{},\
-                     \"rx_icrc_unsolved\":{},\"rx_ipv4_id_solved\":{},\"rss_kib_before\":{},\"rss_kib_after\":{}}}",
+                     \"rx_icrc_unsolved\":{},\"rx_ipv4_id_solved\":{},\"retries\":{},\"sender_retries\":{},\
+                     \"rss_kib_before\":{},\"rss_kib_after\":{}}}",
                     f.kind.key(),
                     json_f64(f.median_us, 3),
                     json_f64(f.mean_us, 3),
@@ -208,6 +215,8 @@ impl FloodReport {
                     f.port.rx_bad_icrc,
                     f.port.rx_icrc_unsolved,
                     f.port.rx_ipv4_id_solved,
+                    f.port.retries,
+                    f.sender_retries,
                     f.rss_kib.0,
                     f.rss_kib.1
                 )
@@ -338,11 +347,11 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// The receiving end's port counters.
-fn counters(pair: &Pair) -> BenchResult<PortCounters> {
+/// End `end`'s port counters (1: the receiving end).
+fn counters(pair: &Pair, end: usize) -> BenchResult<PortCounters> {
     let ca = pair
         .al
-        .resolve(pair.ends[1].ca)
+        .resolve(pair.ends[end].ca)
         .map_err(|e| format!("resolve CA: {e}"))?;
     match ca.device() {
         hca::any::AnyDevice::Roce(d) => d.port_counters(1).ok_or_else(|| "no port 1".into()),
@@ -363,7 +372,8 @@ fn since(before: &PortCounters, after: &PortCounters) -> PortCounters {
         rx_wrong_source,
         rx_bad_icrc,
         rx_icrc_unsolved,
-        rx_ipv4_id_solved
+        rx_ipv4_id_solved,
+        retries
     );
     d
 }
@@ -408,7 +418,8 @@ pub fn run_send_lat_flood(iters: u32, pin: bool) -> BenchResult<FloodReport> {
     let quiet = roce_pingpong_on(&pair, sges, iters, pollers)?;
     let mut floods = Vec::new();
     for kind in [FloodKind::Connection, FloodKind::Gsi] {
-        let before = counters(&pair)?;
+        let before = counters(&pair, 1)?;
+        let sender_before = counters(&pair, 0)?.retries;
         let rss_before = rss_kib();
         let flood = Flood::start(victim, flood_datagram(kind, victim, qpn)?, flood_cpu)?;
         // Let the flood reach full speed first.
@@ -421,7 +432,8 @@ pub fn run_send_lat_flood(iters: u32, pin: bool) -> BenchResult<FloodReport> {
             median_us,
             mean_us,
             flood_per_sec,
-            port: since(&before, &counters(&pair)?),
+            port: since(&before, &counters(&pair, 1)?),
+            sender_retries: counters(&pair, 0)?.retries - sender_before,
             rss_kib: (rss_before, rss_kib()),
         });
     }
