@@ -20,7 +20,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use al::Result;
-use provider::buffer::for_providers::Memory;
+use provider::buffer::for_providers::{map_for_device, DeviceMapping, Memory};
 use provider::{RecvWr, SendOp, Sge};
 use rdma_sys as ffi;
 
@@ -624,30 +624,41 @@ impl Drop for Cq {
     }
 }
 
-/// A memory region (`ibv_reg_mr_iova2`) over memory it keeps alive,
-/// deregistered on drop.
+/// A memory region (`ibv_reg_mr_iova2`) over memory it keeps alive and
+/// maps for the device, deregistered on drop.
 pub(crate) struct Mr {
     mr: NonNull<ffi::ibv_mr>,
     freed: bool,
-    mem: Arc<Memory>,
+    /// Keeps the memory alive and every access to it device-safe (no
+    /// Rust reference into its bytes, volatile copies) until the device
+    /// can no longer reach it: dropped after `ibv_dereg_mr`.
+    mapping: Option<DeviceMapping>,
     _pd: Arc<Pd>,
 }
 
-// SAFETY: an MR is a key the device uses; deregistration has exclusive
-// access.
+// SAFETY: the `ibv_mr` is only read for its keys (written once by
+// `ibv_reg_mr_iova2` before the pointer is ours, never changed after) and
+// deregistered through `&mut self`/`self`, so moving it to another thread
+// or reading the keys from several threads cannot race; libibverbs ties an
+// MR to no thread.
 unsafe impl Send for Mr {}
-// SAFETY: as above.
+// SAFETY: as above: `&Mr` gives only the immutable keys.
 unsafe impl Sync for Mr {}
 
 impl Mr {
     /// Registers `len` bytes from `offset` of `mem` at `iova` with
     /// `access` (the `IBV_ACCESS_*` bits, which are [`provider::Access`]'s).
     ///
-    /// The address is taken from `mem` itself: an owned buffer's boxed
-    /// slice (which never moves or resizes) or a raw region's base (which
-    /// the `RawRegion::new` contract keeps valid until deregistration).
-    /// The `Arc<Memory>` is held until the MR is deregistered, so the
-    /// bytes the device may DMA into stay allocated.
+    /// The memory is first mapped for the device
+    /// ([`map_for_device`]): from then on no access makes a Rust
+    /// reference into its bytes, whatever the access flags (the device
+    /// writes receives and READ responses with local write, and remote
+    /// WRITEs and atomics with remote rights, at any moment). The address
+    /// is the mapping's: an owned buffer's allocation (which never moves
+    /// or resizes) or a raw region's base (which the `RawRegion::new`
+    /// contract keeps valid until deregistration). The mapping (and with
+    /// it the memory) is held until the MR is deregistered, so the bytes
+    /// the device may DMA into stay allocated.
     pub(crate) fn register(
         pd: &Arc<Pd>,
         mem: &Arc<Memory>,
@@ -662,13 +673,9 @@ impl Mr {
                 "range {offset}+{len} outside memory of {total} bytes"
             )));
         }
-        let base = match mem.raw_addr() {
-            Some(a) => a as usize,
-            None => mem
-                .with(|b| b.as_ptr() as usize)
-                .ok_or_else(|| al::Error::invalid_parameter("memory was invalidated"))?,
-        };
-        let addr = base + offset;
+        let mapping = map_for_device(mem)
+            .ok_or_else(|| al::Error::invalid_parameter("memory was invalidated"))?;
+        let addr = mapping.addr() + offset;
         // The kernel maps an MR page by page and refuses (EINVAL) an iova
         // at another offset in its page than the address; say so plainly.
         let page = provider::buffer::PAGE as u64;
@@ -682,9 +689,11 @@ impl Mr {
         }
         // SAFETY: the PD is live (Arc); `addr..addr+len` lies inside `mem`
         // (checked above), which stays allocated at that address while the
-        // MR lives (the Arc held in the MR; owned memory is a boxed slice
-        // that never moves, raw memory is the caller's promise). The
-        // kernel pins the pages; NULL with errno on failure.
+        // MR lives (the mapping held in the MR keeps the `Arc<Memory>`;
+        // owned memory is an allocation that never moves, raw memory is
+        // the caller's promise), and no Rust reference into it exists from
+        // the mapping on. The kernel pins the pages; NULL with errno on
+        // failure.
         let mr = unsafe {
             ffi::ibv_reg_mr_iova2(pd.pd.as_ptr(), addr as *mut c_void, len, iova, access)
         };
@@ -692,7 +701,7 @@ impl Mr {
             .map(|mr| Mr {
                 mr,
                 freed: false,
-                mem: mem.clone(),
+                mapping: Some(mapping),
                 _pd: pd.clone(),
             })
             .ok_or_else(|| errno_error("ibv_reg_mr_iova2", last_errno()))
@@ -704,6 +713,16 @@ impl Mr {
         unsafe { ((*self.mr.as_ptr()).lkey, (*self.mr.as_ptr()).rkey) }
     }
 
+    /// The device no longer reaches the memory: end the mapping and, for a
+    /// raw region, invalidate it.
+    fn unmap(&mut self) {
+        if let Some(m) = self.mapping.take() {
+            let mem = m.memory().clone();
+            drop(m);
+            mem.invalidate();
+        }
+    }
+
     /// `ibv_dereg_mr`, with its error; a raw region is then invalidated.
     pub(crate) fn deregister(mut self) -> Result<()> {
         // SAFETY: registered by `ibv_reg_mr_iova2`, deregistered once.
@@ -711,7 +730,7 @@ impl Mr {
             ffi::ibv_dereg_mr(self.mr.as_ptr())
         })?;
         self.freed = true;
-        self.mem.invalidate();
+        self.unmap();
         Ok(())
     }
 }
@@ -720,9 +739,16 @@ impl Drop for Mr {
     fn drop(&mut self) {
         if !self.freed {
             // SAFETY: as in `deregister`.
-            let _ = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
-            self.mem.invalidate();
+            let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+            if rc != 0 {
+                // The device may still reach the bytes: keep them alive
+                // and device-safe for the rest of the process rather than
+                // hand them back.
+                std::mem::forget(self.mapping.take());
+                return;
+            }
         }
+        self.unmap();
     }
 }
 
