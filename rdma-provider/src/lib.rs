@@ -51,12 +51,18 @@ pub mod cm;
 #[cfg(feature = "rdma")]
 mod cm_channel;
 pub mod convert;
+pub mod events;
 
 #[cfg(feature = "rdma")]
 mod device;
+#[cfg(feature = "rdma")]
+mod event_thread;
 // Device-free (tested everywhere); used by the provider.
 #[cfg(any(feature = "rdma", test))]
 mod leases;
+// Device-free (tested everywhere); used by the provider.
+#[cfg(any(feature = "rdma", test))]
+mod reaper;
 #[cfg(feature = "rdma")]
 mod sys;
 #[cfg(feature = "rdma")]
@@ -64,6 +70,9 @@ mod sys_cm;
 
 #[cfg(feature = "rdma")]
 pub use cm_channel::{available as rdma_cm_available, CmEvent, CmHook, CmId};
+pub use events::{DeviceEvent, DeviceEventHook, QpEvent, QpEventHook};
+#[cfg(feature = "rdma")]
+pub use reaper::{must_not_wait, waits_on_this_thread};
 
 #[cfg(feature = "rdma")]
 pub use device::{
