@@ -283,6 +283,49 @@ fn a_connection_carries_data_and_ends_with_the_cms_events_in_order() {
     close_clean(al);
 }
 
+/// A bound QP's `CommEstablished` (the device saw a packet in RTR before
+/// the RTU; rxe never raises it, so the test calls the hook cep::rdmacm set
+/// on the passive QP) goes to `rdma_notify`: the kernel's CM completes the
+/// passive side, which hears `Established` (and its QP reaches RTS) though
+/// the active side never sent its RTU. Without the hook there is nothing to
+/// call, and without `rdma_notify` no `Established` comes.
+#[test]
+fn comm_est_completes_the_passive_side_without_the_rtu() {
+    let Some((guid, ip)) = device("comm_est_completes_the_passive_side_without_the_rtu") else {
+        return;
+    };
+    let al = Al::open().unwrap();
+    let (a, b) = (end(&al, guid), end(&al, guid));
+    let at = addr(ip, 7);
+    let l = listen(&al, b.ca, at);
+    let (h, events) = handler();
+    let inst = al.instance();
+    rdmacm::connect(inst, a.qp, &IpConnect::new(at), h).unwrap();
+    let (passive, _) = next(&l.requests, "the connect request");
+    rdmacm::accept(inst, passive, b.qp, &AcceptReply::default()).unwrap();
+    expect(&events, "ReplyReceived");
+    // No rtu(): the RTU is never sent. The passive QP's hook stands in for
+    // the device's COMM_EST.
+    let qp = al.resolve(b.qp).unwrap();
+    let (hca::any::AnyDevice::Rdma(dev), hca::any::AnyQp::Rdma(q)) = (qp.device(), qp.provider())
+    else {
+        panic!("an rdma CA")
+    };
+    let hook = dev
+        .qp_event_hook(q)
+        .expect("cep::rdmacm hooks a bound QP's events");
+    hook(rdma_provider::QpEvent::CommEstablished);
+    assert_eq!(expect(&l.events, "Established").0, passive);
+    let until = Instant::now() + WAIT;
+    while qp.query().unwrap().state != hca::provider::QpState::Rts {
+        assert!(Instant::now() < until, "the passive QP never reached RTS");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(qp);
+    al.destroy_sync(l.listen).unwrap();
+    close_clean(al);
+}
+
 #[test]
 fn a_refused_connect_is_rejected_released_and_leaves_the_qp_free() {
     let Some((guid, ip)) = device("a_refused_connect_is_rejected_released_and_leaves_the_qp_free")

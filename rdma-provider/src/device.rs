@@ -217,6 +217,11 @@ impl RdmaDevice {
         qp.events.hook.set(hook);
     }
 
+    /// The hook `qp`'s events go to now, if any.
+    pub fn qp_event_hook(&self, qp: &RdmaQp) -> Option<QpEventHook> {
+        qp.events.hook.get()
+    }
+
     /// Sets (or clears) the hook that hears the device's port events (up,
     /// down, LID/P_Key/SM/GID changes, client reregister) and its fatal
     /// error ([`crate::DeviceEvent`]), on the device's event thread.

@@ -58,6 +58,10 @@ impl QpHook {
     pub(crate) fn set(&self, hook: Option<QpEventHook>) {
         *lock(&self.hook) = hook;
     }
+
+    pub(crate) fn get(&self) -> Option<QpEventHook> {
+        lock(&self.hook).clone()
+    }
 }
 
 /// What the event thread shares with the device.
@@ -81,8 +85,7 @@ impl EventState {
 
     fn qp_hook(&self, key: usize) -> Option<QpEventHook> {
         let slot = lock(&self.qps).get(&key).cloned()?;
-        let hook = lock(&slot.hook).clone();
-        hook
+        slot.get()
     }
 
     fn run(&self, wake: &UnixStream) {
