@@ -25,7 +25,9 @@
 //!   in the kernel, each says "no RDMA devices found" with the errno, and
 //!   never panics.
 //! * The verbs objects: PD, CQ on a completion channel (one event thread
-//!   per device calls the completion and async hooks), MR over a
+//!   per device calls the completion hooks and routes the asynchronous
+//!   events: CQ errors to the CQ, a QP's events to its hook, port and
+//!   device events to the device's hook; [`events`]), MR over a
 //!   `RegisteredBuffer` or a `RawRegion`, SRQ, AH, RC/UC/UD QPs with the
 //!   IBTA transition and value checks every provider makes, post
 //!   send/recv/SRQ recv, poll. QP1 is the kernel's (`create_gsi_qp` is
@@ -40,6 +42,10 @@
 //!   runs. The CEP objects over them are `cep::rdmacm`; [`cm`] (event
 //!   codes and translation, `rdma_init_qp_attr` as a modify) is
 //!   device-free and built without the feature too.
+//!
+//! * Teardown that waits for another thread (joining the event thread,
+//!   `rdma_destroy_id`) never runs on a provider thread or inside an AL
+//!   callback: it goes to one reaper thread (`waits_on_this_thread`).
 //!
 //! `docs/rdma-provider.md` says what a librdmacm-backed CEP cannot do
 //! that the project's own CM does, and what only a NIC can show.
