@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# The `rdma` provider on a real verbs device: Linux rxe (soft-RoCE) in the QEMU VM of the
-# rxe-vm harness (issue 16, deliver 6). Builds on the host, with the `rdma` feature:
-#   1. `ibal` (ibal-cli) and
+# The `rdma` provider on real verbs devices: Linux rxe (soft-RoCE) in the QEMU VM of the
+# rxe-vm harness, booted with two NICs by .ci/rxe-vm-two-links.sh (rxe0 on eth0, rxe1 on
+# eth1, the two links bridged on the host: a packet between them crosses the wire).
+# Builds on the host, with the `rdma` feature:
+#   1. `ibal` (ibal-cli),
 #   2. the provider conformance suite's test binary for it (conformance/tests/rdma.rs),
-# serves both over HTTP from the harness's network namespace, fetches them in the guest
+#   3. cep's rdmacm test binary (cep/tests/rdmacm.rs),
+# serves them over HTTP from the harness's network namespace, fetches them in the guest
 # (busybox wget; the guest has the host's glibc and rdma-core libraries), and runs there:
-#   1. `ibal devinfo`: must exit 0 and list rxe0 (with the rdma provider's GID table);
-#   2. the conformance suite against rxe0 (IBAL_RDMA_DEVICE=rxe0), and the rdma-only test of
-#      its file (posted bytes leased until polled): every check must pass
-#      except the ones listed in KNOWN_RXE below, each a documented difference of Linux 6.1's
-#      rxe or of the verbs API (docs/rdma-provider.md). A listed check that passes is
-#      reported (so the list can shrink); an unlisted failure fails the step, by name;
+#   1. `ibal devinfo`: must exit 0 and list rxe0 and rxe1 (with their RoCEv2 GIDs);
+#   2. the conformance suite with side A on rxe0 and side B on rxe1 (IBAL_RDMA_DEVICE,
+#      IBAL_RDMA_DEVICE_B), and the rdma-only tests of its file (leases, SQ drained to the
+#      QP's hook, teardown handed to the reaper from a callback and from the rdma_cm event
+#      thread): every check must pass except the ones listed in KNOWN_RXE below, each a
+#      documented difference of Linux 6.1's rxe or of the verbs API (docs/rdma-provider.md).
+#      A listed check that passes is reported (so the list can shrink); an unlisted failure
+#      fails the step, by name. The suite's traffic must have crossed the wire: each rxe
+#      device's sent_pkts counter grows, and the host's tap of that device's link sees at
+#      least as many packets (looping back inside the guest, the taps would see none);
 #   3. the librdmacm-backed CEPs' tests (cep/tests/rdmacm.rs) against rxe0: both ends on rxe0
 #      through the kernel's rdma_cm; all must pass;
 #   4. `ibal pingpong --device rxe0 --connect` in the guest (librdmacm-backed CEPs on Linux's
@@ -18,7 +25,10 @@
 #      our userspace RoCEv2 provider and our own CM: RDMA WRITE + SEND round trips with every
 #      byte checked, disconnect, zero live objects, on both sides;
 #   5. the other way round: `ibal pingpong --device rxe0 --listen` in the guest, `ibal pingpong
-#      --connect` on the host; a failure says which side failed and shows its output.
+#      --connect` on the host; a failure says which side failed and shows its output;
+#   6. last, alone (it takes eth1 down and up): port events reach the device's hook
+#      (PortDown(1), PortActive(1) on rxe1, nothing on rxe0).
+# No step may print SKIPPED: in the VM every test has its device.
 # Nothing is written to the harness directory: its own README describes this way in.
 # Needs root and the rxe-vm harness (default ../shared/rxe-vm next to the repo; RXE_VM=dir
 # overrides). Boots the VM (ACCEL=tcg by default, ~15 s) and stops it on exit.
@@ -107,8 +117,9 @@ if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ]; then
     "$RXE_VM/build.sh" >"$OUT/vm-build.log" 2>&1 || fail "the VM build (see $OUT/vm-build.log)"
 fi
 "$RXE_VM/stop.sh" >/dev/null 2>&1 || true
-say "booting the rxe VM (ACCEL=$ACCEL)"
-"$RXE_VM/run.sh" >"$OUT/vm-run.log" 2>&1 || { cat "$OUT/vm-run.log" >&2; fail "the VM did not boot (run.sh)"; }
+say "booting the rxe VM with two links (ACCEL=$ACCEL)"
+RXE_VM=$RXE_VM bash "$ROOT/.ci/rxe-vm-two-links.sh" >"$OUT/vm-run.log" 2>&1 \
+    || { cat "$OUT/vm-run.log" >&2; fail "the VM did not boot with rxe0 and rxe1 (.ci/rxe-vm-two-links.sh)"; }
 
 # ---- serve the binaries from the namespace; the guest fetches them
 ip netns exec "$NS" timeout 120 python3 -m http.server "$HTTP_PORT" --bind "$HOST_IP" \
@@ -126,24 +137,47 @@ http://$HOST_IP:$HTTP_PORT/conformance-rdma && wget -q -O rdmacm-tests http://$H
 && chmod +x ibal conformance-rdma rdmacm-tests && echo fetched" \
     >"$OUT/fetch.log" 2>&1 || { cat "$OUT/fetch.log" >&2; fail "fetching the binaries in the guest"; }
 
-# ---- 1. ibal devinfo lists rxe0
+no_skips() { # step log: every test of the step ran
+    if grep -a -o 'SKIPPED [^:]*' "$2" >"$OUT/$1.skipped"; then
+        sed 's/^/    /' "$OUT/$1.skipped" >&2
+        fail "$1: $(wc -l <"$OUT/$1.skipped") test(s) printed SKIPPED in the VM, where every device is there (log: $2)"
+    fi
+}
+
+# ---- 1. ibal devinfo lists rxe0 and rxe1
 say "guest: ibal devinfo"
 rc=0
 gcmd "/tmp/ibal devinfo" >"$OUT/devinfo.log" 2>&1 || rc=$?
 [ "$rc" = 0 ] || { cat "$OUT/devinfo.log" >&2; fail "ibal devinfo in the guest exited $rc (want 0: rxe0 is there)"; }
-grep -q 'hca_id:[[:space:]]*rxe0' "$OUT/devinfo.log" \
-    || { cat "$OUT/devinfo.log" >&2; fail "ibal devinfo in the guest does not list rxe0"; }
+for d in rxe0 rxe1; do
+    grep -q "hca_id:[[:space:]]*$d" "$OUT/devinfo.log" \
+        || { cat "$OUT/devinfo.log" >&2; fail "ibal devinfo in the guest does not list $d"; }
+done
 grep -q '::ffff:192.168.77.2\|0000:0000:0000:0000:0000:ffff:c0a8:4d02' "$OUT/devinfo.log" \
     || { cat "$OUT/devinfo.log" >&2; fail "ibal devinfo in the guest does not show rxe0's RoCEv2 GID of 192.168.77.2"; }
-say "ibal devinfo lists rxe0"
+grep -q '::ffff:192.168.78.3\|0000:0000:0000:0000:0000:ffff:c0a8:4e03' "$OUT/devinfo.log" \
+    || { cat "$OUT/devinfo.log" >&2; fail "ibal devinfo in the guest does not show rxe1's RoCEv2 GID of 192.168.78.3"; }
+say "ibal devinfo lists rxe0 and rxe1"
 
-# ---- 2. the conformance suite on rxe0
-say "guest: conformance suite on rxe0"
+# ---- 2. the conformance suite, side A on rxe0, side B on rxe1, over the wire
+# Packets each rxe device sent (the guest's counters) and each tap saw coming from the guest
+# (the host's): rxe0's leave through eth0 = tap0, rxe1's through eth1 = tap1.
+sent_pkts() { gcmd "cat /sys/class/infiniband/$1/ports/1/hw_counters/sent_pkts" 2>/dev/null | tr -dc 0-9; }
+tap_rx() { ip netns exec "$NS" cat "/sys/class/net/$1/statistics/rx_packets"; }
+s0=$(sent_pkts rxe0); s1=$(sent_pkts rxe1); t0=$(tap_rx tap0); t1=$(tap_rx tap1)
+say "guest: conformance suite, side A rxe0 (eth0), side B rxe1 (eth1)"
 rc=0
-T=300 gcmd "cd /tmp && IBAL_RDMA_DEVICE=rxe0 ./conformance-rdma --test-threads 2 2>&1" \
-    >"$OUT/conformance.log" 2>&1 || rc=$?
+T=300 gcmd "cd /tmp && IBAL_RDMA_DEVICE=rxe0 IBAL_RDMA_DEVICE_B=rxe1 ./conformance-rdma --test-threads 2 \
+--skip port_down_and_up_reach_the_device_hook 2>&1" >"$OUT/conformance.log" 2>&1 || rc=$?
 grep -q '^test result:' "$OUT/conformance.log" \
     || { tail -40 "$OUT/conformance.log" >&2; fail "the conformance binary did not finish in the guest (rc $rc)"; }
+no_skips conformance "$OUT/conformance.log"
+ds0=$(( $(sent_pkts rxe0) - s0 )); ds1=$(( $(sent_pkts rxe1) - s1 ))
+dt0=$(( $(tap_rx tap0) - t0 )); dt1=$(( $(tap_rx tap1) - t1 ))
+say "wire: rxe0 sent $ds0 packets, the host saw $dt0 on tap0; rxe1 sent $ds1, the host saw $dt1 on tap1"
+[ "$ds0" -gt 0 ] && [ "$ds1" -gt 0 ] || fail "the suite sent nothing from rxe0 ($ds0) or rxe1 ($ds1)"
+[ "$dt0" -ge "$ds0" ] && [ "$dt1" -ge "$ds1" ] \
+    || fail "the suite's packets did not all cross the wire (rxe0 $ds0 sent, tap0 $dt0 seen; rxe1 $ds1 sent, tap1 $dt1 seen)"
 passed=$(grep -c '^test .* \.\.\. ok$' "$OUT/conformance.log" || true)
 mapfile -t failed < <(sed -n 's/^test \(rdma::\)\{0,1\}\([a-z0-9_]*\) \.\.\. FAILED$/\2/p' "$OUT/conformance.log")
 unexpected=()
@@ -157,7 +191,7 @@ for k in "${KNOWN_RXE[@]}"; do
         say "note: $k passes on rxe now (remove it from KNOWN_RXE)"
     fi
 done
-say "conformance on rxe0: $passed passed, ${#failed[@]} failed (${#KNOWN_RXE[@]} known rxe differences listed)"
+say "conformance on rxe0 <-> rxe1: $passed passed, ${#failed[@]} failed (${#KNOWN_RXE[@]} known rxe differences listed)"
 if [ "${#unexpected[@]}" -gt 0 ]; then
     for c in "${unexpected[@]}"; do
         sed -n "/^---- \(rdma::\)\{0,1\}$c stdout ----/,/^----/p" "$OUT/conformance.log" | head -30 >&2
@@ -175,6 +209,7 @@ if ! grep -q '^test result: ok' "$OUT/rdmacm.log"; then
     tail -40 "$OUT/rdmacm.log" >&2
     fail "cep's rdmacm tests on rxe0 (rc $rc; log: $OUT/rdmacm.log)"
 fi
+no_skips rdmacm "$OUT/rdmacm.log"
 say "rdmacm tests on rxe0: $(grep -c '^test .* \.\.\. ok$' "$OUT/rdmacm.log") passed"
 
 # ---- 4, 5. ibal pingpong: librdmacm-backed CEPs on rxe0 (guest) <-> our RoCEv2 provider and
@@ -248,4 +283,15 @@ gcmd "cat /tmp/pp_listen.log" >"$OUT/$STEP.guest.log" 2>&1 || true
     || pp_fail "$STEP" "host side (ibal pingpong --connect, our RoCEv2 provider and CM; exit $host_rc)" \
         "$OUT/$STEP.host.log" "$OUT/$STEP.guest.log"
 say "$STEP: PASS ($(grep -o '[0-9]* round trips of [0-9]* bytes[^:]*' "$OUT/$STEP.host.log" | head -1); both sides: 0 objects live)"
+
+# ---- 6. port events, alone and last: eth1 (rxe1's link) goes down and up
+say "guest: port events (eth1 down and up; rxe1 hears them, rxe0 does not)"
+rc=0
+T=120 gcmd "cd /tmp && IBAL_RDMA_DEVICE=rxe0 IBAL_RDMA_DEVICE_B=rxe1 \
+IBAL_RDMA_LINK_DOWN_B='ip link set eth1 down' IBAL_RDMA_LINK_UP_B='ip link set eth1 up' \
+./conformance-rdma --exact port_down_and_up_reach_the_device_hook 2>&1" >"$OUT/port-events.log" 2>&1 || rc=$?
+grep -q '^test port_down_and_up_reach_the_device_hook \.\.\. ok$' "$OUT/port-events.log" \
+    || { tail -30 "$OUT/port-events.log" >&2; fail "port events on rxe1 (rc $rc; log: $OUT/port-events.log)"; }
+no_skips port-events "$OUT/port-events.log"
+say "port events: PortDown(1) and PortActive(1) reached rxe1's hook"
 say "PASS"

@@ -20,6 +20,15 @@ pub mod harness;
 
 pub use fixture::{Endpoint, Fixture, Side};
 
+/// Says that `what` did not run and why: `SKIPPED <what>: <why>` on the
+/// process's stderr, written directly so that the test harness's output
+/// capture does not swallow it (a check that cannot run is reported, never
+/// a silent pass).
+pub fn skipped(what: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {what}: {why}");
+}
+
 /// Expand to a module `$name` holding one `#[test]` per check of the
 /// suite, each running the check on a fresh fixture from `$make()` (any
 /// path or closure returning a [`Fixture`], resolved in the caller's
@@ -27,9 +36,13 @@ pub use fixture::{Endpoint, Fixture, Side};
 /// $name::`.
 ///
 /// `suite!(name, make, skip_when_absent)` is for a provider that may have
-/// no device on this machine: `make()` returns `Option<fixture>` and, when
-/// it returns `None` (having printed why), every check passes without
-/// running.
+/// no device on this machine: `make()` returns `Result<fixture, String>`
+/// and, when it returns `Err(why)`, every check passes without running but
+/// says so: one more test, `skipped_checks_summary`, prints `SKIPPED N of N
+/// checks of <suite>: <why>` on stderr, past the test harness's output
+/// capture ([`skipped`]), and each check its own `SKIPPED <suite>::<check>`
+/// line (captured: `--nocapture` shows them). A run without a device is
+/// never silent.
 #[macro_export]
 macro_rules! suite {
     ($name:ident, $make:expr) => {
@@ -100,9 +113,9 @@ macro_rules! __with_checks {
 }
 
 /// The expansion of [`suite!`] (not for direct use). `required`: `$make()`
-/// is the fixture; `optional`: `$make()` is `Option<fixture>`, and `None`
-/// (no device; the constructor printed why) passes the check without
-/// running it.
+/// is the fixture; `optional`: `$make()` is `Result<fixture, String>`, and
+/// `Err(why)` (no device) passes the check without running it, after
+/// [`skipped`] said so.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_tests {
@@ -128,12 +141,39 @@ macro_rules! __suite_tests {
                 #[test]
                 $(#[$meta])*
                 fn $check() {
-                    let Some(fixture) = ($make)() else {
-                        return;
+                    let fixture = match ($make)() {
+                        Ok(f) => f,
+                        Err(why) => {
+                            // Captured (seen with --nocapture); the summary
+                            // test below says it uncaptured, once.
+                            eprintln!(
+                                "SKIPPED {}::{}: {why}",
+                                stringify!($name),
+                                stringify!($check)
+                            );
+                            return;
+                        }
                     };
                     $crate::checks::$module::$check(&fixture);
                 }
             )*
+
+            /// Without a device: how many checks did not run, and why.
+            #[test]
+            fn skipped_checks_summary() {
+                const CHECKS: &[&str] = &[$(stringify!($check)),*];
+                if let Err(why) = ($make)() {
+                    $crate::skipped(
+                        &format!(
+                            "{} of {} checks of {}",
+                            CHECKS.len(),
+                            CHECKS.len(),
+                            stringify!($name)
+                        ),
+                        &why,
+                    );
+                }
+            }
         }
     };
 }

@@ -13,8 +13,14 @@
 //!   default.
 //! * [`RawRegion`]: caller-managed memory for zero-copy users, built by the
 //!   one `unsafe fn` of the crate ([`RawRegion::new`]), whose contract says
-//!   what the caller promises. Everything unsafe lives in the `raw`
-//!   submodule.
+//!   what the caller promises. Everything unsafe lives in the `raw`,
+//!   `aligned` and `shared` submodules.
+//!
+//! Memory a device maps for DMA (an MR of the `rdma` provider:
+//! [`for_providers::map_for_device`]) is written by the device outside
+//! every lock, so no Rust reference ever spans it while it is mapped:
+//! copies in and out are volatile, and closures that want a slice get one
+//! over a private copy (`shared.rs`, `docs/memory.md`).
 //!
 //! Copies between two memories lock both in address order (the same memory
 //! twice is one exclusive lock and `copy_within`), so two RDMA operations
@@ -23,6 +29,9 @@
 mod aligned;
 mod in_flight;
 mod raw;
+mod shared;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use aligned::PageBytes;
 pub use aligned::PAGE;
@@ -33,11 +42,19 @@ use al::{Error, Result};
 use in_flight::InFlight;
 use raw::RawMemory;
 pub use raw::RawRegion;
+use shared::{Exclusive, Shared};
 
 /// Registered memory: its bytes, and what posted work requests still
 /// name of them ([`InFlight`]).
 pub struct Memory {
     store: Store,
+    len: usize,
+    /// How many live device mappings ([`for_providers::DeviceMapping`])
+    /// the memory has. Raised under the memory's write lock and read under
+    /// its lock, so an access either sees it or finished before the device
+    /// could touch the bytes. A `std` atomic even under loom: only the
+    /// `rdma` provider (never in a loom model) changes it.
+    device_maps: AtomicUsize,
     /// What posted work requests still name of it.
     pub in_flight: InFlight,
 }
@@ -50,23 +67,26 @@ enum Store {
 
 impl Memory {
     fn new(store: Store) -> Memory {
+        let len = match &store {
+            Store::Owned(b) => b.read().len(),
+            Store::Raw(r) => r.len(),
+        };
         Memory {
             store,
+            len,
+            device_maps: AtomicUsize::new(0),
             in_flight: InFlight::default(),
         }
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        match &self.store {
-            Store::Owned(b) => b.read().len(),
-            Store::Raw(r) => r.len(),
-        }
+        self.len
     }
 
     /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
     /// The region's own address for raw memory (its iova), `None` for
@@ -78,22 +98,52 @@ impl Memory {
         }
     }
 
-    /// Shared access; `None` once a raw region is invalidated.
-    #[inline]
-    pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    /// Whether a device maps the bytes now. Call with the memory's lock
+    /// held (see `device_maps`).
+    fn device_mapped(&self) -> bool {
+        self.device_maps.load(Ordering::Acquire) != 0
+    }
+
+    /// The bytes under the read lock; `None` once a raw region is
+    /// invalidated.
+    fn shared<R>(&self, f: impl FnOnce(Shared<'_>) -> R) -> Option<R> {
         match &self.store {
-            Store::Owned(b) => Some(f(&b.read())),
-            Store::Raw(r) => r.with(f),
+            Store::Owned(b) => {
+                let g = b.read();
+                Some(f(g.shared(self.device_mapped())))
+            }
+            Store::Raw(r) => r.with_shared(|| self.device_mapped(), f),
         }
     }
 
-    /// Exclusive access; `None` once a raw region is invalidated.
+    /// The bytes under the write lock; `None` once a raw region is
+    /// invalidated.
+    fn exclusive<R>(&self, f: impl FnOnce(Exclusive<'_>) -> R) -> Option<R> {
+        match &self.store {
+            Store::Owned(b) => {
+                let mut g = b.write();
+                let device = self.device_mapped();
+                Some(f(g.exclusive(device)))
+            }
+            Store::Raw(r) => r.with_exclusive(|| self.device_mapped(), f),
+        }
+    }
+
+    /// Shared access; `None` once a raw region is invalidated. While a
+    /// device maps the memory, `f` gets a copy of the bytes (read with
+    /// volatile loads), not the bytes themselves.
+    #[inline]
+    pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        self.shared(|s| s.view(f))
+    }
+
+    /// Exclusive access; `None` once a raw region is invalidated. While a
+    /// device maps the memory, `f` works on a copy and the bytes it changed
+    /// (only those) are stored back with volatile stores.
     #[inline]
     pub fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
-        match &self.store {
-            Store::Owned(b) => Some(f(&mut b.write())),
-            Store::Raw(r) => r.with_mut(f),
-        }
+        let len = self.len;
+        self.exclusive(|mut e| e.view_mut(0, len, f))
     }
 
     /// Stop all further access (raw regions; a no-op for owned memory).
@@ -117,23 +167,24 @@ impl Memory {
 
 /// Copy `len` bytes from `src[so..]` to `dst[d_off..]`. Ranges must have
 /// been bounds-checked (a wrong range panics, it cannot corrupt memory).
-/// Returns false when a raw region was invalidated.
+/// Returns false when a raw region was invalidated. Volatile when either
+/// memory is mapped by a device.
 pub fn copy(src: &Memory, so: usize, dst: &Memory, d_off: usize, len: usize) -> bool {
     if len == 0 {
         return true;
     }
     if std::ptr::eq(src, dst) {
         return dst
-            .with_mut(|d| d.copy_within(so..so + len, d_off))
+            .exclusive(|mut d| d.copy_within(so, d_off, len))
             .is_some();
     }
-    let run = |s: &[u8], d: &mut [u8]| d[d_off..d_off + len].copy_from_slice(&s[so..so + len]);
+    let run = |s: Shared<'_>, mut d: Exclusive<'_>| shared::copy(&s, so, &mut d, d_off, len);
     if src.locks_before(dst) {
-        src.with(|s| dst.with_mut(|d| run(s, d)))
+        src.shared(|s| dst.exclusive(|d| run(s, d)))
             .flatten()
             .is_some()
     } else {
-        dst.with_mut(|d| src.with(|s| run(s, d)))
+        dst.exclusive(|d| src.shared(|s| run(s, d)))
             .flatten()
             .is_some()
     }
@@ -153,13 +204,14 @@ pub enum LockedPair<'m> {
 }
 
 impl<'m> LockedPair<'m> {
-    /// Lock `src` and `dst`; `None` unless both are owned memory (raw
-    /// regions are copied one request at a time by [`copy`]).
+    /// Lock `src` and `dst`; `None` unless both are owned memory that no
+    /// device maps (raw regions and device-mapped memory are copied one
+    /// request at a time by [`copy`]).
     pub fn lock(src: &'m Memory, dst: &'m Memory) -> Option<LockedPair<'m>> {
         let (Store::Owned(s), Store::Owned(d)) = (&src.store, &dst.store) else {
             return None;
         };
-        Some(if std::ptr::eq(src, dst) {
+        let pair = if std::ptr::eq(src, dst) {
             LockedPair::Same(d.write())
         } else if src.locks_before(dst) {
             let s = s.read();
@@ -167,7 +219,12 @@ impl<'m> LockedPair<'m> {
         } else {
             let d = d.write();
             LockedPair::Two(s.read(), d)
-        })
+        };
+        // Under both locks: a mapping cannot appear while they are held.
+        if src.device_mapped() || dst.device_mapped() {
+            return None;
+        }
+        Some(pair)
     }
 
     /// Copy `len` bytes from `src[so..]` to `dst[d_off..]`. Ranges must have
@@ -190,9 +247,25 @@ impl<'m> LockedPair<'m> {
 /// MR from `offset` wants an iova with `offset`'s page offset) and every MR registered over them keeps them alive, so they cannot be
 /// freed or moved while registered, whatever the application drops.
 /// Cloning shares the memory. Every access is bounds-checked and goes
-/// through the buffer's lock, which the provider also takes while it moves
-/// data in or out (local work requests and remote RDMA alike), so no access
-/// is ever a data race.
+/// through the buffer's lock, which the soft and RoCEv2 providers also take
+/// while they move data in or out (local work requests and remote RDMA
+/// alike), so no access is ever a data race.
+///
+/// **Registered with a device that moves the bytes itself** (an MR of the
+/// `rdma` provider: the NIC writes receives, RDMA WRITEs and atomics by
+/// DMA, outside any lock): from the registration until the last such MR is
+/// deregistered, no reference into the bytes is ever made. [`read`](Self::read),
+/// [`write`](Self::write), [`fill`](Self::fill) and [`to_vec`](Self::to_vec)
+/// copy with volatile loads and stores; [`with`](Self::with) runs its
+/// closure on a copy, and [`with_mut`](Self::with_mut) /
+/// [`with_range_mut`](Self::with_range_mut) on a copy of which only the
+/// bytes the closure changed are stored back. A read that overlaps a
+/// remote WRITE (or a receive) landing at the same time may see any mix of
+/// old and new bytes (torn data), and a byte the application stores while
+/// the device writes it ends up with either value: a race on the values,
+/// never undefined behaviour. The application's protocol with its peer (a
+/// completion, a flag it polls) says when bytes are final, as in every
+/// verbs API.
 ///
 /// **In flight.** From the post of a local work request until it finishes
 /// (its completion, or its flush), the bytes it names are leased: the
@@ -267,6 +340,30 @@ impl RegisteredBuffer {
         Ok(offset..end)
     }
 
+    fn bytes(&self) -> &RwLock<PageBytes> {
+        match &self.mem.store {
+            Store::Owned(b) => b,
+            Store::Raw(_) => unreachable!("a RegisteredBuffer is always owned memory"),
+        }
+    }
+
+    /// The bytes under the read lock (device-safe when mapped).
+    fn shared(&self) -> OwnedShared<'_> {
+        OwnedShared {
+            guard: self.bytes().read(),
+            device: self.mem.device_mapped(),
+        }
+    }
+
+    /// The bytes under the write lock (device-safe when mapped).
+    fn exclusive(&self) -> OwnedExclusive<'_> {
+        let guard = self.bytes().write();
+        OwnedExclusive {
+            device: self.mem.device_mapped(),
+            guard,
+        }
+    }
+
     /// How many posted work requests still name bytes of this buffer.
     pub fn in_flight(&self) -> usize {
         self.mem.in_flight.count()
@@ -284,34 +381,39 @@ impl RegisteredBuffer {
     /// Copy `out.len()` bytes from `offset` into `out`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let r = self.range(offset, out.len())?;
-        self.with(|b| out.copy_from_slice(&b[r]));
+        self.shared().read(r.start, out);
         Ok(())
     }
 
     /// Copy `data` to `offset`. `ResourceBusy` (nothing written) if a
     /// posted work request still names any of those bytes.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.with_range_mut(offset, data.len(), |b| b.copy_from_slice(data))
+        let r = self.range(offset, data.len())?;
+        self.mem.in_flight.check_writable(r.start, r.end)?;
+        self.exclusive().write(r.start, data);
+        Ok(())
     }
 
     /// Fill the whole buffer with `byte`. `ResourceBusy` (nothing written)
     /// while any work request over the buffer is in flight.
     pub fn fill(&self, byte: u8) -> Result<()> {
-        self.with_mut(|b| b.fill(byte))
+        self.mem.in_flight.check_writable(0, self.len())?;
+        self.exclusive().fill(byte);
+        Ok(())
     }
 
     /// A copy of the contents.
     pub fn to_vec(&self) -> Vec<u8> {
-        self.with(|b| b.to_vec())
+        let mut v = vec![0; self.len()];
+        self.shared().read(0, &mut v);
+        v
     }
 
-    /// Run `f` on the contents with shared access (RDMA into the buffer
-    /// waits until `f` returns).
+    /// Run `f` on the contents with shared access (RDMA into the buffer by
+    /// the soft and RoCEv2 providers waits until `f` returns). While a
+    /// device maps the buffer, `f` sees a copy taken when it was called.
     pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        match &self.mem.store {
-            Store::Owned(b) => f(&b.read()),
-            Store::Raw(_) => unreachable!("a RegisteredBuffer is always owned memory"),
-        }
+        self.shared().view(f)
     }
 
     /// Run `f` on the whole contents with exclusive access. `ResourceBusy`
@@ -325,6 +427,8 @@ impl RegisteredBuffer {
     /// Run `f` on `len` bytes from `offset` with exclusive access.
     /// `ResourceBusy` (and `f` does not run) if a posted work request still
     /// names any of them; `InvalidParameter` if the range is outside.
+    /// While a device maps the buffer, `f` works on a copy and only the
+    /// bytes it changed are stored back.
     pub fn with_range_mut<R>(
         &self,
         offset: usize,
@@ -333,10 +437,43 @@ impl RegisteredBuffer {
     ) -> Result<R> {
         let r = self.range(offset, len)?;
         self.mem.in_flight.check_writable(r.start, r.end)?;
-        match &self.mem.store {
-            Store::Owned(b) => Ok(f(&mut b.write()[r])),
-            Store::Raw(_) => unreachable!("a RegisteredBuffer is always owned memory"),
-        }
+        Ok(self.exclusive().view_mut(r.start, len, f))
+    }
+}
+
+/// A buffer's read guard with the device flag read under it.
+struct OwnedShared<'b> {
+    guard: RwLockReadGuard<'b, PageBytes>,
+    device: bool,
+}
+
+impl OwnedShared<'_> {
+    fn read(&self, at: usize, out: &mut [u8]) {
+        self.guard.shared(self.device).read(at, out)
+    }
+
+    fn view<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.guard.shared(self.device).view(f)
+    }
+}
+
+/// A buffer's write guard with the device flag read under it.
+struct OwnedExclusive<'b> {
+    guard: RwLockWriteGuard<'b, PageBytes>,
+    device: bool,
+}
+
+impl OwnedExclusive<'_> {
+    fn write(&mut self, at: usize, data: &[u8]) {
+        self.guard.exclusive(self.device).write(at, data)
+    }
+
+    fn fill(&mut self, byte: u8) {
+        self.guard.exclusive(self.device).fill(byte)
+    }
+
+    fn view_mut<R>(&mut self, at: usize, n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        self.guard.exclusive(self.device).view_mut(at, n, f)
     }
 }
 
@@ -349,6 +486,7 @@ pub mod for_providers {
     pub use super::in_flight::{InFlight, Lease, PostedQueue, Span};
     pub use super::raw::RawMemory;
     pub use super::{copy, LockedPair, Memory};
+    use super::{Ordering, Store};
     use al::sync::Arc;
 
     /// The memory behind a buffer.
@@ -359,5 +497,141 @@ pub mod for_providers {
     /// The memory behind a caller-managed region.
     pub fn region_memory(region: &super::RawRegion) -> &Arc<Memory> {
         &region.mem
+    }
+
+    /// A device's claim on a memory it reads and writes by DMA, outside
+    /// every lock of ours (an MR of the `rdma` provider): while one lives,
+    /// no access to the memory makes a Rust reference into its bytes
+    /// (copies are volatile; closures get copies). Hold it until the
+    /// device can no longer reach the bytes (after `ibv_dereg_mr`).
+    pub struct DeviceMapping {
+        mem: Arc<Memory>,
+        addr: usize,
+    }
+
+    impl DeviceMapping {
+        /// The address of the memory's first byte (what the device
+        /// registers).
+        pub fn addr(&self) -> usize {
+            self.addr
+        }
+
+        /// The memory.
+        pub fn memory(&self) -> &Arc<Memory> {
+            &self.mem
+        }
+    }
+
+    impl Drop for DeviceMapping {
+        fn drop(&mut self) {
+            self.mem.device_maps.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    /// Map `mem` for a device (before registering it with the device):
+    /// `None` when it is a raw region already invalidated. The count rises
+    /// under the memory's write lock, so every access that starts after
+    /// this returns takes the device-safe path, and none that used a
+    /// reference is still running.
+    pub fn map_for_device(mem: &Arc<Memory>) -> Option<DeviceMapping> {
+        let raise = || {
+            mem.device_maps.fetch_add(1, Ordering::AcqRel);
+        };
+        let addr = match &mem.store {
+            Store::Owned(b) => {
+                let g = b.write();
+                raise();
+                g.addr()
+            }
+            Store::Raw(r) => {
+                r.with_exclusive(|| true, |_| raise())?;
+                r.base_addr() as usize
+            }
+        };
+        Some(DeviceMapping {
+            mem: mem.clone(),
+            addr,
+        })
+    }
+}
+
+#[cfg(all(test, not(ibal_loom)))]
+mod tests {
+    use super::for_providers::{copy, map_for_device, memory_of, LockedPair};
+    use super::RegisteredBuffer;
+
+    /// Unmapped, a closure gets the memory itself; mapped for a device, a
+    /// copy at another address (no reference into bytes the device may
+    /// write), and the memory itself again once the mapping is gone.
+    #[test]
+    fn while_a_device_maps_a_buffer_closures_get_a_copy_never_the_bytes() {
+        let buf = RegisteredBuffer::from_vec(vec![1, 2, 3, 4]);
+        let at = |b: &RegisteredBuffer| b.with(|s| s.as_ptr() as usize);
+        let own = at(&buf);
+        let map = map_for_device(memory_of(&buf)).unwrap();
+        assert_eq!(
+            map.addr(),
+            own,
+            "the device registers the buffer's own bytes"
+        );
+        assert_ne!(at(&buf), own, "with: a copy while mapped");
+        let inside = buf.with_mut(|s| s.as_ptr() as usize).unwrap();
+        assert_ne!(inside, own, "with_mut: a copy while mapped");
+        assert_eq!(buf.to_vec(), [1, 2, 3, 4]);
+        drop(map);
+        assert_eq!(at(&buf), own);
+    }
+
+    /// What the device writes while a closure runs does not show through
+    /// the closure's `&[u8]` (whose bytes may not change while it lives),
+    /// is there afterwards, and survives a `with_mut` that did not touch
+    /// that byte.
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_device_write_during_a_closure_never_changes_its_slice() {
+        let buf = RegisteredBuffer::new(16);
+        let map = map_for_device(memory_of(&buf)).unwrap();
+        let dev = map.addr() as *mut u8;
+        buf.with(|s| {
+            // SAFETY: the mapping keeps the 16 bytes allocated; nothing in
+            // Rust holds a reference into them (the slice is a copy).
+            unsafe { dev.write_volatile(7) };
+            assert_eq!(std::hint::black_box(s)[0], 0);
+        });
+        assert_eq!(buf.to_vec()[0], 7);
+        buf.with_mut(|s| {
+            // SAFETY: as above.
+            unsafe { dev.add(1).write_volatile(8) };
+            s[2] = 9;
+        })
+        .unwrap();
+        assert_eq!(&buf.to_vec()[..3], &[7, 8, 9]);
+        let mut out = [0; 3];
+        buf.write(5, &[5, 6, 7]).unwrap();
+        buf.read(5, &mut out).unwrap();
+        assert_eq!(out, [5, 6, 7]);
+        buf.fill(0xee).unwrap();
+        assert!(buf.to_vec().iter().all(|&b| b == 0xee));
+        drop(map);
+    }
+
+    /// The batched path's long-held slices are refused for mapped memory
+    /// (it falls back to `copy`, which is volatile there and copies
+    /// exactly).
+    #[test]
+    fn mapped_memory_takes_the_copy_path() {
+        let a = RegisteredBuffer::from_vec((0..64).collect());
+        let b = RegisteredBuffer::new(64);
+        let (ma, mb) = (memory_of(&a), memory_of(&b));
+        assert!(LockedPair::lock(ma, mb).is_some());
+        let map = map_for_device(mb).unwrap();
+        assert!(LockedPair::lock(ma, mb).is_none());
+        assert!(LockedPair::lock(mb, mb).is_none());
+        assert!(copy(ma, 3, mb, 5, 40));
+        assert!(copy(mb, 5, mb, 1, 40));
+        let got = b.to_vec();
+        assert_eq!(&got[1..41], &(3..43).collect::<Vec<u8>>()[..]);
+        drop(map);
+        assert!(LockedPair::lock(ma, mb).is_some());
     }
 }

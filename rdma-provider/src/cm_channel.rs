@@ -11,6 +11,13 @@
 //!   included, and `rdma_destroy_id` waits at most for the thread's
 //!   look-up of one event, never for a hook. The thread lives as long as
 //!   the process (it sleeps in `poll` when no id exists).
+//! * Every librdmacm call on an id, and every read of its fields, holds
+//!   the process's CM lock (`sys_cm::lock`), which the thread also holds
+//!   across `rdma_get_cm_event` (librdmacm rewrites id fields there).
+//! * Dropping a [`CmId`] removes its hook at once; `rdma_destroy_id`
+//!   (which may wait for the event thread) runs there and then on an
+//!   application thread, but is handed to the reaper on a provider thread
+//!   or inside an AL callback (`reaper.rs`).
 //! * A connect request's new id comes with the event
 //!   ([`CmEvent::new_id`]); the hook gives it its own hook
 //!   ([`CmId::set_hook`]) before returning, so none of the new id's events
@@ -31,7 +38,7 @@ use provider::{Access, QpModify, QpState};
 use crate::cm::{event_code, event_kind, modify_from_init_attr, CmEventKind, ConnParam, PS_TCP};
 use crate::convert::qp_state_code;
 use crate::sys;
-use crate::sys_cm::{EventChannel, Id};
+use crate::sys_cm::{self, EventChannel, Id};
 
 /// Called on the channel's event thread for each event of an id.
 pub type CmHook = Arc<dyn Fn(CmEvent) + Send + Sync>;
@@ -86,9 +93,11 @@ impl Shared {
                     continue;
                 }
             }
-            let Ok(ev) = self.ch.get_event() else {
+            let cm = sys_cm::lock();
+            let Ok(ev) = self.ch.get_event(&cm) else {
                 continue;
             };
+            drop(cm);
             let code = ev.code();
             let request = code == event_code::CONNECT_REQUEST;
             let key = if request {
@@ -130,7 +139,10 @@ fn channel() -> Result<Arc<Shared>> {
     let st = shared.clone();
     std::thread::Builder::new()
         .name("rdma-cm-ev".into())
-        .spawn(move || st.run())
+        .spawn(move || {
+            crate::reaper::mark_provider_thread();
+            st.run()
+        })
         .map_err(|e| Error::InsufficientResources(format!("rdma_cm event thread: {e}").into()))?;
     *c = Some(shared.clone());
     Ok(shared)
@@ -179,30 +191,32 @@ impl CmId {
 
     /// `rdma_resolve_addr` from any local address to `dst`.
     pub fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> Result<()> {
-        self.id().resolve_addr(None, dst, timeout_ms)
+        self.id()
+            .resolve_addr(&sys_cm::lock(), None, dst, timeout_ms)
     }
 
     /// `rdma_resolve_route`.
     pub fn resolve_route(&self, timeout_ms: i32) -> Result<()> {
-        self.id().resolve_route(timeout_ms)
+        self.id().resolve_route(&sys_cm::lock(), timeout_ms)
     }
 
     /// `rdma_bind_addr` then `rdma_listen`.
     pub fn listen(&self, addr: SocketAddr, backlog: i32) -> Result<()> {
-        self.id().bind_addr(addr)?;
-        self.id().listen(backlog)
+        let cm = sys_cm::lock();
+        self.id().bind_addr(&cm, addr)?;
+        self.id().listen(&cm, backlog)
     }
 
     /// `rdma_connect` (checked first: [`ConnParam::check`]).
     pub fn connect(&self, p: &ConnParam) -> Result<()> {
         p.check("rdma_connect", crate::cm::private_data_len::CONNECT)?;
-        self.id().connect(p)
+        self.id().connect(&sys_cm::lock(), p)
     }
 
     /// `rdma_accept` (checked first).
     pub fn accept(&self, p: &ConnParam) -> Result<()> {
         p.check("rdma_accept", crate::cm::private_data_len::ACCEPT)?;
-        self.id().accept(p)
+        self.id().accept(&sys_cm::lock(), p)
     }
 
     /// `rdma_reject` with private data (librdmacm sends reason 28,
@@ -215,48 +229,62 @@ impl CmId {
                 crate::cm::private_data_len::REJECT
             )));
         }
-        self.id().reject(private_data)
+        self.id().reject(&sys_cm::lock(), private_data)
     }
 
     /// `rdma_establish`: sends the RTU after the connect response.
     pub fn establish(&self) -> Result<()> {
-        self.id().establish()
+        self.id().establish(&sys_cm::lock())
     }
 
     /// `rdma_disconnect`: DREQ, or the DREP after the peer's DREQ.
     pub fn disconnect(&self) -> Result<()> {
-        self.id().disconnect()
+        self.id().disconnect(&sys_cm::lock())
+    }
+
+    /// `rdma_notify(IBV_EVENT_COMM_EST)`: the connection's QP received
+    /// before the RTU arrived (its `QpEvent::CommEstablished`); the
+    /// kernel's CM then treats the connection as established.
+    pub fn notify_comm_est(&self) -> Result<()> {
+        self.id().notify_comm_est(&sys_cm::lock())
     }
 
     /// What `rdma_init_qp_attr` says a QP of this connection needs to
     /// reach `state`, as a modify with `access` for its access flags.
     pub fn init_qp_modify(&self, state: QpState, access: Access) -> Result<QpModify> {
-        let (raw, mask) = self.id().init_qp_attr(qp_state_code(state))?;
+        let (raw, mask) = self
+            .id()
+            .init_qp_attr(&sys_cm::lock(), qp_state_code(state))?;
         modify_from_init_attr(&raw, mask, access)
     }
 
     /// Node GUID (host order) and name of the device the id is bound to,
     /// once its address is bound or resolved.
     pub fn device(&self) -> Option<(u64, String)> {
-        self.id().device()
+        self.id().device(&sys_cm::lock())
     }
 
     /// The device port the id is bound to (0 before).
     pub fn port_num(&self) -> u8 {
-        self.id().port_num()
+        self.id().port_num(&sys_cm::lock())
     }
 
     /// The route's local address (ours) and peer address.
     pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
-        self.id().addrs()
+        self.id().addrs(&sys_cm::lock())
     }
 }
 
 impl Drop for CmId {
+    /// No event of the id reaches a hook after this; `rdma_destroy_id`
+    /// (the kernel sends the REJ or DREQ the state calls for) runs here,
+    /// or on the reaper when this is a provider thread or a callback.
     fn drop(&mut self) {
         self.shared.set_hook(self.key, None);
         if let Some(id) = self.id.take() {
-            let _ = id.destroy();
+            crate::reaper::teardown(move || {
+                let _ = id.destroy(&sys_cm::lock());
+            });
         }
     }
 }

@@ -1,27 +1,24 @@
 //! [`RdmaProvider`] and [`RdmaDevice`]: the provider interface over
-//! libibverbs. Listing, opening and querying work; the verbs objects do
-//! not exist yet (see the crate docs).
+//! libibverbs: listing, opening, querying and every verbs object; the
+//! device's event thread is `event_thread.rs`.
 
-use std::collections::HashMap;
-use std::io::Write;
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use al::{Error, Result};
 use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
 use provider::qp_state::{DeviceLimits, PortLimits};
 use provider::{
-    Access, AsyncEvent, AsyncHook, AvAttr, CompletionHook, CqArm, CqInit, Device, DeviceAttr,
-    DeviceInfo, LinkLayer, Mtu, PortAttr, Provider, QpAttr, QpInit, QpModify, QpState, QpType,
-    RawRegion, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, SrqInit, Wc,
+    Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, DeviceInfo, LinkLayer, Mtu, PortAttr,
+    Provider, QpAttr, QpInit, QpModify, QpState, QpType, RawRegion, RecvWr, RegisteredBuffer,
+    SendOp, SendWr, Sge, SrqInit, Wc,
 };
 
 use crate::convert::{self, send_flags, RawWc};
+use crate::event_thread::{CqEntry, CqHooks, Events, QpEntry};
+use crate::events::{DeviceEventHook, QpEventHook};
 use crate::leases::{Leases, QpTrack, Track};
-use crate::sys::{self, AsyncKind, CompChannel, Context, DeviceList, ListedDevice};
+use crate::sys::{self, Context, DeviceList, ListedDevice};
 
 /// The message of every "no device" answer: what `ibv_devinfo` says as
 /// "No IB devices found".
@@ -209,147 +206,33 @@ impl RdmaDevice {
     pub fn sys_image_guid(&self) -> u64 {
         self.inner.sys_image_guid
     }
-}
 
-/// The device's event thread: it waits on the completion channel's fd,
-/// the context's async-event fd and a wake-up socket, and calls the CQ
-/// hooks (`CqInit::on_completion` once per armed completion event,
-/// `on_async_error` on `IBV_EVENT_CQ_ERR`). One thread per open device,
-/// started at open, stopped (woken and joined) when the device and every
-/// CQ of it are gone.
-struct Events {
-    state: Arc<EventState>,
-    wake: UnixStream,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// What the event thread shares with the device.
-struct EventState {
-    ctx: Arc<Context>,
-    channel: Arc<CompChannel>,
-    /// The hooks of each live CQ, by its [`sys::Cq::key`].
-    hooks: Mutex<HashMap<usize, Arc<CqHooks>>>,
-}
-
-struct CqHooks {
-    on_completion: Option<CompletionHook>,
-    on_async_error: Option<AsyncHook>,
-    /// Overflow events seen so far (rdma-core does not say how many
-    /// completions an overflow lost: each event counts one).
-    lost: AtomicU64,
-}
-
-impl EventState {
-    fn hooks_of(&self, key: usize) -> Option<Arc<CqHooks>> {
-        self.hooks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned()
+    /// Sets (or, with `None`, clears) the hook that hears `qp`'s
+    /// asynchronous events ([`crate::QpEvent`]: fatal, request and access
+    /// errors, communication established, SQ drained, path migration,
+    /// last WQE reached), on the device's event thread with no provider
+    /// lock held. Without a hook they are counted
+    /// ([`RdmaDevice::unrouted_async_events`]).
+    pub fn set_qp_event_hook(&self, qp: &RdmaQp, hook: Option<QpEventHook>) {
+        qp.events.hook.set(hook);
     }
 
-    fn run(&self, wake: &UnixStream) {
-        let fds = [self.channel.fd(), self.ctx.async_fd(), wake.as_raw_fd()];
-        loop {
-            let ready = match sys::poll_readable(&fds, -1) {
-                Ok(r) => r,
-                Err(_) => {
-                    // poll itself failed (EBADF/ENOMEM): retry slowly
-                    // rather than spin; the wake-up still ends the loop.
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                    continue;
-                }
-            };
-            if ready[2] {
-                return;
-            }
-            if ready[0] {
-                if let Ok(ev) = self.channel.get_cq_event() {
-                    // Look the hooks up before the acknowledgement: until
-                    // then the CQ cannot be destroyed, so its address
-                    // cannot name a newer CQ.
-                    let hooks = self.hooks_of(ev.key());
-                    drop(ev);
-                    if let Some(f) = hooks.as_ref().and_then(|h| h.on_completion.as_ref()) {
-                        f();
-                    }
-                }
-            }
-            if ready[1] {
-                if let Ok(ev) = self.ctx.get_async_event() {
-                    let kind = ev.kind();
-                    let hooks = match kind {
-                        AsyncKind::CqError(key) => self.hooks_of(key),
-                        AsyncKind::Other(_) => None,
-                    };
-                    drop(ev);
-                    if let Some(h) = hooks {
-                        let lost = h.lost.fetch_add(1, Ordering::SeqCst) + 1;
-                        if let Some(f) = &h.on_async_error {
-                            f(AsyncEvent::CqOverflow { lost });
-                        }
-                    }
-                }
-            }
-        }
+    /// The hook `qp`'s events go to now, if any.
+    pub fn qp_event_hook(&self, qp: &RdmaQp) -> Option<QpEventHook> {
+        qp.events.hook.get()
     }
-}
 
-impl Events {
-    fn start(ctx: &Arc<Context>, name: &str) -> Result<Events> {
-        let channel = Arc::new(CompChannel::new(ctx)?);
-        let state = Arc::new(EventState {
-            ctx: ctx.clone(),
-            channel,
-            hooks: Mutex::new(HashMap::new()),
-        });
-        let (wake, wake_rx) = UnixStream::pair().map_err(|e| {
-            Error::Other(format!("socketpair for {name}'s event thread: {e}").into())
-        })?;
-        let st = state.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("rdma-ev-{name}"))
-            .spawn(move || st.run(&wake_rx))
-            .map_err(|e| {
-                Error::InsufficientResources(format!("{name}'s event thread: {e}").into())
-            })?;
-        Ok(Events {
-            state,
-            wake,
-            thread: Some(thread),
-        })
+    /// Sets (or clears) the hook that hears the device's port events (up,
+    /// down, LID/P_Key/SM/GID changes, client reregister) and its fatal
+    /// error ([`crate::DeviceEvent`]), on the device's event thread.
+    pub fn set_device_event_hook(&self, hook: Option<DeviceEventHook>) {
+        self.inner.events.set_device_hook(hook);
     }
-}
 
-impl Drop for Events {
-    fn drop(&mut self) {
-        let _ = (&self.wake).write_all(&[1]);
-        if let Some(t) = self.thread.take() {
-            // A hook may hold the last reference to the device: then this
-            // runs on the event thread itself, which cannot join itself;
-            // it sees the wake-up and ends once the hook returns.
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
-    }
-}
-
-/// Removes a CQ's hooks from the event thread's table when the CQ's
-/// handle goes (destroy or drop), before the CQ itself is destroyed.
-struct HookEntry {
-    key: usize,
-    events: Arc<Events>,
-}
-
-impl Drop for HookEntry {
-    fn drop(&mut self) {
-        self.events
-            .state
-            .hooks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
+    /// Asynchronous events no hook took so far (an SRQ's, an object
+    /// without a hook, a code this provider does not know).
+    pub fn unrouted_async_events(&self) -> u64 {
+        self.inner.events.unrouted()
     }
 }
 
@@ -361,7 +244,7 @@ pub struct RdmaPd {
 /// A completion queue (`ibv_cq`) on the device's completion channel.
 pub struct RdmaCq {
     // Declared first: the hooks leave the table before the CQ can go.
-    entry: HookEntry,
+    entry: CqEntry,
     cq: Arc<sys::Cq>,
 }
 
@@ -411,7 +294,9 @@ pub struct RdmaAv {
 
 /// A queue pair (`ibv_qp`).
 pub struct RdmaQp {
-    // Declared first: destroyed before its leases end.
+    // Declared first: the hook leaves the event table before the QP goes.
+    events: QpEntry,
+    // Destroyed before its leases end.
     qp: sys::Qp,
     leases: QpLeases,
     qpn: u32,
@@ -647,27 +532,15 @@ impl Device for RdmaDevice {
             &events.state.channel,
             i32::try_from(init.capacity).unwrap_or(i32::MAX),
         )?);
-        let key = cq.key();
-        events
-            .state
-            .hooks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                key,
-                Arc::new(CqHooks {
-                    on_completion: init.on_completion,
-                    on_async_error: init.on_async_error,
-                    lost: AtomicU64::new(0),
-                }),
-            );
-        Ok(RdmaCq {
-            entry: HookEntry {
-                key,
-                events: events.clone(),
+        let entry = events.add_cq(
+            cq.key(),
+            CqHooks {
+                on_completion: init.on_completion,
+                on_async_error: init.on_async_error,
+                lost: AtomicU64::new(0),
             },
-            cq,
-        })
+        );
+        Ok(RdmaCq { entry, cq })
     }
 
     /// Destroys the CQ now, or, while QPs on it still live (they hold
@@ -798,6 +671,7 @@ impl Device for RdmaDevice {
         let track = Arc::new(QpTrack::new(init.srq.map(|s| s.track.clone())));
         self.inner.leases.add_qp(qpn, track.clone());
         Ok(RdmaQp {
+            events: self.inner.events.add_qp(qp.key()),
             qpn,
             leases: QpLeases {
                 qpn,
@@ -881,7 +755,11 @@ impl Device for RdmaDevice {
     }
 
     fn destroy_qp(&self, qp: RdmaQp) -> Result<()> {
-        let RdmaQp { qp, leases, .. } = qp;
+        let RdmaQp {
+            events, qp, leases, ..
+        } = qp;
+        // Out of the event table before the address can be reused.
+        drop(events);
         let done = qp.destroy();
         drop(leases);
         done

@@ -25,7 +25,9 @@
 //!   in the kernel, each says "no RDMA devices found" with the errno, and
 //!   never panics.
 //! * The verbs objects: PD, CQ on a completion channel (one event thread
-//!   per device calls the completion and async hooks), MR over a
+//!   per device calls the completion hooks and routes the asynchronous
+//!   events: CQ errors to the CQ, a QP's events to its hook, port and
+//!   device events to the device's hook; [`events`]), MR over a
 //!   `RegisteredBuffer` or a `RawRegion`, SRQ, AH, RC/UC/UD QPs with the
 //!   IBTA transition and value checks every provider makes, post
 //!   send/recv/SRQ recv, poll. QP1 is the kernel's (`create_gsi_qp` is
@@ -41,6 +43,10 @@
 //!   codes and translation, `rdma_init_qp_attr` as a modify) is
 //!   device-free and built without the feature too.
 //!
+//! * Teardown that waits for another thread (joining the event thread,
+//!   `rdma_destroy_id`) never runs on a provider thread or inside an AL
+//!   callback: it goes to one reaper thread (`waits_on_this_thread`).
+//!
 //! `docs/rdma-provider.md` says what a librdmacm-backed CEP cannot do
 //! that the project's own CM does, and what only a NIC can show.
 #![deny(missing_docs)]
@@ -51,12 +57,18 @@ pub mod cm;
 #[cfg(feature = "rdma")]
 mod cm_channel;
 pub mod convert;
+pub mod events;
 
 #[cfg(feature = "rdma")]
 mod device;
+#[cfg(feature = "rdma")]
+mod event_thread;
 // Device-free (tested everywhere); used by the provider.
 #[cfg(any(feature = "rdma", test))]
 mod leases;
+// Device-free (tested everywhere); used by the provider.
+#[cfg(any(feature = "rdma", test))]
+mod reaper;
 #[cfg(feature = "rdma")]
 mod sys;
 #[cfg(feature = "rdma")]
@@ -64,6 +76,9 @@ mod sys_cm;
 
 #[cfg(feature = "rdma")]
 pub use cm_channel::{available as rdma_cm_available, CmEvent, CmHook, CmId};
+pub use events::{DeviceEvent, DeviceEventHook, QpEvent, QpEventHook};
+#[cfg(feature = "rdma")]
+pub use reaper::{must_not_wait, waits_on_this_thread};
 
 #[cfg(feature = "rdma")]
 pub use device::{

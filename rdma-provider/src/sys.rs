@@ -9,6 +9,18 @@
 //! * [`Context`]: `ibv_open_device` / `ibv_close_device`, and the queries
 //!   (`ibv_query_device`, `ibv_query_port`, `ibv_query_gid`,
 //!   `ibv_query_pkey`).
+//!
+//! **Thread safety.** Each wrapper is `Send` and `Sync` by an `unsafe
+//! impl` with its own argument, all resting on what rdma-core documents
+//! for libibverbs (`verbs(7)`, "thread safety"): every verb may be called
+//! from any thread, on the same object too (the library and the driver
+//! library lock what they share), as long as an object is destroyed once
+//! and not used after. This provider never asks for the exceptions (a
+//! thread domain, a single-threaded context). Destruction always takes
+//! the wrapper by value or `&mut` (its `Drop`), and every parent is held
+//! by its children's `Arc`s, so no object is destroyed while a verb runs
+//! on it or on a child. The few fields read directly (`qp_num`, the MR's
+//! keys, the fds) are fixed when the object is created.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
@@ -20,11 +32,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use al::Result;
-use provider::buffer::for_providers::Memory;
+use provider::buffer::for_providers::{map_for_device, DeviceMapping, Memory};
 use provider::{RecvWr, SendOp, Sge};
 use rdma_sys as ffi;
 
 use crate::convert::{errno_error, qp_mask, RawAh, RawDeviceAttr, RawPortAttr, RawQpAttr, RawWc};
+use crate::events::{element_of, Element};
 
 /// The calling thread's errno, as libibverbs left it.
 pub(crate) fn last_errno() -> i32 {
@@ -142,12 +155,13 @@ pub(crate) struct Context {
     ctx: NonNull<ffi::ibv_context>,
 }
 
-// SAFETY: libibverbs' verbs are thread-safe (rdma-core documents every
-// verb on a context as callable from any thread); the context is not tied
-// to the thread that opened it, and this type only queries it through
-// `&self` and closes it in `Drop`, which has exclusive access.
+// SAFETY (thread safety of the wrappers below, see the module docs): a
+// context is tied to no thread, so it may be closed (`Drop`, exclusive)
+// on any. Through `&Context` only thread-safe verbs run (the queries,
+// `ibv_get_async_event`, which hands each event to exactly one caller)
+// and `async_fd` reads a field fixed at open.
 unsafe impl Send for Context {}
-// SAFETY: as above: concurrent queries on one context are allowed.
+// SAFETY: as above.
 unsafe impl Sync for Context {}
 
 impl Context {
@@ -284,13 +298,16 @@ pub(crate) struct AsyncEvent<'c> {
     _ctx: &'c Context,
 }
 
-/// What an [`AsyncEvent`] says, as far as this provider acts on it.
+/// What an [`AsyncEvent`] says: its code, and the element it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AsyncKind {
-    /// `IBV_EVENT_CQ_ERR` on the CQ whose [`Cq::key`] this is.
-    CqError(usize),
-    /// Any other event, by its code.
-    Other(u32),
+pub(crate) struct AsyncKind {
+    /// The `IBV_EVENT_*` code (`crate::events::event_code`).
+    pub(crate) code: u32,
+    /// The CQ's, QP's, SRQ's or WQ's address ([`Cq::key`], [`Qp::key`]),
+    /// 0 for a port or device event or an unknown code.
+    pub(crate) key: usize,
+    /// The port of a port event, else 0.
+    pub(crate) port: u8,
 }
 
 impl AsyncEvent<'_> {
@@ -301,13 +318,25 @@ impl AsyncEvent<'_> {
         // is read as the `u32` it is in C, not as rdma-sys's Rust enum (a
         // code newer than the bindings would be an invalid enum value).
         let code = unsafe { std::ptr::addr_of!((*p).event_type).cast::<u32>().read() };
-        if code == ffi::ibv_event_type::IBV_EVENT_CQ_ERR as u32 {
-            // SAFETY: for a CQ event the union holds the CQ pointer.
-            let cq = unsafe { (*p).element.cq };
-            AsyncKind::CqError(cq as usize)
-        } else {
-            AsyncKind::Other(code)
+        let mut kind = AsyncKind {
+            code,
+            key: 0,
+            port: 0,
+        };
+        // SAFETY (each arm): `verbs.h` says which union member an event
+        // type fills (`events::element_of`); only that member is read, as
+        // a plain pointer value or int.
+        match element_of(code) {
+            Some(Element::Cq) => kind.key = unsafe { (*p).element.cq } as usize,
+            Some(Element::Qp) => kind.key = unsafe { (*p).element.qp } as usize,
+            Some(Element::Srq) => kind.key = unsafe { (*p).element.srq } as usize,
+            Some(Element::Wq) => kind.key = unsafe { (*p).element.wq } as usize,
+            Some(Element::Port) => {
+                kind.port = u8::try_from(unsafe { (*p).element.port_num }).unwrap_or(0)
+            }
+            Some(Element::Device) | None => {}
         }
+        kind
     }
 }
 
@@ -385,9 +414,11 @@ pub(crate) struct CompChannel {
     _ctx: Arc<Context>,
 }
 
-// SAFETY: the channel is an fd and a context pointer; libibverbs allows
-// its calls from any thread. Only one thread reads events (the device's
-// event thread); CQ creation just names the channel.
+// SAFETY: tied to no thread; destroyed in `Drop` (exclusive). Through
+// `&CompChannel`: `fd` reads a field fixed at creation, and
+// `ibv_get_cq_event` is thread safe (each event goes to one caller; only
+// the device's event thread calls it anyway); `ibv_create_cq` from other
+// threads only names the channel.
 unsafe impl Send for CompChannel {}
 // SAFETY: as above.
 unsafe impl Sync for CompChannel {}
@@ -464,8 +495,9 @@ pub(crate) struct Pd {
     _ctx: Arc<Context>,
 }
 
-// SAFETY: a PD is only named by other verbs (thread-safe in libibverbs)
-// and freed with exclusive access.
+// SAFETY: tied to no thread; freed by `dealloc(self)` or `Drop`
+// (exclusive). `&Pd` only passes the pointer to thread-safe verbs
+// (create CQ/QP/SRQ/AH, register MR).
 unsafe impl Send for Pd {}
 // SAFETY: as above.
 unsafe impl Sync for Pd {}
@@ -514,8 +546,11 @@ pub(crate) struct Cq {
     _ctx: Arc<Context>,
 }
 
-// SAFETY: libibverbs' CQ verbs (poll, notify) are thread-safe (the
-// provider locks the CQ); destroy has exclusive access.
+// SAFETY: tied to no thread; destroyed by `destroy(self)` or `Drop`
+// (exclusive). Through `&Cq`: `ibv_poll_cq` and `ibv_req_notify_cq`,
+// thread safe (the driver library locks the CQ: no single-threaded
+// context or thread domain is ever asked for), and `key` (the pointer's
+// value).
 unsafe impl Send for Cq {}
 // SAFETY: as above.
 unsafe impl Sync for Cq {}
@@ -624,30 +659,41 @@ impl Drop for Cq {
     }
 }
 
-/// A memory region (`ibv_reg_mr_iova2`) over memory it keeps alive,
-/// deregistered on drop.
+/// A memory region (`ibv_reg_mr_iova2`) over memory it keeps alive and
+/// maps for the device, deregistered on drop.
 pub(crate) struct Mr {
     mr: NonNull<ffi::ibv_mr>,
     freed: bool,
-    mem: Arc<Memory>,
+    /// Keeps the memory alive and every access to it device-safe (no
+    /// Rust reference into its bytes, volatile copies) until the device
+    /// can no longer reach it: dropped after `ibv_dereg_mr`.
+    mapping: Option<DeviceMapping>,
     _pd: Arc<Pd>,
 }
 
-// SAFETY: an MR is a key the device uses; deregistration has exclusive
-// access.
+// SAFETY: the `ibv_mr` is only read for its keys (written once by
+// `ibv_reg_mr_iova2` before the pointer is ours, never changed after) and
+// deregistered through `&mut self`/`self`, so moving it to another thread
+// or reading the keys from several threads cannot race; libibverbs ties an
+// MR to no thread.
 unsafe impl Send for Mr {}
-// SAFETY: as above.
+// SAFETY: as above: `&Mr` gives only the immutable keys.
 unsafe impl Sync for Mr {}
 
 impl Mr {
     /// Registers `len` bytes from `offset` of `mem` at `iova` with
     /// `access` (the `IBV_ACCESS_*` bits, which are [`provider::Access`]'s).
     ///
-    /// The address is taken from `mem` itself: an owned buffer's boxed
-    /// slice (which never moves or resizes) or a raw region's base (which
-    /// the `RawRegion::new` contract keeps valid until deregistration).
-    /// The `Arc<Memory>` is held until the MR is deregistered, so the
-    /// bytes the device may DMA into stay allocated.
+    /// The memory is first mapped for the device
+    /// ([`map_for_device`]): from then on no access makes a Rust
+    /// reference into its bytes, whatever the access flags (the device
+    /// writes receives and READ responses with local write, and remote
+    /// WRITEs and atomics with remote rights, at any moment). The address
+    /// is the mapping's: an owned buffer's allocation (which never moves
+    /// or resizes) or a raw region's base (which the `RawRegion::new`
+    /// contract keeps valid until deregistration). The mapping (and with
+    /// it the memory) is held until the MR is deregistered, so the bytes
+    /// the device may DMA into stay allocated.
     pub(crate) fn register(
         pd: &Arc<Pd>,
         mem: &Arc<Memory>,
@@ -662,13 +708,9 @@ impl Mr {
                 "range {offset}+{len} outside memory of {total} bytes"
             )));
         }
-        let base = match mem.raw_addr() {
-            Some(a) => a as usize,
-            None => mem
-                .with(|b| b.as_ptr() as usize)
-                .ok_or_else(|| al::Error::invalid_parameter("memory was invalidated"))?,
-        };
-        let addr = base + offset;
+        let mapping = map_for_device(mem)
+            .ok_or_else(|| al::Error::invalid_parameter("memory was invalidated"))?;
+        let addr = mapping.addr() + offset;
         // The kernel maps an MR page by page and refuses (EINVAL) an iova
         // at another offset in its page than the address; say so plainly.
         let page = provider::buffer::PAGE as u64;
@@ -682,9 +724,11 @@ impl Mr {
         }
         // SAFETY: the PD is live (Arc); `addr..addr+len` lies inside `mem`
         // (checked above), which stays allocated at that address while the
-        // MR lives (the Arc held in the MR; owned memory is a boxed slice
-        // that never moves, raw memory is the caller's promise). The
-        // kernel pins the pages; NULL with errno on failure.
+        // MR lives (the mapping held in the MR keeps the `Arc<Memory>`;
+        // owned memory is an allocation that never moves, raw memory is
+        // the caller's promise), and no Rust reference into it exists from
+        // the mapping on. The kernel pins the pages; NULL with errno on
+        // failure.
         let mr = unsafe {
             ffi::ibv_reg_mr_iova2(pd.pd.as_ptr(), addr as *mut c_void, len, iova, access)
         };
@@ -692,7 +736,7 @@ impl Mr {
             .map(|mr| Mr {
                 mr,
                 freed: false,
-                mem: mem.clone(),
+                mapping: Some(mapping),
                 _pd: pd.clone(),
             })
             .ok_or_else(|| errno_error("ibv_reg_mr_iova2", last_errno()))
@@ -704,6 +748,16 @@ impl Mr {
         unsafe { ((*self.mr.as_ptr()).lkey, (*self.mr.as_ptr()).rkey) }
     }
 
+    /// The device no longer reaches the memory: end the mapping and, for a
+    /// raw region, invalidate it.
+    fn unmap(&mut self) {
+        if let Some(m) = self.mapping.take() {
+            let mem = m.memory().clone();
+            drop(m);
+            mem.invalidate();
+        }
+    }
+
     /// `ibv_dereg_mr`, with its error; a raw region is then invalidated.
     pub(crate) fn deregister(mut self) -> Result<()> {
         // SAFETY: registered by `ibv_reg_mr_iova2`, deregistered once.
@@ -711,7 +765,7 @@ impl Mr {
             ffi::ibv_dereg_mr(self.mr.as_ptr())
         })?;
         self.freed = true;
-        self.mem.invalidate();
+        self.unmap();
         Ok(())
     }
 }
@@ -720,9 +774,16 @@ impl Drop for Mr {
     fn drop(&mut self) {
         if !self.freed {
             // SAFETY: as in `deregister`.
-            let _ = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
-            self.mem.invalidate();
+            let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+            if rc != 0 {
+                // The device may still reach the bytes: keep them alive
+                // and device-safe for the rest of the process rather than
+                // hand them back.
+                std::mem::forget(self.mapping.take());
+                return;
+            }
         }
+        self.unmap();
     }
 }
 
@@ -768,7 +829,9 @@ pub(crate) struct Ah {
     _pd: Arc<Pd>,
 }
 
-// SAFETY: an AH is only named by UD sends; destroy has exclusive access.
+// SAFETY: tied to no thread; destroyed by `destroy(self)` or `Drop`
+// (exclusive). `&Ah` only lends the pointer to `ibv_post_send`, which
+// reads the AH (thread safe).
 unsafe impl Send for Ah {}
 // SAFETY: as above.
 unsafe impl Sync for Ah {}
@@ -866,8 +929,9 @@ pub(crate) struct Srq {
     _pd: Arc<Pd>,
 }
 
-// SAFETY: libibverbs' SRQ post is thread-safe (the provider locks the
-// queue); destroy has exclusive access.
+// SAFETY: tied to no thread; destroyed by `destroy(self)` or `Drop`
+// (exclusive). Through `&Srq` only `ibv_post_srq_recv`, thread safe (the
+// driver library locks the queue).
 unsafe impl Send for Srq {}
 // SAFETY: as above.
 unsafe impl Sync for Srq {}
@@ -965,8 +1029,11 @@ pub(crate) struct Qp {
     _pd: Arc<Pd>,
 }
 
-// SAFETY: libibverbs' QP verbs (post, modify, query) are thread-safe (the
-// provider locks each queue); destroy has exclusive access.
+// SAFETY: tied to no thread; destroyed by `destroy(self)` or `Drop`
+// (exclusive). Through `&Qp`: `ibv_post_send`, `ibv_post_recv`,
+// `ibv_modify_qp`, `ibv_query_qp` (thread safe: the driver library locks
+// each queue, the kernel serialises modify and query), `qp_num` (a field
+// fixed at creation) and `key` (the pointer's value).
 unsafe impl Send for Qp {}
 // SAFETY: as above.
 unsafe impl Sync for Qp {}
@@ -1010,6 +1077,11 @@ impl Qp {
             },
             caps,
         ))
+    }
+
+    /// The QP's identity in asynchronous events ([`AsyncKind::key`]).
+    pub(crate) fn key(&self) -> usize {
+        self.qp.as_ptr() as usize
     }
 
     /// The QP number.
@@ -1289,6 +1361,43 @@ mod tests {
             provider::Access::LOCAL_WRITE.bits(),
             ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
         );
+    }
+
+    /// Our asynchronous event codes and names (`events`) against the
+    /// installed headers and `ibv_event_type_str`.
+    #[test]
+    fn event_codes_and_names_match_the_installed_headers() {
+        use crate::events::{event_code::*, event_name};
+        use ffi::ibv_event_type as t;
+        let codes = [
+            (CQ_ERR, t::IBV_EVENT_CQ_ERR),
+            (QP_FATAL, t::IBV_EVENT_QP_FATAL),
+            (QP_REQ_ERR, t::IBV_EVENT_QP_REQ_ERR),
+            (QP_ACCESS_ERR, t::IBV_EVENT_QP_ACCESS_ERR),
+            (COMM_EST, t::IBV_EVENT_COMM_EST),
+            (SQ_DRAINED, t::IBV_EVENT_SQ_DRAINED),
+            (PATH_MIG, t::IBV_EVENT_PATH_MIG),
+            (PATH_MIG_ERR, t::IBV_EVENT_PATH_MIG_ERR),
+            (DEVICE_FATAL, t::IBV_EVENT_DEVICE_FATAL),
+            (PORT_ACTIVE, t::IBV_EVENT_PORT_ACTIVE),
+            (PORT_ERR, t::IBV_EVENT_PORT_ERR),
+            (LID_CHANGE, t::IBV_EVENT_LID_CHANGE),
+            (PKEY_CHANGE, t::IBV_EVENT_PKEY_CHANGE),
+            (SM_CHANGE, t::IBV_EVENT_SM_CHANGE),
+            (SRQ_ERR, t::IBV_EVENT_SRQ_ERR),
+            (SRQ_LIMIT_REACHED, t::IBV_EVENT_SRQ_LIMIT_REACHED),
+            (QP_LAST_WQE_REACHED, t::IBV_EVENT_QP_LAST_WQE_REACHED),
+            (CLIENT_REREGISTER, t::IBV_EVENT_CLIENT_REREGISTER),
+            (GID_CHANGE, t::IBV_EVENT_GID_CHANGE),
+            (WQ_FATAL, t::IBV_EVENT_WQ_FATAL),
+        ];
+        for (ours, theirs) in codes {
+            assert_eq!(ours, theirs as u32);
+            // SAFETY: `ibv_event_type_str` returns a static string for
+            // every code of the enum.
+            let s = unsafe { CStr::from_ptr(ffi::ibv_event_type_str(theirs)) };
+            assert_eq!(s.to_str().unwrap(), event_name(ours), "code {ours}");
+        }
     }
 
     #[test]

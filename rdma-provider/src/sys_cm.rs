@@ -9,6 +9,20 @@
 //! * [`Id`]: `rdma_create_id` / `rdma_destroy_id` and the calls on an id.
 //!
 //! librdmacm's calls return 0, or -1 with `errno` set.
+//!
+//! **The CM lock.** librdmacm writes the fields of an `rdma_cm_id` that
+//! the getters here read (`verbs`, `port_num`, the route's addresses):
+//! inside the calls on the id (`rdma_bind_addr`, `rdma_resolve_addr`, ...)
+//! on whichever thread makes them, and inside `rdma_get_cm_event` on the
+//! event thread (`ADDR_RESOLVED`, `ROUTE_RESOLVED` query the kernel into
+//! the id). So every call on an id and every read of its fields takes one
+//! process-wide lock, proven by a [`CmGuard`] argument, which the event
+//! thread also holds across `rdma_get_cm_event`. That fetch never blocks
+//! with the lock held: the channel's fd is non-blocking (an event gone
+//! between `poll` and the read, with its destroyed id, gives an error, not
+//! a wait). No call made under the lock waits for a thread that needs it:
+//! `rdma_destroy_id` waits only for the event thread to acknowledge the
+//! id's fetched events, which it does without the lock.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
@@ -16,6 +30,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::os::raw::{c_int, c_void};
 use std::ptr::NonNull;
+
+use std::sync::{Mutex, MutexGuard};
 
 use al::Result;
 use rdma_sys as ffi;
@@ -85,14 +101,26 @@ fn addr_of(st: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
+/// Proof that the process's CM lock is held (module docs).
+pub(crate) struct CmGuard(#[allow(dead_code)] MutexGuard<'static, ()>);
+
+/// Takes the process's CM lock.
+pub(crate) fn lock() -> CmGuard {
+    static CM_LOCK: Mutex<()> = Mutex::new(());
+    CmGuard(CM_LOCK.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// An event channel (`rdma_create_event_channel`): the fd every event of
 /// its ids arrives on. Destroyed on drop (after every id on it).
 pub(crate) struct EventChannel {
     ch: NonNull<ffi::rdma_event_channel>,
 }
 
-// SAFETY: librdmacm's channel calls are thread-safe (`rdma_get_cm_event`
-// reads the fd; ids are created on it under librdmacm's own locks).
+// SAFETY: tied to no thread; destroyed in `Drop` (exclusive, after every
+// id on it: the channel's owner outlives them). Through `&EventChannel`:
+// `fd` reads a field fixed at creation, `rdma_get_cm_event` runs under the
+// CM lock (a `CmGuard` argument), and `rdma_create_id` only names the
+// channel (librdmacm locks its own id table).
 unsafe impl Send for EventChannel {}
 // SAFETY: as above.
 unsafe impl Sync for EventChannel {}
@@ -104,9 +132,22 @@ impl EventChannel {
         // SAFETY: no arguments; returns NULL with errno set, or a channel
         // we own until `rdma_destroy_event_channel`.
         let ch = unsafe { ffi::rdma_create_event_channel() };
-        NonNull::new(ch)
+        let ch = NonNull::new(ch)
             .map(|ch| EventChannel { ch })
-            .ok_or_else(|| errno_error("rdma_create_event_channel", last_errno()))
+            .ok_or_else(|| errno_error("rdma_create_event_channel", last_errno()))?;
+        // Non-blocking, so that a fetch under the CM lock never waits.
+        let fd = ch.fd();
+        // SAFETY: `fd` is the channel's open fd; F_GETFL/F_SETFL only read
+        // and set its status flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(errno_error(
+                "fcntl(O_NONBLOCK) on the rdma_cm channel",
+                last_errno(),
+            ));
+        }
+        Ok(ch)
     }
 
     /// The channel's fd (readable when an event waits).
@@ -115,9 +156,10 @@ impl EventChannel {
         unsafe { (*self.ch.as_ptr()).fd }
     }
 
-    /// `rdma_get_cm_event`: the next event (blocks while there is none;
-    /// call it when [`fd`](Self::fd) is readable).
-    pub(crate) fn get_event(&self) -> Result<RawEvent<'_>> {
+    /// `rdma_get_cm_event`: the next event, or an error when there is
+    /// none (the fd is non-blocking; call it when [`fd`](Self::fd) is
+    /// readable). Under the CM lock: librdmacm writes the event's id here.
+    pub(crate) fn get_event(&self, _cm: &CmGuard) -> Result<RawEvent<'_>> {
         let mut ev: *mut ffi::rdma_cm_event = std::ptr::null_mut();
         // SAFETY: the channel is live; on success `ev` is an event we
         // must acknowledge exactly once (`RawEvent`'s drop).
@@ -230,10 +272,13 @@ pub(crate) struct Id {
     id: NonNull<ffi::rdma_cm_id>,
 }
 
-// SAFETY: librdmacm's calls on an id may come from any thread; the id is
-// destroyed once, by its owner.
+// SAFETY: an id is tied to no thread (librdmacm's calls on it may come
+// from any); it is destroyed once, by `destroy(self)`.
 unsafe impl Send for Id {}
-// SAFETY: as above.
+// SAFETY: every method that calls librdmacm on the id or reads its fields
+// takes a `&CmGuard`, so threads sharing `&Id` use it one at a time, and
+// never while `rdma_get_cm_event` rewrites its fields (module docs); `key`
+// reads only the pointer's value.
 unsafe impl Sync for Id {}
 
 impl Id {
@@ -258,6 +303,7 @@ impl Id {
     /// `rdma_resolve_addr` from `src` (or any local address) to `dst`.
     pub(crate) fn resolve_addr(
         &self,
+        _cm: &CmGuard,
         src: Option<SocketAddr>,
         dst: SocketAddr,
         timeout_ms: i32,
@@ -280,7 +326,7 @@ impl Id {
     }
 
     /// `rdma_resolve_route`.
-    pub(crate) fn resolve_route(&self, timeout_ms: i32) -> Result<()> {
+    pub(crate) fn resolve_route(&self, _cm: &CmGuard, timeout_ms: i32) -> Result<()> {
         // SAFETY: the id is live.
         check("rdma_resolve_route", unsafe {
             ffi::rdma_resolve_route(self.id.as_ptr(), timeout_ms)
@@ -288,7 +334,7 @@ impl Id {
     }
 
     /// `rdma_bind_addr`.
-    pub(crate) fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+    pub(crate) fn bind_addr(&self, _cm: &CmGuard, addr: SocketAddr) -> Result<()> {
         let mut a = storage_of(&addr);
         // SAFETY: the id is live; the address is valid for the call.
         check("rdma_bind_addr", unsafe {
@@ -300,7 +346,7 @@ impl Id {
     }
 
     /// `rdma_listen`.
-    pub(crate) fn listen(&self, backlog: i32) -> Result<()> {
+    pub(crate) fn listen(&self, _cm: &CmGuard, backlog: i32) -> Result<()> {
         // SAFETY: the id is live.
         check("rdma_listen", unsafe {
             ffi::rdma_listen(self.id.as_ptr(), backlog)
@@ -327,7 +373,7 @@ impl Id {
     }
 
     /// `rdma_connect` with `p` (its `qp_num` names the QP; the id has none).
-    pub(crate) fn connect(&self, p: &ConnParam) -> Result<()> {
+    pub(crate) fn connect(&self, _cm: &CmGuard, p: &ConnParam) -> Result<()> {
         Self::with_param(p, |c| {
             // SAFETY: the id is live; the parameters and the private data
             // they point at are valid for the call (librdmacm copies them).
@@ -338,7 +384,7 @@ impl Id {
     }
 
     /// `rdma_accept` with `p`.
-    pub(crate) fn accept(&self, p: &ConnParam) -> Result<()> {
+    pub(crate) fn accept(&self, _cm: &CmGuard, p: &ConnParam) -> Result<()> {
         Self::with_param(p, |c| {
             // SAFETY: as for `connect`.
             check("rdma_accept", unsafe {
@@ -348,7 +394,7 @@ impl Id {
     }
 
     /// `rdma_reject` with `private_data`.
-    pub(crate) fn reject(&self, private_data: &[u8]) -> Result<()> {
+    pub(crate) fn reject(&self, _cm: &CmGuard, private_data: &[u8]) -> Result<()> {
         let len = u8::try_from(private_data.len()).unwrap_or(u8::MAX);
         let ptr = if private_data.is_empty() {
             std::ptr::null()
@@ -362,7 +408,7 @@ impl Id {
     }
 
     /// `rdma_establish` (an id without a QP, after the connect response).
-    pub(crate) fn establish(&self) -> Result<()> {
+    pub(crate) fn establish(&self, _cm: &CmGuard) -> Result<()> {
         // SAFETY: the id is live.
         check("rdma_establish", unsafe {
             ffi::rdma_establish(self.id.as_ptr())
@@ -370,7 +416,7 @@ impl Id {
     }
 
     /// `rdma_disconnect` (DREQ, or DREP after the peer's DREQ).
-    pub(crate) fn disconnect(&self) -> Result<()> {
+    pub(crate) fn disconnect(&self, _cm: &CmGuard) -> Result<()> {
         // SAFETY: the id is live.
         check("rdma_disconnect", unsafe {
             ffi::rdma_disconnect(self.id.as_ptr())
@@ -379,7 +425,7 @@ impl Id {
 
     /// `rdma_init_qp_attr` for `state` (an `ibv_qp_state` code): the
     /// attributes and `IBV_QP_*` mask to move a QP of this connection.
-    pub(crate) fn init_qp_attr(&self, state: u32) -> Result<(RawQpAttr, u32)> {
+    pub(crate) fn init_qp_attr(&self, _cm: &CmGuard, state: u32) -> Result<(RawQpAttr, u32)> {
         // SAFETY: all-zero is valid for `ibv_qp_attr` (integers, unions
         // of integers).
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -392,7 +438,7 @@ impl Id {
         Ok((crate::sys::raw_qp_attr_of(&a), mask as u32))
     }
 
-    fn verbs(&self) -> Option<NonNull<ffi::ibv_context>> {
+    fn verbs(&self, _cm: &CmGuard) -> Option<NonNull<ffi::ibv_context>> {
         // SAFETY: the id is live; `verbs` is a plain field, NULL until an
         // address is bound or resolved.
         NonNull::new(unsafe { (*self.id.as_ptr()).verbs })
@@ -400,8 +446,8 @@ impl Id {
 
     /// The node GUID (host order) and name of the device the id is bound
     /// to, once an address is bound or resolved.
-    pub(crate) fn device(&self) -> Option<(u64, String)> {
-        let ctx = self.verbs()?;
+    pub(crate) fn device(&self, cm: &CmGuard) -> Option<(u64, String)> {
+        let ctx = self.verbs(cm)?;
         // SAFETY: the context librdmacm opened for the id is live while
         // the id is; its `device` pointer is valid while the context is.
         let dev = unsafe { (*ctx.as_ptr()).device };
@@ -426,14 +472,14 @@ impl Id {
     }
 
     /// The device port the id is bound to (0 before).
-    pub(crate) fn port_num(&self) -> u8 {
+    pub(crate) fn port_num(&self, _cm: &CmGuard) -> u8 {
         // SAFETY: the id is live; `port_num` is a plain field.
         unsafe { (*self.id.as_ptr()).port_num }
     }
 
     /// The local and peer addresses of the route (`rdma_get_local_addr`,
     /// `rdma_get_peer_addr`, inline in the header: the route's addresses).
-    pub(crate) fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+    pub(crate) fn addrs(&self, _cm: &CmGuard) -> (Option<SocketAddr>, Option<SocketAddr>) {
         // SAFETY: the id is live; the route's address unions are plain
         // `sockaddr_storage`-sized data librdmacm fills in, every member
         // readable as the storage.
@@ -444,11 +490,21 @@ impl Id {
         (addr_of(&src), addr_of(&dst))
     }
 
+    /// `rdma_notify(IBV_EVENT_COMM_EST)`: the QP of this connection
+    /// received before the RTU came; the kernel's CM moves the connection
+    /// to established (and the id then reports `ESTABLISHED`).
+    pub(crate) fn notify_comm_est(&self, _cm: &CmGuard) -> Result<()> {
+        // SAFETY: the id is live.
+        check("rdma_notify", unsafe {
+            ffi::rdma_notify(self.id.as_ptr(), ffi::ibv_event_type::IBV_EVENT_COMM_EST)
+        })
+    }
+
     /// `rdma_destroy_id`. Waits until every event of the id that was
     /// fetched is acknowledged (`cma.c`: `rdma_destroy_id` waits for
     /// `events_completed`); the kernel sends the REJ or DREQ the
     /// connection's state calls for.
-    pub(crate) fn destroy(self) -> Result<()> {
+    pub(crate) fn destroy(self, _cm: &CmGuard) -> Result<()> {
         // SAFETY: created by `rdma_create_id` or handed over by a connect
         // request; destroyed once (`self` is consumed).
         check("rdma_destroy_id", unsafe {

@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use al::sync::{Arc, Mutex};
 use al::{create, post_callback, AlInstance, Error, Handle, Kind, Obj, Object, RawHandle, Result};
-use hca::any::AnyDevice;
+use hca::any::{AnyDevice, AnyQp};
 use hca::provider::{Access, QpModify, QpState};
 use hca::verbs::Ca;
 use qp::cid as binding;
 use qp::Qp;
 use rdma_provider::cm::{CmEventKind, ConnParam};
-use rdma_provider::{CmEvent, CmHook, CmId};
+use rdma_provider::{CmEvent, CmHook, CmId, QpEvent};
 
 use super::translate::{self, Phase, Reaction, Step};
 use crate::cm::{AcceptReply, ConnectRequest};
@@ -61,6 +61,35 @@ fn same_device(ca: &Obj<Ca>, id: &CmId) -> Result<()> {
     }
 }
 
+/// While `qp` is bound to the connection of `id`, its
+/// `QpEvent::CommEstablished` (a packet arrived in RTR before the RTU)
+/// goes to `rdma_notify`, as librdmacm asks of an id without a QP: the
+/// kernel's CM then completes the connection (and `ESTABLISHED` follows)
+/// even if the RTU was lost. The hook holds the id weakly; it runs on the
+/// device's event thread.
+fn watch_comm_est(qp: &Obj<Qp>, id: &std::sync::Arc<CmId>) {
+    if let (AnyDevice::Rdma(dev), AnyQp::Rdma(q)) = (qp.device(), qp.provider()) {
+        let id = std::sync::Arc::downgrade(id);
+        dev.set_qp_event_hook(
+            q,
+            Some(std::sync::Arc::new(move |e| {
+                if e == QpEvent::CommEstablished {
+                    if let Some(id) = id.upgrade() {
+                        let _ = id.notify_comm_est();
+                    }
+                }
+            })),
+        );
+    }
+}
+
+/// The QP leaves its connection: no more `rdma_notify` for it.
+fn unwatch(qp: &Obj<Qp>) {
+    if let (AnyDevice::Rdma(dev), AnyQp::Rdma(q)) = (qp.device(), qp.provider()) {
+        dev.set_qp_event_hook(q, None);
+    }
+}
+
 // ------------------------------------------------------------------- CEPs --
 
 struct CepState {
@@ -101,6 +130,7 @@ impl Object for RdmaCep {
         };
         drop(id);
         if let Some(qp) = qp {
+            unwatch(&qp);
             binding::release(qp.cid(), obj.core().handle(), |_| {});
             let _ = qp.modify(&QpModify::to(QpState::Err));
         }
@@ -242,6 +272,7 @@ fn release(c: &Arc<Obj<RdmaCep>>) {
     });
     match qp {
         Some(qp) => {
+            unwatch(&qp);
             binding::release(qp.cid(), h, destroy_cep);
         }
         None => destroy_cep(h),
@@ -357,6 +388,7 @@ pub fn connect(
                 st.id = Some(id.clone());
                 st.qp = Some(qp.clone());
             }
+            watch_comm_est(&qp, &id);
             id.resolve_addr(remote, RESOLVE_TIMEOUT_MS)
         },
         destroy_cep,
@@ -480,6 +512,7 @@ pub fn accept(
                 st.qp = Some(qp.clone());
                 st.access = reply.access;
             }
+            watch_comm_est(&qp, &id);
             if qp.query()?.state != QpState::Reset {
                 qp.modify(&QpModify::to(QpState::Reset))?;
             }
@@ -503,6 +536,7 @@ pub fn accept(
                     st.phase = Phase::RequestReceived;
                 }
             }
+            unwatch(&qp);
             // As the project's accept: the QP is put back as it was.
             crate::cm::restore_qp(&qp, &before);
             if binding::release(qp.cid(), h, |_| {}) {

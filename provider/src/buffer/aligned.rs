@@ -14,6 +14,8 @@
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
+use super::shared::{Exclusive, Shared};
+
 /// The alignment of every buffer (the x86-64 and most arm64 page size).
 pub const PAGE: usize = 4096;
 
@@ -26,7 +28,10 @@ pub struct PageBytes {
 
 // SAFETY: `PageBytes` owns its allocation exclusively, like `Box<[u8]>`.
 unsafe impl Send for PageBytes {}
-// SAFETY: shared access only reads, through `&[u8]`, like `Box<[u8]>`.
+// SAFETY: through `&PageBytes` Rust code only reads the bytes (a `&[u8]`
+// when no device maps them, volatile copies when one does), like
+// `Box<[u8]>`; writes need `&mut PageBytes`. A device writing them is
+// outside Rust and is handled by the volatile copies (`shared.rs`).
 unsafe impl Sync for PageBytes {}
 
 impl PageBytes {
@@ -61,6 +66,41 @@ impl PageBytes {
     }
 }
 
+impl PageBytes {
+    /// Length in bytes (without making a slice).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The first byte's address (what a device registers).
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// The bytes behind a read lock; `device` when a device maps them
+    /// (then they are copied with volatile accesses, never sliced).
+    pub(super) fn shared(&self, device: bool) -> Shared<'_> {
+        // SAFETY: `ptr` is valid for `len` bytes while `self` lives; `&self`
+        // (a read guard) means no Rust code writes them meanwhile, and
+        // only a device mapping them (then `device`) writes them otherwise.
+        unsafe { Shared::new(self.ptr.as_ptr(), self.len, device) }
+    }
+
+    /// The bytes behind a write lock, as [`PageBytes::shared`].
+    pub(super) fn exclusive(&mut self, device: bool) -> Exclusive<'_> {
+        // SAFETY: as `shared`, and `&mut self` (a write guard) excludes
+        // every other Rust access.
+        unsafe { Exclusive::new(self.ptr.as_ptr(), self.len, device) }
+    }
+}
+
+// The slices below are made only when no device maps the bytes (the
+// callers check under the lock; `docs/memory.md`).
 impl std::ops::Deref for PageBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

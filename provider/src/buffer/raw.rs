@@ -2,9 +2,10 @@
 //!
 //! A [`RawRegion`] is a pointer and a length the caller vouches for (see
 //! [`RawRegion::new`]). The provider accesses it only through
-//! [`RawMemory::with`] and [`RawMemory::with_mut`], which hold the region's
-//! own reader-writer lock while a slice over the memory exists and refuse
-//! once the region is invalidated (the MR was deregistered or dropped).
+//! `RawMemory::with_shared` and `with_exclusive`, which hold the region's
+//! own reader-writer lock while the bytes are accessed (as a slice, or by
+//! volatile copies when a device maps them: `shared.rs`) and refuse once
+//! the region is invalidated (the MR was deregistered or dropped).
 //! Invalidation takes the write lock, so when it returns no provider access
 //! is in progress and none can start: after deregistration the caller owns
 //! the memory again.
@@ -13,6 +14,7 @@
 use al::sync::{Arc, RwLock};
 use al::{Error, Result};
 
+use super::shared::{Exclusive, Shared};
 use super::{Memory, Store};
 
 /// Caller-managed memory ready to be registered (zero copy).
@@ -111,8 +113,8 @@ pub struct RawMemory {
     valid: RwLock<bool>,
 }
 
-// SAFETY: the pointer is only dereferenced inside `with`/`with_mut` under
-// `valid`'s lock, and the `RawRegion::new` contract makes the memory valid
+// SAFETY: the pointer is only dereferenced inside `with_shared` and
+// `with_exclusive` under `valid`'s lock, and the `RawRegion::new` contract makes the memory valid
 // from any thread and free of other accesses for the region's life, so
 // sending or sharing the descriptor between threads cannot create a data
 // race the lock does not already exclude.
@@ -136,8 +138,14 @@ impl RawMemory {
         self.ptr as usize as u64
     }
 
-    /// Shared access under the region's lock; `None` once invalidated.
-    pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    /// Run `f` on the bytes under the region's read lock; `None` once
+    /// invalidated. `device(true)` when a device maps them (copies are
+    /// volatile, never sliced).
+    pub(super) fn with_shared<R>(
+        &self,
+        device: impl FnOnce() -> bool,
+        f: impl FnOnce(Shared<'_>) -> R,
+    ) -> Option<R> {
         let valid = self.valid.read();
         if !*valid {
             return None;
@@ -145,24 +153,27 @@ impl RawMemory {
         // SAFETY: `valid` is true and we hold its read lock, so the region
         // has not been deregistered and cannot be until we return; by the
         // `RawRegion::new` contract `ptr..ptr+len` is one live allocation
-        // (non-null, len <= isize::MAX, u8 needs no alignment) that nothing
-        // outside this lock accesses, and inside it only shared slices exist
-        // while the read lock is held. The slice does not escape `f`.
-        let s = unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) };
-        Some(f(s))
+        // (non-null, len <= isize::MAX) that nothing outside this lock
+        // accesses except a device the region is registered with, which
+        // `device()` (read under the lock, after any mapping made before
+        // took effect) reports; inside the lock only reads happen while
+        // the read lock is held. The view does not escape `f`.
+        Some(f(unsafe { Shared::new(self.ptr, self.len, device()) }))
     }
 
-    /// Exclusive access under the region's lock; `None` once invalidated.
-    pub fn with_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+    /// As [`RawMemory::with_shared`], under the write lock.
+    pub(super) fn with_exclusive<R>(
+        &self,
+        device: impl FnOnce() -> bool,
+        f: impl FnOnce(Exclusive<'_>) -> R,
+    ) -> Option<R> {
         let valid = self.valid.write();
         if !*valid {
             return None;
         }
-        // SAFETY: as in `with`, and the write lock makes this the only
-        // slice over the region in existence; the contract excludes every
-        // access from outside the lock. The slice does not escape `f`.
-        let s = unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) };
-        Some(f(s))
+        // SAFETY: as in `with_shared`, and the write lock makes this the
+        // only Rust access.
+        Some(f(unsafe { Exclusive::new(self.ptr, self.len, device()) }))
     }
 
     /// Stop all further access; when this returns none is in progress.
