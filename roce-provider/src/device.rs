@@ -63,13 +63,15 @@ impl PollWatch {
     /// on every empty poll): pollers of one device racing here may lose
     /// a step of each other's streak, which delays the receive threads'
     /// stepping aside by a poll or two; a lone poller counts exactly.
-    fn note(&self, now: u64, found: usize) {
+    /// The poll's gap to the one before runs to `began` (when it started
+    /// its real work, at the latest `now`, its end).
+    fn note(&self, began: u64, now: u64, found: usize) {
         if found > 0 {
             return;
         }
         let before = self.last_empty.load(Ordering::Relaxed);
         self.last_empty.store(now, Ordering::Relaxed);
-        let streak = if now.saturating_sub(before) < BUSY_POLL_GAP.as_nanos() as u64 {
+        let streak = if began.saturating_sub(before) < BUSY_POLL_GAP.as_nanos() as u64 {
             let s = self.streak.load(Ordering::Relaxed).saturating_add(1);
             self.streak.store(s, Ordering::Relaxed);
             s
@@ -710,13 +712,22 @@ impl DevShared {
     ///
     /// Nor do the polls of the provider's own threads
     /// ([`crate::driver::on_provider_thread`]).
-    pub(crate) fn note_poll(&self, found: usize) {
+    ///
+    /// `took`: when the poll's progress fed its first datagram, if it took
+    /// any. The gap to the poll before is measured up to then, not to the
+    /// poll's end: a poll that drained a stranger's flood (up to
+    /// `DRAIN_BATCHES` batches, ~100 us) is still a busy poll, and counting
+    /// its length made the receive threads take the port back from a
+    /// flooded poller (`perf send-lat --flood`: medians of 68 us instead
+    /// of 30-38 in some runs).
+    pub(crate) fn note_poll(&self, found: usize, took: Option<Duration>) {
         // Only empty polls count (no clock read for the others).
         if found > 0 || crate::driver::on_provider_thread() {
             return;
         }
         let now = self.now().as_nanos() as u64;
-        self.polls.note(now, found);
+        let began = took.map_or(now, |t| (t.as_nanos() as u64).min(now));
+        self.polls.note(began, now, found);
     }
 
     /// Whether an application polled within `window`.
@@ -1452,12 +1463,13 @@ impl Device for RoceDevice {
         // Nothing yet: take what has already arrived on the ports on this
         // thread rather than wait for a receive thread to wake up
         // (`docs/roce-provider.md`, "Progress on the polling thread").
-        let n = if crate::driver::progress(&self.shared) {
+        let took = crate::driver::progress(&self.shared);
+        let n = if took.is_some() {
             cq.inner.poll(out)
         } else {
             0
         };
-        self.shared.note_poll(n);
+        self.shared.note_poll(n, took);
         Ok(n)
     }
 
@@ -1645,21 +1657,37 @@ mod held_ack_tests {
         // agent's round), and one that drains with completions first.
         for round in 1..200u64 {
             let t = us(100 * round);
-            w.note(t, 3);
-            w.note(t + 1, 0);
-            w.note(t + 2, 0);
+            w.note(t, t, 3);
+            w.note(t + 1, t + 1, 0);
+            w.note(t + 2, t + 2, 0);
             assert!(!w.busy_within(t + 3, window), "round {round}");
         }
         // A spinning application: empty polls microseconds apart.
         let t0 = us(100_000);
         for k in 0..BUSY_POLL_STREAK as u64 {
-            w.note(t0 + us(k), 0);
+            w.note(t0 + us(k), t0 + us(k), 0);
         }
         assert!(w.busy_within(t0 + us(20), window));
         assert!(
             !w.busy_within(t0 + us(300), window),
             "busy ends with the polling"
         );
+        // A spinning application whose polls each drain a flood for 100 us
+        // (they start 2 us after the one before ended): busy-polling.
+        let w = PollWatch::default();
+        let t1 = us(500_000);
+        for k in 0..BUSY_POLL_STREAK as u64 {
+            let began = t1 + us(102 * k);
+            w.note(began, began + us(100), 0);
+        }
+        assert!(w.busy_within(t1 + us(102 * BUSY_POLL_STREAK as u64), window));
+        // The same polls measured end to end would not have counted.
+        let w = PollWatch::default();
+        for k in 0..BUSY_POLL_STREAK as u64 {
+            let end = t1 + us(102 * k) + us(100);
+            w.note(end, end, 0);
+        }
+        assert!(!w.busy_within(t1 + us(102 * BUSY_POLL_STREAK as u64), window));
     }
 
     /// A positive ACK of `psn` for `qpn`, encoded for `ep`.

@@ -203,15 +203,22 @@ pub(crate) enum Reached<'a> {
     Now(&'a mut Deferred),
 }
 
-/// Feeds the `n` datagrams of `batch` to their QPs; how many the receive
-/// stage passed.
+/// What [`feed`] did with a batch.
+struct Fed {
+    /// Datagrams the receive stage passed.
+    accepted: usize,
+    /// The clock when the batch was fed.
+    at: Duration,
+}
+
+/// Feeds the `n` datagrams of `batch` to their QPs.
 fn feed(
     dev: &DevShared,
     fed: &mut Feeding<'_>,
     batch: &RecvBatch,
     n: usize,
     reached: &mut Reached<'_>,
-) -> usize {
+) -> Fed {
     // Every datagram and its bytes, counted once per batch; one clock
     // reading for the batch (they arrived together).
     let (mut datagrams, mut bytes, mut accepted) = (0u64, 0u64, 0);
@@ -231,7 +238,7 @@ fn feed(
     }
     fed.count(|c| &c.rx_datagrams, datagrams);
     fed.count(|c| &c.rx_bytes, bytes);
-    accepted
+    Fed { accepted, at: now }
 }
 
 /// Most batches one poller's progress takes from a port in a row while
@@ -296,20 +303,21 @@ fn poller_took(asked: usize, took: usize) {
 /// already arrived on the device's ports is fed to its QPs and the QPs it
 /// reached are driven, as a receive thread would, without waiting for one
 /// to wake. A port whose receive thread (or another poller) is busy
-/// feeding it is skipped. Returns whether any datagram was taken.
-pub(crate) fn progress(dev: &DevShared) -> bool {
+/// feeding it is skipped. Returns when the first datagram taken was fed
+/// (the device's clock), or None if none was taken.
+pub(crate) fn progress(dev: &DevShared) -> Option<Duration> {
     // The thread's list from its last progress (no allocation per poll
     // that takes a datagram); a nested progress (a CQ hook that polls)
     // finds it taken and uses a new one.
     let mut reached = REACHED.take();
-    let any = progress_with(dev, &mut reached);
+    let first = progress_with(dev, &mut reached);
     reached.clear();
     REACHED.set(reached);
-    any
+    first
 }
 
-fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
-    let mut any = false;
+fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration> {
+    let mut first: Option<Duration> = None;
     for port in &dev.ports {
         // What the last progress held back goes before anything new.
         port.flush_held();
@@ -325,20 +333,25 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
         let taken = RX_SCRATCH.with_borrow_mut(|slot| {
             let batch = slot.get_or_insert_with(|| RecvBatch::new(RX_BATCH, RX_BUF));
             let mut asked = poller_batch();
-            let mut taken = 0;
+            let mut first: Option<Duration> = None;
             for _ in 0..DRAIN_BATCHES {
                 let n = batch.recv(&port.socket, asked, false);
                 poller_took(asked, n);
-                taken += n;
+                if n == 0 {
+                    break;
+                }
                 if n == 1 {
                     // A lone datagram (a ping-pong's): its QP is driven as
                     // it takes the packet, its positive ACK held as below.
-                    crate::device::holding_acks(|| {
-                        feed(dev, &mut feeding, batch, n, &mut Reached::Now(&mut hooks));
+                    let fed = crate::device::holding_acks(|| {
+                        feed(dev, &mut feeding, batch, n, &mut Reached::Now(&mut hooks))
                     });
+                    first.get_or_insert(fed.at);
                     break;
                 }
-                let accepted = feed(dev, &mut feeding, batch, n, &mut Reached::Later(reached));
+                let fed = feed(dev, &mut feeding, batch, n, &mut Reached::Later(reached));
+                first.get_or_insert(fed.at);
+                let accepted = fed.accepted;
                 // A full batch of which the receive stage took nothing (a
                 // stranger's flood, or any junk) says nothing to the
                 // application: take the next at once rather than return to
@@ -350,10 +363,13 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
                 }
                 asked = RX_BATCH;
             }
-            taken
+            first
         });
         hooks.run();
-        any |= taken > 0;
+        first = match (first, taken) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         // The positive ACKs these drives produce are held: the caller's
         // application is about to see the completions and often answers
         // at once, and its packets take the ACKs along (`HeldAcks`).
@@ -363,7 +379,7 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> bool {
             }
         });
     }
-    any
+    first
 }
 
 /// One datagram from `src` (already counted as a datagram by [`feed`]),
