@@ -562,7 +562,7 @@ impl<R: Clone> Transport<R> {
     /// Moves the QP to ERR: every outstanding send and receive completes
     /// with WR_FLUSH_ERR, no request is sent or served any more. Answers
     /// the responder owes for requests it already executed still leave
-    /// (`docs/roce-transport.md`, the error paths).
+    /// (`docs/roce-transport.md`, "Answers owed leave before the NAK").
     pub fn set_error(&mut self) {
         self.enter_error(None);
     }
