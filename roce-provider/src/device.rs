@@ -1155,7 +1155,7 @@ impl RoceDevice {
             ))),
             rq: Posted::new(),
             deadline: AtomicU64::new(NO_DEADLINE),
-            filter: al::sync::ArcCell::new(Arc::new(crate::qp::filter_of(
+            filter: al::sync::ArcCell::new(al::sync::Arc::new(crate::qp::filter_of(
                 &self.shared,
                 qpn,
                 &fresh_attr(qpn, qp_type, init.caps, init.sq_sig_all, port),

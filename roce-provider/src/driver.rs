@@ -351,14 +351,13 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> Option<Dur
                 }
                 let fed = feed(dev, &mut feeding, batch, n, &mut Reached::Later(reached));
                 first.get_or_insert(fed.at);
-                let accepted = fed.accepted;
                 // A full batch of which the receive stage took nothing (a
                 // stranger's flood, or any junk) says nothing to the
                 // application: take the next at once rather than return to
                 // it empty-handed, so a packet queued behind the junk is
                 // not left there for another poll (each a yield or more:
                 // a flooded ping-pong's median went from 24 to 58-92 us).
-                if n < asked || accepted > 0 {
+                if n < asked || fed.accepted > 0 {
                     break;
                 }
                 asked = RX_BATCH;
@@ -366,10 +365,9 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> Option<Dur
             first
         });
         hooks.run();
-        first = match (first, taken) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        // Ports are taken in turn: the first that had a datagram had it
+        // first.
+        first = first.or(taken);
         // The positive ACKs these drives produce are held: the caller's
         // application is about to see the completions and often answers
         // at once, and its packets take the ACKs along (`HeldAcks`).
@@ -410,7 +408,7 @@ fn handle_datagram(
             dqp
         };
         let qp = dev.qps.find(key, memo)?;
-        let filter = **qp.filter.load();
+        let filter = qp.filter();
         Some((qp, filter))
     };
     let accepted = match roce_transport::receive(&port.view, bytes, src, truncated, now, gate, find)

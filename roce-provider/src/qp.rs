@@ -115,6 +115,7 @@ pub(crate) struct QpInner {
     /// port, state, keys, the connection's addresses): replaced whenever
     /// those change, read without the QP's lock, so a datagram the stage
     /// refuses never touches the QP ([`roce_transport::receive()`]).
+    /// Through `al::sync`, so the `ibal_loom` build models it.
     pub(crate) filter: ArcCell<QpFilter>,
 }
 
@@ -315,9 +316,17 @@ impl QpInner {
     /// the QP's lock, after any change of its state, port, keys or path).
     fn publish_filter(&self, attr: &QpAttr) {
         let f = filter_of(&self.dev, self.qpn, attr);
-        if **self.filter.load() != f {
-            self.filter.store(Arc::new(f));
+        if self.filter() != f {
+            self.filter.store(al::sync::Arc::new(f));
         }
+    }
+
+    /// The receive stage's view of this QP now (a copy: no lock, no
+    /// reference count).
+    pub(crate) fn filter(&self) -> QpFilter {
+        // Through a reference, whatever `load` gives: an `arc_swap` guard
+        // (normal builds) or the `Arc` itself (`ibal_loom`).
+        QpFilter::clone(&self.filter.load())
     }
 
     fn modify_locked(&self, core: &mut QpCore, m: &QpModify, d: &mut Deferred) -> Result<()> {
@@ -1066,9 +1075,9 @@ impl QpInner {
         let mut core = self.core.lock();
         // A datagram the stage let through just before this still finds
         // no transport below; none is let through after.
-        self.filter.store(Arc::new(QpFilter {
+        self.filter.store(al::sync::Arc::new(QpFilter {
             state: QpState::Reset,
-            ..**self.filter.load()
+            ..self.filter()
         }));
         self.release_leases(&mut core);
         core.t = None;
