@@ -49,6 +49,24 @@ fn shape(out: &[Transmit<()>]) -> Vec<Shape> {
         .collect()
 }
 
+/// The responder QP 0x22 (peer 0x11) of `mem`, with one receive (`wr_id`
+/// 9) of 64 bytes at 0x5000 posted.
+fn responder_with_a_receive(mem: &mut TestMem) -> Transport<()> {
+    let (recv, _) = mem.register(0x5000, 64, Access::LOCAL_WRITE);
+    let mut t: Transport<()> = Transport::new(Config::rc(0x22, 0x11)).unwrap();
+    let sge = [Sge {
+        addr: 0x5000,
+        length: 64,
+        lkey: recv,
+    }];
+    t.post_recv(&RecvWr {
+        wr_id: 9,
+        sg_list: &sge,
+    })
+    .unwrap();
+    t
+}
+
 fn read_request(qpn: u32, psn: u32, rkey: u32, va: u64, len: u32) -> Headers {
     let mut h = Headers::new(Bth::new(Opcode::RcReadRequest, qpn, psn));
     h.reth = Some(Reth {
@@ -251,18 +269,7 @@ fn a_batch_ending_in_an_invalid_request_is_answered_in_psn_order() {
         4096,
         Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
     );
-    let (recv, _) = mem.register(0x5000, 64, Access::LOCAL_WRITE);
-    let mut t: Transport<()> = Transport::new(Config::rc(0x22, 0x11)).unwrap();
-    let sge = [Sge {
-        addr: 0x5000,
-        length: 64,
-        lkey: recv,
-    }];
-    t.post_recv(&RecvWr {
-        wr_id: 9,
-        sg_list: &sge,
-    })
-    .unwrap();
+    let mut t = responder_with_a_receive(&mut mem);
     deliver(
         &mut t,
         &mut mem,
@@ -408,18 +415,7 @@ fn a_send_with_a_bad_invalidate_key_completes_its_receive_in_error() {
 fn a_read_whose_region_goes_before_its_response_naks_and_ends_in_err() {
     let mut mem = TestMem::default();
     let (_, rkey) = mem.register(0x9000, 4096, Access::REMOTE_READ);
-    let (recv, _) = mem.register(0x5000, 64, Access::LOCAL_WRITE);
-    let mut t: Transport<()> = Transport::new(Config::rc(0x22, 0x11)).unwrap();
-    let sge = [Sge {
-        addr: 0x5000,
-        length: 64,
-        lkey: recv,
-    }];
-    t.post_recv(&RecvWr {
-        wr_id: 9,
-        sg_list: &sge,
-    })
-    .unwrap();
+    let mut t = responder_with_a_receive(&mut mem);
     deliver(
         &mut t,
         &mut mem,
