@@ -119,7 +119,19 @@ pub struct DeviceReport {
     /// Each port's counters by name, where the provider has them (the
     /// RoCEv2 provider's `PortCounters`: traffic and drops by reason);
     /// empty otherwise.
-    pub counters: Vec<Vec<(&'static str, u64)>>,
+    pub counters: Vec<CounterList>,
+}
+
+/// Counters by name, in their declaration order (`PortCounters::fields`).
+pub type CounterList = Vec<(&'static str, u64)>;
+
+/// `counters` as one JSON object: `{"rx_datagrams":12,...}`.
+pub fn counters_json(counters: &[(&'static str, u64)]) -> String {
+    let fields: Vec<String> = counters
+        .iter()
+        .map(|(k, v)| format!("\"{k}\":{v}"))
+        .collect();
+    format!("{{{}}}", fields.join(","))
 }
 
 /// Everything devinfo prints: the provider's name and its devices.
@@ -148,7 +160,7 @@ pub fn query_roce(provider: &roce_provider::RoceProvider) -> al::Result<DevinfoR
 /// [`query_all`], with `counters` read for each port.
 fn query_with_counters<P: Provider>(
     provider: &P,
-    counters: impl Fn(&P::Device, u8) -> Vec<(&'static str, u64)>,
+    counters: impl Fn(&P::Device, u8) -> CounterList,
 ) -> al::Result<DevinfoReport> {
     let mut devices = Vec::new();
     for info in provider.devices() {
@@ -316,11 +328,7 @@ impl DevinfoReport {
                     .collect();
                 let pkeys: Vec<String> = p.pkey_table.iter().map(|k| k.to_string()).collect();
                 let counters = match d.counters.get(j) {
-                    Some(c) if !c.is_empty() => {
-                        let fields: Vec<String> =
-                            c.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-                        format!(",\"counters\":{{{}}}", fields.join(","))
-                    }
+                    Some(c) if !c.is_empty() => format!(",\"counters\":{}", counters_json(c)),
                     _ => String::new(),
                 };
                 s.push_str(&format!(

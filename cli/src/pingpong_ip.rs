@@ -28,6 +28,7 @@ use hca::RegisteredBuffer;
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 use roce_provider::{DeviceConfig, PortConfig, RoceProvider};
 
+use crate::devinfo::CounterList;
 use crate::pingpong::pattern_byte;
 
 /// The rdma_cm port a listener uses when none is given (librdmacm's
@@ -176,11 +177,8 @@ pub struct IpPingPongReport {
     /// Our RoCEv2 port's counters at the end (traffic, and datagrams
     /// dropped by reason: a stranger's show as `rx_wrong_source`); None
     /// over an RDMA device.
-    pub port_counters: Option<PortCounterList>,
+    pub port_counters: Option<CounterList>,
 }
-
-/// Counters by name (`PortCounters::fields`).
-pub type PortCounterList = Vec<(&'static str, u64)>;
 
 impl IpPingPongReport {
     /// Lines for people.
@@ -259,10 +257,7 @@ impl IpPingPongReport {
             })
             .collect();
         let counters = match &self.port_counters {
-            Some(c) => {
-                let fields: Vec<String> = c.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-                format!(",\"port_counters\":{{{}}}", fields.join(","))
-            }
+            Some(c) => format!(",\"port_counters\":{}", crate::devinfo::counters_json(c)),
             None => String::new(),
         };
         format!(
@@ -348,7 +343,7 @@ pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
     device.first_qpn = cfg.first_qpn;
     let provider = RoceProvider::new(vec![device]);
     let al = Al::open().map_err(|e| e.to_string())?;
-    let result = (|| -> Result<(Vec<ConnectionReport>, PortCounterList), String> {
+    let result = (|| -> Result<(Vec<ConnectionReport>, CounterList), String> {
         let ca = verbs::open_ca(al.instance(), &provider, guid)
             .map_err(|e| format!("cannot open a RoCEv2 port on {local}: {e}"))?;
         cm::attach_ca(al.instance(), ca).map_err(|e| e.to_string())?;

@@ -20,6 +20,15 @@ macro_rules! counters {
             pub fn fields(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($name), self.$name),)*]
             }
+
+            /// What every counter gained since the snapshot `earlier`
+            /// (the counters are monotonic; an earlier snapshot taken
+            /// later gives 0, not a wrap).
+            pub fn since(&self, earlier: &PortCounters) -> PortCounters {
+                PortCounters {
+                    $($name: self.$name.saturating_sub(earlier.$name),)*
+                }
+            }
         }
 
         #[derive(Debug, Default)]
@@ -170,5 +179,33 @@ impl AtomicCounters {
             &self.resources_busy,
             d(before.resources_busy, after.resources_busy),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_is_every_field_s_gain_and_never_wraps() {
+        let earlier = PortCounters {
+            rx_datagrams: 10,
+            rx_wrong_source: 3,
+            retries: 9,
+            ..PortCounters::default()
+        };
+        let later = PortCounters {
+            rx_datagrams: 25,
+            rx_wrong_source: 3,
+            retries: 4,
+            tx_packets: 7,
+            ..PortCounters::default()
+        };
+        let d = later.since(&earlier);
+        assert_eq!(
+            (d.rx_datagrams, d.rx_wrong_source, d.retries, d.tx_packets),
+            (15, 0, 0, 7)
+        );
+        assert!(later.since(&later).fields().iter().all(|(_, v)| *v == 0));
     }
 }

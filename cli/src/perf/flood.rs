@@ -360,24 +360,6 @@ fn counters(pair: &Pair, end: usize) -> BenchResult<PortCounters> {
     }
 }
 
-/// The difference of two counter snapshots, field by field.
-fn since(before: &PortCounters, after: &PortCounters) -> PortCounters {
-    let mut d = *after;
-    macro_rules! sub {
-        ($($f:ident),*) => { $(d.$f = after.$f.saturating_sub(before.$f);)* };
-    }
-    sub!(
-        rx_datagrams,
-        rx_packets,
-        rx_wrong_source,
-        rx_bad_icrc,
-        rx_icrc_unsolved,
-        rx_ipv4_id_solved,
-        retries
-    );
-    d
-}
-
 /// Runs `send-lat --flood`: `iters` round trips quiet, under each flood,
 /// and the raw UDP baseline quiet and flooded.
 ///
@@ -419,7 +401,7 @@ pub fn run_send_lat_flood(iters: u32, pin: bool) -> BenchResult<FloodReport> {
     let mut floods = Vec::new();
     for kind in [FloodKind::Connection, FloodKind::Gsi] {
         let before = counters(&pair, 1)?;
-        let sender_before = counters(&pair, 0)?.retries;
+        let sender_before = counters(&pair, 0)?;
         let rss_before = rss_kib();
         let flood = Flood::start(victim, flood_datagram(kind, victim, qpn)?, flood_cpu)?;
         // Let the flood reach full speed first.
@@ -432,8 +414,8 @@ pub fn run_send_lat_flood(iters: u32, pin: bool) -> BenchResult<FloodReport> {
             median_us,
             mean_us,
             flood_per_sec,
-            port: since(&before, &counters(&pair, 1)?),
-            sender_retries: counters(&pair, 0)?.retries - sender_before,
+            port: counters(&pair, 1)?.since(&before),
+            sender_retries: counters(&pair, 0)?.since(&sender_before).retries,
             rss_kib: (rss_before, rss_kib()),
         });
     }
