@@ -226,11 +226,12 @@ pub mod verbs {
         alloc_pd, arm_cq, create_av, create_cq, create_srq, open_ca, poll_cq, post_srq_recv,
         register_mr, register_region, Av, Ca, CompletionCallback, Cq, CqEventCallback, Mr, Pd, Srq,
     };
-    pub use hca::{
-        Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, HcaUsage, PortConfig, RawRegion,
-        RegisteredBuffer, SoftHca, SoftProvider,
-    };
+    pub use hca::{RawRegion, RegisteredBuffer};
     pub use qp::{create_qp, modify_qp, post_recv, post_send, query_qp, CidState, Qp, QpCreate};
+    pub use soft_provider::{
+        Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, HcaUsage, PortConfig, SoftHca,
+        SoftProvider,
+    };
 }
 
 pub mod roce {

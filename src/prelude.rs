@@ -34,6 +34,7 @@ pub use hca::provider::{
     UdDest, Wc, WcOpcode, WcStatus,
 };
 pub use hca::verbs::{Av, Ca, Cq, Mr, Pd, Srq};
-pub use hca::{Fabric, HcaConfig, RawRegion, RegisteredBuffer, SoftProvider};
+pub use hca::{RawRegion, RegisteredBuffer};
 pub use qp::{Qp, QpCreate};
+pub use soft_provider::{Fabric, HcaConfig, SoftProvider};
 pub use std::sync::Arc;

@@ -5,7 +5,7 @@
 use cep::agent::{AgentConfig, CmAgent};
 use cep::proto::{ConnectParams, Event, IdKey, Nanos};
 use cep::wire::{PathInfo, Rep, Req};
-use hca::soft::{Fabric, HcaConfig, SoftHca};
+use soft_provider::{Fabric, HcaConfig, SoftHca};
 
 pub type Agent = CmAgent<SoftHca>;
 

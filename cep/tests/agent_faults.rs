@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use cep::proto::{ConnId, Event, Nanos, State};
 use common::*;
-use hca::soft::FaultConfig;
+use soft_provider::FaultConfig;
 
 const CONNS: u32 = 24;
 

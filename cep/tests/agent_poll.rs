@@ -13,7 +13,7 @@ use hca::provider::{
     Access, AvAttr, CqInit, GrhAttr, QpCaps, QpInit, QpModify, QpState, QpType, RecvWr,
     RegisteredBuffer, SendOp, SendWr, UdDest, WcStatus, GRH_SIZE, GSI_QKEY, MAD_SIZE,
 };
-use hca::soft::{Fabric, HcaConfig, SoftAv, SoftCq, SoftHca, SoftMr, SoftPd, SoftQp};
+use soft_provider::{Fabric, HcaConfig, SoftAv, SoftCq, SoftHca, SoftMr, SoftPd, SoftQp};
 
 fn one(events: &[Event]) -> &Event {
     assert_eq!(events.len(), 1, "expected one event, got {events:?}");

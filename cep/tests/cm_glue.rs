@@ -16,8 +16,8 @@ use al::{Al, Error, Handle, Kind};
 use cep::cm::{self, AcceptReply, Cep, CmHandler, ConnectRequest, ListenHandler};
 use cep::proto::{Event, SidrParams, SidrReplyParams, TimedOut};
 use hca::provider::QpState;
-use hca::FaultConfig;
 use qp::{query_qp, CidState, Qp};
+use soft_provider::FaultConfig;
 
 mod cm_world;
 use cm_world::{new_qp, provider, side, wait, Side, SERVICE};
@@ -98,7 +98,7 @@ impl Seen {
 
 struct Pair {
     al: Al,
-    _provider: hca::SoftProvider,
+    _provider: soft_provider::SoftProvider,
     a: Side,
     b: Side,
     seen: StdArc<Seen>,

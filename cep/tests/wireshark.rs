@@ -26,8 +26,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use cep::wire::{self, attr, CmMessage, PathInfo, MAD_LEN};
-use hca::erf::ErfWriter;
-use hca::packet::{Grh, UdPacket};
+use soft_provider::erf::ErfWriter;
+use soft_provider::packet::{Grh, UdPacket};
 
 /// Deterministic xorshift; the seed is printed on failure.
 struct Rng(u64);

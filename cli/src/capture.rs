@@ -2,10 +2,10 @@
 //! the CM's MADs among them) to a capture file that Wireshark and tshark
 //! decode with their `infiniband` dissector, with no option needed.
 //!
-//! Each packet is built by [`hca::packet::UdPacket::encode`] from what the
+//! Each packet is built by [`soft_provider::packet::UdPacket::encode`] from what the
 //! sending port put on its link (LRH, GRH when routed by GID, BTH, DETH,
 //! payload, ICRC, VCRC) and written as an ERF InfiniBand record
-//! ([`hca::erf`]). `tshark -r FILE -V` shows every CM field by name;
+//! ([`soft_provider::erf`]). `tshark -r FILE -V` shows every CM field by name;
 //! `docs/capture.md` describes the checks the tests run on such a file.
 
 use std::fs::File;
@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use hca::erf::ErfWriter;
-use hca::packet::UdPacket;
-use hca::soft::Fabric;
+use soft_provider::erf::ErfWriter;
+use soft_provider::packet::UdPacket;
+use soft_provider::Fabric;
 
 struct Sink {
     writer: Option<ErfWriter<BufWriter<File>>>,

@@ -12,7 +12,7 @@
 //! (what software HCAs such as rdma_rxe report).
 
 use hca::provider::{Device, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState, Provider};
-use hca::{Fabric, HcaConfig, PortConfig, SoftProvider};
+use soft_provider::{Fabric, HcaConfig, PortConfig, SoftProvider};
 
 /// Node GUIDs of the two HCAs of the default fabric.
 pub const DEFAULT_NODE_GUIDS: [u64; 2] = [0x0002_c903_00a0_0001, 0x0002_c903_00b0_0001];

@@ -1,8 +1,9 @@
 //! The conformance suite against the soft provider: two soft HCAs on one
 //! fabric, opened through `SoftProvider`.
 
-use hca::{Fabric, HcaConfig, Provider, SoftHca, SoftProvider};
+use hca::Provider;
 use ibal_conformance::{Endpoint, Fixture, Side};
+use soft_provider::{Fabric, HcaConfig, SoftHca, SoftProvider};
 
 /// Two single-port soft HCAs (LIDs 1 and 2) on a fresh fabric.
 struct SoftFixture {

@@ -309,13 +309,13 @@ macro_rules! qp_init {
 
 providers! {
     /// The embedded soft provider (an in-process fabric).
-    Soft => crate::soft::SoftHca {
-        pd: crate::soft::SoftPd,
-        cq: crate::soft::SoftCq,
-        mr: crate::soft::SoftMr,
-        srq: crate::soft::SoftSrq,
-        av: crate::soft::SoftAv,
-        qp: crate::soft::SoftQp,
+    Soft => soft_provider::SoftHca {
+        pd: soft_provider::SoftPd,
+        cq: soft_provider::SoftCq,
+        mr: soft_provider::SoftMr,
+        srq: soft_provider::SoftSrq,
+        av: soft_provider::SoftAv,
+        qp: soft_provider::SoftQp,
     },
     /// The RoCEv2-over-UDP provider (crate `roce-provider`).
     Roce => roce_provider::RoceDevice {

@@ -22,8 +22,8 @@ use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ListenH
 use cep::proto::{Event, SidrParams, SidrReplyParams};
 use hca::provider::{QpState, QpType};
 use hca::verbs::{self, Ca, Cq, Pd};
-use hca::{Fabric, HcaConfig, SoftProvider};
 use qp::{create_qp, query_qp, CidState, Qp, QpCreate};
+use soft_provider::{Fabric, HcaConfig, SoftProvider};
 
 mod common;
 use common::model;

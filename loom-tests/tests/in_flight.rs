@@ -11,14 +11,15 @@ use hca::provider::{
     Access, AvAttr, CqInit, Mtu, QpCaps, QpInit, QpModify, QpState, QpType, RecvWr, SendOp, SendWr,
     Sge,
 };
-use hca::{Fabric, HcaConfig, RegisteredBuffer, SoftHca, SoftQp};
+use hca::RegisteredBuffer;
+use soft_provider::{Fabric, HcaConfig, SoftHca, SoftQp};
 
 mod common;
 use common::model;
 
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
-fn rc_qp(hca: &SoftHca, pd: &hca::SoftPd) -> SoftQp {
+fn rc_qp(hca: &SoftHca, pd: &soft_provider::SoftPd) -> SoftQp {
     let cq = || {
         hca.create_cq(CqInit {
             capacity: 4,

@@ -22,8 +22,8 @@ use cep::proto::Event;
 use cep::wire::RejectReason;
 use hca::provider::QpType;
 use hca::verbs::{self, Ca};
-use hca::{Fabric, HcaConfig, SoftProvider};
 use qp::{create_qp, QpCreate};
+use soft_provider::{Fabric, HcaConfig, SoftProvider};
 
 mod common;
 use common::model;

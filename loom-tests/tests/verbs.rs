@@ -9,8 +9,9 @@ use loom::thread;
 use al::{Al, AlConfig, Error, ExecutorMode, Handle, Object};
 use hca::provider::{Access, AvAttr, QpType, SrqInit};
 use hca::verbs;
-use hca::{Fabric, HcaConfig, RegisteredBuffer, SoftProvider};
+use hca::RegisteredBuffer;
 use qp::{create_qp, QpCreate};
+use soft_provider::{Fabric, HcaConfig, SoftProvider};
 
 mod common;
 use common::model;

@@ -11,8 +11,9 @@ use hca::provider::{
     Wc, WcStatus,
 };
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
-use hca::{Fabric, HcaConfig, RegisteredBuffer, SoftProvider};
+use hca::RegisteredBuffer;
 use qp::{create_qp, modify_qp, post_recv, post_send, CidState, Qp, QpCreate};
+use soft_provider::{Fabric, HcaConfig, SoftProvider};
 
 const ALL: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)

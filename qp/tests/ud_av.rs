@@ -8,8 +8,9 @@ use hca::provider::{
     GRH_SIZE,
 };
 use hca::verbs::{self, Av, Ca, Cq, Pd};
-use hca::{Fabric, HcaConfig, RegisteredBuffer, SoftProvider};
+use hca::RegisteredBuffer;
 use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
+use soft_provider::{Fabric, HcaConfig, SoftProvider};
 
 const QKEY: u32 = 0x1234_5678;
 

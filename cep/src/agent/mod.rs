@@ -561,7 +561,7 @@ impl<D: Device> Shared<D> {
 /// [module documentation](self).
 ///
 /// Generic over the provider's [`Device`]; with the soft provider it is
-/// `CmAgent<hca::soft::SoftHca>`. Dropping the agent shuts it down.
+/// `CmAgent<soft_provider::SoftHca>`. Dropping the agent shuts it down.
 pub struct CmAgent<D: Device + 'static> {
     shared: Arc<Shared<D>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,

@@ -8,8 +8,8 @@ use al::{Al, Handle};
 use cep::cm;
 use hca::provider::QpType;
 use hca::verbs::{self, Ca, Cq, Pd};
-use hca::{Fabric, HcaConfig, SoftProvider};
 use qp::{create_qp, Qp, QpCreate};
+use soft_provider::{Fabric, HcaConfig, SoftProvider};
 
 pub const SERVICE: u64 = 0x1000_0000_0000_00aa;
 

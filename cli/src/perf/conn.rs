@@ -83,9 +83,9 @@ use cep::proto::Event;
 use cep::wire::ip_cm::PortSpace;
 use hca::provider::{QpCaps, QpType, Wc};
 use hca::verbs::{self, Ca, Cq, Pd};
-use hca::SoftProvider;
 use qp::{create_qp, Qp, QpCreate};
 use roce_provider::RoceProvider;
+use soft_provider::SoftProvider;
 
 use crate::devinfo;
 

@@ -65,8 +65,9 @@ use hca::provider::{
     Access, AvAttr, Mtu, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc,
 };
 use hca::verbs::{self, Cq, Pd};
-use hca::{RegisteredBuffer, SoftProvider};
+use hca::RegisteredBuffer;
 use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
+use soft_provider::SoftProvider;
 
 use crate::devinfo;
 

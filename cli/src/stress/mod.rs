@@ -75,10 +75,11 @@ use hca::any::{AnyDevice, AnyProvider};
 use hca::provider::{Access, QpType};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
 use hca::QpState;
-use hca::{Fabric, FaultConfig, HcaConfig, RegisteredBuffer, SoftProvider};
+use hca::RegisteredBuffer;
 use qp::CidState;
 use qp::{create_qp, Qp, QpCreate};
 use roce_provider::{DeviceConfig, PortConfig, RoceDevice, RoceProvider};
+use soft_provider::{Fabric, FaultConfig, HcaConfig, SoftProvider};
 
 /// How long closing one AL may take before the run calls it hung.
 pub const CLOSE_LIMIT: Duration = Duration::from_secs(30);

@@ -4,7 +4,9 @@
 //! place back.
 
 use al::Error;
-use hca::*;
+use provider::buffer::RegisteredBuffer;
+use provider::*;
+use soft_provider::*;
 
 const SMALL: HcaLimits = HcaLimits {
     max_qp: 3,

@@ -2,7 +2,8 @@
 
 mod common;
 use common::*;
-use hca::*;
+use provider::buffer::{RawRegion, RegisteredBuffer};
+use provider::*;
 
 #[test]
 fn raw_region_receives_rdma_write_and_is_released_on_deregistration() {

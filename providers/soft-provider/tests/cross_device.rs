@@ -11,7 +11,9 @@
 mod common;
 use al::Error;
 use common::*;
-use hca::*;
+use provider::buffer::RegisteredBuffer;
+use provider::*;
+use soft_provider::*;
 
 const SRQ: SrqInit = SrqInit {
     max_wr: 16,

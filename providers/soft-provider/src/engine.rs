@@ -9,18 +9,16 @@
 use al::sync::atomic::Ordering;
 use al::sync::{Arc, MutexGuard};
 
-use crate::provider::{
-    Access, Gid, GrhAttr, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, GRH_SIZE, GSI_QKEY,
-    MAD_SIZE,
-};
-use crate::soft::cq::Deferred;
-use crate::soft::fabric::{FabricInner, HcaNode, Packet, PktKind, PortCore};
-use crate::soft::mr::{
-    copy_lists, gather, resolve_local, resolve_remote, scatter, Payload, SegList,
-};
-use crate::soft::qp::{
+use crate::cq::Deferred;
+use crate::fabric::{FabricInner, HcaNode, Packet, PktKind, PortCore};
+use crate::mr::{copy_lists, gather, resolve_local, resolve_remote, scatter, Payload, SegList};
+use crate::qp::{
     send_opcode, PendingWr, QpInner, RecvEntry, RecvQueue, SendQueue, SrqQueue, UdInfo, WrView,
     PSN_MASK,
+};
+use provider::{
+    Access, Gid, GrhAttr, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, GRH_SIZE, GSI_QKEY,
+    MAD_SIZE,
 };
 
 /// Largest message (IBTA: 2^31).

@@ -5,7 +5,9 @@
 
 mod common;
 use common::*;
-use hca::*;
+use provider::buffer::RegisteredBuffer;
+use provider::*;
+use soft_provider::*;
 
 fn recv_on(q: &SoftQp, mr: &SoftMr, n: u64, size: u32) {
     for i in 0..n {

@@ -4,7 +4,9 @@
 
 mod common;
 use common::*;
-use hca::*;
+use provider::buffer::RegisteredBuffer;
+use provider::*;
+use soft_provider::*;
 
 /// Two HCAs with two ports each (LIDs 1, 3 and 2, 4), and an RC pair
 /// connected over port 1.

@@ -14,7 +14,7 @@ use roce::{
 };
 
 fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
 }
 
 #[test]

@@ -6,7 +6,9 @@
 mod common;
 use al::{Error, Result};
 use common::*;
-use hca::*;
+use provider::buffer::RegisteredBuffer;
+use provider::*;
+use soft_provider::*;
 
 fn busy(r: Result<()>) -> bool {
     matches!(r, Err(Error::ResourceBusy(_)))

@@ -5,10 +5,10 @@ use al::sync::{Arc, RwLock};
 use al::{Error, Result};
 use slab::Slab;
 
-use crate::buffer::for_providers::{Lease, Memory};
-use crate::provider::{Access, Sge};
-use crate::soft::fabric::Identity;
-use crate::soft::qp::{Posted, RecvEntries, SharedPosted};
+use crate::fabric::Identity;
+use crate::qp::{Posted, RecvEntries, SharedPosted};
+use provider::buffer::for_providers::{Lease, Memory};
+use provider::{Access, Sge};
 
 /// A registered region as the data path sees it.
 pub(crate) struct MrInner {
@@ -367,7 +367,7 @@ pub(crate) fn copy_lists(src: &SegList, dst: &SegList, skip: usize, len: usize) 
             break;
         };
         let n = (s.len - s_used).min(d.len - d_used).min(left);
-        if !crate::buffer::for_providers::copy(
+        if !provider::buffer::for_providers::copy(
             &s.mr.mem,
             s.off + s_used,
             &d.mr.mem,

@@ -25,7 +25,7 @@
 
 use std::fmt;
 
-use crate::provider::Gid;
+use provider::Gid;
 
 /// Bytes of the Local Route Header.
 pub const LRH_LEN: usize = 8;

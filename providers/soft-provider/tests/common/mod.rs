@@ -1,7 +1,8 @@
 //! Shared helpers: two soft HCAs on one fabric, RC QPs connected by hand.
 #![allow(dead_code)]
 
-use hca::*;
+use provider::*;
+use soft_provider::*;
 
 pub struct Node {
     pub hca: SoftHca,

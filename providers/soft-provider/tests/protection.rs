@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use hca::*;
+use provider::buffer::RegisteredBuffer;
 
 #[test]
 fn soft_mr_accessors_stay_in_the_mr() {

@@ -35,15 +35,13 @@
 use al::sync::atomic::Ordering;
 use al::sync::Arc;
 
-use crate::buffer::for_providers::LockedPair;
-use crate::provider::{
-    Access, AvAttr, QpState, QpType, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
-};
-use crate::soft::cq::{CqPush, Deferred};
-use crate::soft::engine::{imm_of, pkey_match, MAX_MSG};
-use crate::soft::fabric::{FabricInner, HcaNode};
-use crate::soft::mr::{MrInner, MrTable};
-use crate::soft::qp::{send_opcode, QpInner, RecvQueue, SendQueue, PSN_MASK};
+use crate::cq::{CqPush, Deferred};
+use crate::engine::{imm_of, pkey_match, MAX_MSG};
+use crate::fabric::{FabricInner, HcaNode};
+use crate::mr::{MrInner, MrTable};
+use crate::qp::{send_opcode, QpInner, RecvQueue, SendQueue, PSN_MASK};
+use provider::buffer::for_providers::LockedPair;
+use provider::{Access, AvAttr, QpState, QpType, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
 
 /// Requests one run takes at most (the caller starts the next run).
 const RUN_MAX: usize = 64;

@@ -3,12 +3,12 @@
 
 use al::sync::{Arc, Mutex, MutexGuard};
 
-use crate::provider::{AsyncEvent, AsyncHook, CompletionHook, CqArm, Wc, WcStatus};
-use crate::soft::qp::QpInner;
+use crate::qp::QpInner;
+use provider::{AsyncEvent, AsyncHook, CompletionHook, CqArm, Wc, WcStatus};
 
 pub(crate) struct CqInner {
     /// The device that created it: a QP may only use CQs of its own device.
-    pub(crate) device: crate::soft::fabric::Identity,
+    pub(crate) device: crate::fabric::Identity,
     state: Mutex<CqState>,
     on_completion: Option<CompletionHook>,
     on_async: Option<AsyncHook>,
@@ -80,7 +80,7 @@ impl WcRing {
 
 impl CqInner {
     pub(crate) fn new(
-        device: crate::soft::fabric::Identity,
+        device: crate::fabric::Identity,
         cap: usize,
         on_completion: Option<CompletionHook>,
         on_async: Option<AsyncHook>,

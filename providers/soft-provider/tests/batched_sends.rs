@@ -14,9 +14,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use hca::*;
 use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
+use provider::buffer::RegisteredBuffer;
+use provider::*;
+use soft_provider::*;
 
 #[derive(Clone, Copy, Debug)]
 enum Layout {

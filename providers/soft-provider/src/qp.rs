@@ -7,16 +7,16 @@ use al::sync::atomic::{AtomicBool, Ordering};
 use al::sync::{Arc, Mutex};
 use al::{Error, Result};
 
-use crate::buffer::for_providers::PostedQueue;
-use crate::provider::{
+use crate::cq::{CqInner, Deferred};
+use crate::fabric::{FabricInner, HcaCore, Identity};
+use crate::fast::RunCache;
+use crate::mr::{MrTable, SeenKeys};
+use provider::buffer::for_providers::PostedQueue;
+use provider::qp_state;
+use provider::{
     Access, AvAttr, MigState, QpAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, Sge, Wc,
     WcOpcode, WcStatus,
 };
-use crate::qp_state;
-use crate::soft::cq::{CqInner, Deferred};
-use crate::soft::fabric::{FabricInner, HcaCore, Identity};
-use crate::soft::fast::RunCache;
-use crate::soft::mr::{MrTable, SeenKeys};
 
 /// A scatter list kept with a posted receive; four entries inline.
 pub(crate) enum SgVec {
@@ -658,14 +658,14 @@ impl QpInner {
         rq.rd_atomic_resources = a.max_dest_rd_atomic;
         drop(rq);
         if to == QpState::Rts && !sq.pending.is_empty() {
-            crate::soft::engine::drain_pending(f, this, &mut sq, d);
+            crate::engine::drain_pending(f, this, &mut sq, d);
         }
         Ok(())
     }
 
     fn check_values(&self, cur: &QpAttr, m: &QpModify) -> Result<()> {
         self.hca
-            .with_limits(|l| crate::qp_state::check_modify_values(cur.port, m, l))
+            .with_limits(|l| provider::qp_state::check_modify_values(cur.port, m, l))
     }
 }
 
@@ -683,7 +683,7 @@ fn fresh_attr(qpn: u32, qp_type: QpType, caps: QpCaps, sq_sig_all: bool, port: u
         av: None,
         alt_av: None,
         path_mig_state: MigState::Migrated,
-        path_mtu: crate::provider::Mtu::Mtu4096,
+        path_mtu: provider::Mtu::Mtu4096,
         dest_qpn: 0,
         rq_psn: 0,
         sq_psn: 0,

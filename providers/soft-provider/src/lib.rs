@@ -1,4 +1,6 @@
-//! The soft provider: software HCAs on an in-process [`Fabric`].
+//! The soft provider: software HCAs on an in-process [`Fabric`], one of
+//! the providers beneath the object layer (crate `hca` drives it through
+//! its device enum, as it drives the RoCEv2 and rdma providers).
 //!
 //! * [`Fabric`] holds any number of [`SoftHca`]s (node GUID, ports, LIDs,
 //!   GIDs, P_Keys from [`HcaConfig`]) and routes packets between their QPs
@@ -19,8 +21,15 @@
 //!   checks, the copy and the completions; anything else falls back to the
 //!   general path request by request.
 //!
-//! The soft types also implement [`crate::provider::Device`] and
-//! [`crate::provider::Provider`] ([`SoftProvider`]).
+//! The soft types also implement [`provider::Device`] and
+//! [`provider::Provider`] ([`SoftProvider`]).
+//!
+//! [`packet`] is the wire form of the fabric's datagrams for capture tools
+//! and [`erf`] writes them as an ERF file Wireshark reads.
+//!
+//! Design notes: `docs/soft-provider.md`.
+#![deny(unsafe_code)]
+#![cfg_attr(not(ibal_loom), deny(missing_docs))]
 
 mod cq;
 mod engine;
@@ -29,6 +38,9 @@ mod fast;
 mod hca;
 mod mr;
 mod qp;
+
+pub mod erf;
+pub mod packet;
 
 pub use fabric::{
     CaptureTap, Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, HcaUsage, PortConfig,

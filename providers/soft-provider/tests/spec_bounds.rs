@@ -5,8 +5,10 @@
 //! the fixed cases are provider-generic and live in the conformance suite
 //! (`qp_psns_are_24_bits`, `av_create_and_bounds`, `mr_registration_rules`).
 
-use hca::*;
 use proptest::prelude::*;
+use provider::buffer::RegisteredBuffer;
+use provider::*;
+use soft_provider::*;
 
 const PSN_MAX: u32 = 0xff_ffff;
 

@@ -8,16 +8,16 @@ use al::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use al::sync::{Arc, Mutex, RwLock};
 use al::{Error, Result};
 
-use crate::provider::{
+use crate::cq::Deferred;
+use crate::engine::{self, SrcInfo};
+use crate::hca::SoftHca;
+use crate::mr::MrTable;
+use crate::qp::{QpInner, SendQueue};
+use provider::qp_state::{check_av, DeviceLimits, PortLimits};
+use provider::{
     AtomicCap, AvAttr, DeviceAttr, DeviceInfo, Gid, LinkLayer, Mtu, PortAttr, PortState,
     DEFAULT_PKEY,
 };
-use crate::qp_state::{check_av, DeviceLimits, PortLimits};
-use crate::soft::cq::Deferred;
-use crate::soft::engine::{self, SrcInfo};
-use crate::soft::hca::SoftHca;
-use crate::soft::mr::MrTable;
-use crate::soft::qp::{QpInner, SendQueue};
 
 /// What [`Fabric::set_capture`] hands each datagram to.
 pub type CaptureTap = std::sync::Arc<dyn Fn(&crate::packet::UdPacket) + Send + Sync>;
@@ -765,10 +765,10 @@ impl Fabric {
             }
         }
         let l = cfg.limits;
-        if l.max_qp > MAX_QPS || l.max_mr > crate::soft::mr::MAX_MRS {
+        if l.max_qp > MAX_QPS || l.max_mr > crate::mr::MAX_MRS {
             return Err(Error::invalid_parameter(format!(
                 "limits: max_qp must be at most {MAX_QPS}, max_mr at most {}",
-                crate::soft::mr::MAX_MRS
+                crate::mr::MAX_MRS
             )));
         }
         let attr = DeviceAttr {

@@ -4,19 +4,19 @@ use al::sync::atomic::{AtomicBool, Ordering};
 use al::sync::Arc;
 use al::{Error, Result};
 
-use crate::buffer::for_providers::{memory_of, region_memory, Memory, Span};
-use crate::buffer::{RawRegion, RegisteredBuffer};
-use crate::provider::{
+use crate::cq::{CqInner, Deferred};
+use crate::fabric::{
+    new_identity, Charge, Counted, Fabric, FabricInner, HcaCore, HcaNode, Identity, GSI_KEY,
+};
+use crate::mr::MrInner;
+use crate::qp::{QpInner, SrqInner, UdInfo, WrView, PSN_MASK};
+use crate::{engine, fast};
+use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
+use provider::buffer::{RawRegion, RegisteredBuffer};
+use provider::{
     Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, DeviceInfo, PortAttr, PortState, Provider,
     QpAttr, QpInit, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, Wc,
 };
-use crate::soft::cq::{CqInner, Deferred};
-use crate::soft::fabric::{
-    new_identity, Charge, Counted, Fabric, FabricInner, HcaCore, HcaNode, Identity, GSI_KEY,
-};
-use crate::soft::mr::MrInner;
-use crate::soft::qp::{QpInner, SrqInner, UdInfo, WrView, PSN_MASK};
-use crate::soft::{engine, fast};
 
 /// A soft HCA on a [`Fabric`]. Cloning gives another handle to the same
 /// HCA.
@@ -77,7 +77,7 @@ impl SoftHca {
 
     /// How many PDs, CQs, QPs, SRQs, AVs and MRs the HCA holds now (what
     /// its limits are checked against; all 0 once every user is gone).
-    pub fn usage(&self) -> crate::soft::fabric::HcaUsage {
+    pub fn usage(&self) -> crate::fabric::HcaUsage {
         self.core().usage()
     }
 
@@ -605,7 +605,7 @@ impl SoftQp {
     pub fn qp_type(&self) -> QpType {
         self.inner.qp_type
     }
-    /// Modify the QP (IBTA state machine, see [`crate::qp_state`]).
+    /// Modify the QP (IBTA state machine, see [`provider::qp_state`]).
     pub fn modify(&self, m: &QpModify) -> Result<()> {
         let mut d = Deferred::new();
         let r = QpInner::modify(&self.inner, &self.fabric, m, &mut d);

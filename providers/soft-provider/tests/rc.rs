@@ -6,7 +6,8 @@
 
 mod common;
 use common::*;
-use hca::*;
+use provider::buffer::RegisteredBuffer;
+use provider::*;
 
 #[test]
 fn psn_mismatch_is_retry_exceeded() {

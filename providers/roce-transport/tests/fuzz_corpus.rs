@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use roce_transport::fuzzing::roce_transport;
 
 fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
 }
 
 /// Runs `check` on every file under `fuzz/corpus/<target>` and
