@@ -64,16 +64,25 @@ def crate_faults(meta):
     return faults
 
 
-ITEM = re.compile(r"^\s*pub(?:\([^)]*\))?\s+(?:unsafe\s+)?(?:struct|enum|fn|trait|type|const|static|mod|union)\s+(\w+)", re.M)
+ITEM = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:unsafe\s+)?(?:struct|enum|fn|trait|type|const|static|mod|union)\s+(\w+)", re.M)
 MACRO = re.compile(r"macro_rules!\s*(\w+)")
 
 
 def strip(src):
+    """Source without comments and without test-only inline modules."""
     src = re.sub(r"(?m)^\s*//.*$", "", src)
-    m = re.search(r"(?m)^#\[cfg\(test\)\]\s*\n\s*mod \w+ \{", src)
-    if m:
-        src = src[: m.start()]
-    return src
+    while True:
+        m = re.search(r"(?m)^\s*#\[cfg\([^\n]*\btest\b[^\n]*\)\]\s*\n(?:\s*#\[[^\n]*\n)*\s*(?:pub(?:\([^)]*\))?\s+)?mod \w+ \{", src)
+        if not m:
+            return src
+        depth, i = 0, m.end() - 1
+        while i < len(src):
+            depth += src[i] == "{"
+            depth -= src[i] == "}"
+            i += 1
+            if depth == 0:
+                break
+        src = src[: m.start()] + src[i:]
 
 
 def modules(src_dir):
@@ -100,7 +109,7 @@ def modules(src_dir):
 def reexports(src):
     """name -> module path segments, from `pub use a::b::{X, Y}` / `pub use a::X` / globs."""
     named, globs = {}, []
-    for m in re.finditer(r"pub(?:\([^)]*\))?\s+use\s+(?:self::|crate::)?([\w:]+?)::(\{[^}]*\}|\*|\w+(?:\s+as\s+\w+)?)\s*;", src):
+    for m in re.finditer(r"pub(?:\([^)]*\))?\s+use\s+([\w:]+?)::(\{[^}]*\}|\*|\w+(?:\s+as\s+\w+)?)\s*;", src):
         base, tail = m.group(1).split("::"), m.group(2)
         if tail == "*":
             globs.append(base)
@@ -122,7 +131,29 @@ def file_graph(src_dir):
     mods = modules(src_dir)
     text = {p: strip(open(f).read()) for p, f in mods.items()}
     defined = {p: set(ITEM.findall(t)) | set(MACRO.findall(t)) for p, t in text.items()}
+    # `#[macro_export]` macros are named at the crate root but live where
+    # they are written
+    exported_macros = {}
+    for p, t in text.items():
+        for name in re.findall(r"#\[macro_export\][^\n]*\n(?:\s*#\[[^\n]*\n)*\s*macro_rules!\s*(\w+)", t):
+            exported_macros[name] = p
     exports = {p: reexports(t) for p, t in text.items()}
+
+    def within(module, path):
+        """`path` as written in a `pub use` of `module`, as a path from the
+        crate root; None for another crate's item."""
+        if path[0] == "crate":
+            return path[1:]
+        if path[0] == "self":
+            return list(module) + path[1:]
+        if path[0] == "super":
+            up = list(module)
+            while path and path[0] == "super":
+                up, path = up[:-1], path[1:]
+            return up + path
+        if tuple(list(module) + path[:1]) in mods:
+            return list(module) + path
+        return None
 
     def resolve(segs, depth=0):
         """longest module prefix of segs, following re-exports of the last item."""
@@ -133,15 +164,23 @@ def file_graph(src_dir):
                 best = tuple(segs[:i])
                 rest = segs[i:]
                 break
+        if rest and best == () and rest[0] in exported_macros:
+            return exported_macros[rest[0]]
         if rest and depth < 5:
             name = rest[0]
             named, globs = exports[best]
             if name in named and name not in defined[best]:
-                return resolve(list(best) + named[name] + rest, depth + 1)
+                target = within(best, named[name])
+                return resolve(target + rest, depth + 1) if target is not None else best
             if name not in defined[best]:
                 for g in globs:
-                    target = resolve(list(best) + g + rest, depth + 1)
-                    if name in defined.get(target, set()) or target != tuple(list(best) + g):
+                    inside = within(best, g)
+                    if inside is None:
+                        continue
+                    target = resolve(inside + rest, depth + 1)
+                    # only a glob over a file module of this crate moves the
+                    # item elsewhere (an inline module stays in this file)
+                    if target[: len(best)] == best and len(target) > len(best) and name in defined.get(target, set()):
                         return target
         return best
 
@@ -152,12 +191,20 @@ def file_graph(src_dir):
         is_dir_mod = file.endswith("mod.rs") or p == ()
         parent = p[:-1] if p else ()
         uses = []
-        for m in re.finditer(r"\buse\s+(crate|super|self)::([^;]*);", t):
-            root, body = m.group(1), re.sub(r"\s+", "", m.group(2))
+        for m in re.finditer(r"(?m)^([ \t]*)(?:pub(?:\([^)]*\))?\s+)?use\s+(crate|super|self)::([^;]*);", t):
+            indent, root, body = m.group(1), m.group(2), re.sub(r"\s+", " ", m.group(3))
+            if root == "super" and indent:
+                # an indented `use super::` is inside an inline module: its
+                # parent is this file
+                root = "self"
             for path in expand(body):
                 uses.append((root, path))
         for m in re.finditer(r"(?<![\w:])(crate|super)::((?:\w+::)*\w+)", t):
-            uses.append((m.group(1), m.group(2).split("::")))
+            root, path = m.group(1), m.group(2).split("::")
+            if root == "super" and path[0] in defined[p]:
+                # inside an inline module, naming this file's own item
+                root = "self"
+            uses.append((root, path))
         for root, path in uses:
             if root == "crate":
                 base = []
@@ -180,20 +227,20 @@ def is_ancestor(p, target, _):
 
 
 def expand(body):
-    """`a::{b, c::{d, e}}` -> [[a,b],[a,c,d],[a,c,e]]"""
+    """`a::{b, c::{d, e as f}}` -> [[a,b],[a,c,d],[a,c,e]]"""
     out = []
 
-    def rec(prefix, s):
-        if not s:
+    def rec(prefix, text):
+        text = text.strip()
+        if not text:
             return
-        if "{" not in s:
-            parts = [x for x in s.split("::") if x]
-            parts = [x.split("as")[0] if False else x for x in parts]
-            out.append(prefix + [re.sub(r"as\w+$", "", parts[-1])] if False else prefix + parts)
+        if "{" not in text:
+            leaf = re.split(r"\s+as\s+", text)[0]
+            out.append(prefix + [x.strip() for x in leaf.split("::") if x.strip()])
             return
-        i = s.index("{")
-        head = [x for x in s[:i].split("::") if x]
-        inner = s[i + 1 : s.rindex("}")]
+        i = text.index("{")
+        head = [x.strip() for x in text[:i].split("::") if x.strip()]
+        inner = text[i + 1 : text.rindex("}")]
         depth, cur = 0, ""
         for ch in inner:
             if ch == "," and depth == 0:
@@ -206,11 +253,7 @@ def expand(body):
         rec(prefix + head, cur)
 
     rec([], body)
-    cleaned = []
-    for path in out:
-        path = [re.sub(r"as\w+$", "", x) if re.search(r"\w+as\w+$", x) else x for x in path]
-        cleaned.append([x for x in path if x not in ("self", "*")])
-    return cleaned
+    return [[x for x in path if x not in ("self", "*")] for path in out]
 
 
 def cycles(edges):

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::handle::Kind;
-use crate::instance::LeakReport;
+use crate::report::LeakReport;
 
 /// Short description carried by several variants.
 pub type Detail = Cow<'static, str>;

@@ -17,23 +17,24 @@
 // Every public item is documented. Checked in the normal build: under
 // `--cfg ibal_loom`, `al::sync` swaps in the model checker's types.
 #![cfg_attr(not(ibal_loom), deny(missing_docs))]
+pub mod children;
 pub mod error;
 pub mod executor;
 pub mod fast_hash;
 pub mod handle;
 pub mod instance;
 pub mod object;
+pub mod report;
 pub mod sync;
 pub mod table;
 
+pub use children::DestroyCallback;
 pub use error::{Error, Result};
 pub use executor::{in_callback, ExecutorMode};
 pub use handle::{Handle, Kind, RawHandle};
-pub use instance::{
-    Al, AlConfig, AlInstance, HeldObject, LeakReport, Stats, DEFAULT_CLOSE_TIMEOUT,
-};
+pub use instance::{Al, AlConfig, AlInstance, DEFAULT_CLOSE_TIMEOUT};
 pub use object::{
-    create, destroy, destroy_raw, destroy_sync, post_callback, resolve, Core, DestroyCallback, Obj,
-    Object,
+    create, destroy, destroy_raw, destroy_sync, post_callback, resolve, Core, Obj, Object,
 };
+pub use report::{HeldObject, LeakReport, Stats};
 pub use table::{HandleTable, Ref, Reservation, TableLimits};

@@ -20,19 +20,13 @@
 use std::fmt;
 use std::ops::Deref;
 
+use crate::children::{ChildSet, DestroyCallback};
 use crate::error::{Error, Result};
-use crate::fast_hash::{id_map, IdMap};
 use crate::handle::{Handle, Kind, RawHandle};
 use crate::instance::AlInstance;
 use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use crate::sync::{Arc, Mutex};
 use crate::table::{HandleTable, Ref};
-
-/// Called once, on the AL executor, after the object is fully gone.
-pub type DestroyCallback = Box<dyn FnOnce(RawHandle) + Send + 'static>;
-
-/// How a parent destroys a child it knows only by handle.
-type DestroyFn = fn(RawHandle);
 
 const LIVE: u8 = 0;
 const DESTROYING: u8 = 1;
@@ -102,52 +96,6 @@ macro_rules! object_table {
             &TABLE
         }
     };
-}
-
-/// The children of an object (or of an AL instance), by handle.
-pub(crate) struct ChildSet {
-    inner: Mutex<ChildList>,
-}
-
-struct ChildList {
-    /// Set when the owner starts being destroyed: no child may join after.
-    sealed: bool,
-    /// Hashed by handle (handles are ours, not a peer's), so joining and
-    /// leaving cost no tree rebalancing on every object create and destroy;
-    /// a cascade sorts them (see `seal_and_take`).
-    members: IdMap<RawHandle, DestroyFn>,
-}
-
-impl ChildSet {
-    pub(crate) fn new() -> Self {
-        ChildSet {
-            inner: Mutex::new(ChildList {
-                sealed: false,
-                members: id_map(),
-            }),
-        }
-    }
-
-    /// Seal the set and take its members, for the owner's cascade, in
-    /// handle order: a cascade visits children in the same order every run
-    /// (the loom models replay executions and need determinism).
-    pub(crate) fn seal_and_take(&self) -> Vec<(RawHandle, DestroyFn)> {
-        let mut members: Vec<(RawHandle, DestroyFn)> = {
-            let mut list = self.inner.lock();
-            list.sealed = true;
-            std::mem::take(&mut list.members).into_iter().collect()
-        };
-        members.sort_unstable_by_key(|&(h, _)| h);
-        members
-    }
-
-    fn remove(&self, h: RawHandle) {
-        self.inner.lock().members.remove(&h);
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.inner.lock().members.len()
-    }
 }
 
 /// The part of every object the access layer manages.
@@ -506,4 +454,37 @@ pub fn destroy_sync<T: Object>(al: &AlInstance, h: Handle<T>) -> Result<()> {
 pub fn post_callback<T: Object>(obj: &Arc<Obj<T>>, f: impl FnOnce(&Arc<Obj<T>>) + Send + 'static) {
     let held = obj.clone();
     obj.al().executor().post(Box::new(move || f(&held)));
+}
+
+/// The typed verbs of an instance: its own handles resolved and destroyed.
+/// They live here, above [`AlInstance`], because they need the object
+/// lifecycle; the instance below knows its objects only by handle.
+impl AlInstance {
+    /// Resolve one of this instance's handles.
+    pub fn resolve<T: Object>(&self, h: Handle<T>) -> Result<Ref<'static, Obj<T>>> {
+        resolve(self, h)
+    }
+
+    /// Resolve one of this instance's handles and keep the object (an
+    /// `Arc`) for the rest of the call; fails with `Destroying` once its
+    /// destroy has started, so nothing new is hung on a dying object.
+    pub fn resolve_live<T: Object>(&self, h: Handle<T>) -> Result<Arc<Obj<T>>> {
+        let obj = self.resolve(h)?.to_arc();
+        obj.core().check_live()?;
+        Ok(obj)
+    }
+
+    /// Destroy one of this instance's objects without blocking.
+    pub fn destroy<T: Object>(
+        &self,
+        h: Handle<T>,
+        callback: Option<DestroyCallback>,
+    ) -> Result<()> {
+        destroy(self, h, callback)
+    }
+
+    /// Destroy and wait for the destroy callback; refused in callbacks.
+    pub fn destroy_sync<T: Object>(&self, h: Handle<T>) -> Result<()> {
+        destroy_sync(self, h)
+    }
 }
