@@ -17,8 +17,15 @@
 #![deny(unsafe_code)]
 #![cfg_attr(not(ibal_loom), deny(missing_docs))]
 
+mod attrs;
 pub mod buffer;
+mod device;
+mod qp_attr;
 pub mod qp_state;
-mod types;
+mod work;
 
-pub use types::*;
+pub use attrs::*;
+pub use buffer::{RawRegion, RegisteredBuffer};
+pub use device::*;
+pub use qp_attr::*;
+pub use work::*;
