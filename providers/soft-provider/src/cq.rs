@@ -1,14 +1,14 @@
 //! Completion queues and the deferred-work list that keeps every user
 //! callback outside provider locks.
 
-use al::sync::{Arc, Mutex, MutexGuard};
+use al::sync::{Mutex, MutexGuard};
 
-use crate::qp::QpInner;
+use crate::deferred::{Deferred, EnterError};
 use provider::{AsyncEvent, AsyncHook, CompletionHook, CqArm, Wc, WcStatus};
 
 pub(crate) struct CqInner {
     /// The device that created it: a QP may only use CQs of its own device.
-    pub(crate) device: crate::fabric::Identity,
+    pub(crate) device: crate::identity::Identity,
     state: Mutex<CqState>,
     on_completion: Option<CompletionHook>,
     on_async: Option<AsyncHook>,
@@ -80,7 +80,7 @@ impl WcRing {
 
 impl CqInner {
     pub(crate) fn new(
-        device: crate::fabric::Identity,
+        device: crate::identity::Identity,
         cap: usize,
         on_completion: Option<CompletionHook>,
         on_async: Option<AsyncHook>,
@@ -99,7 +99,7 @@ impl CqInner {
 
     /// Add a completion. `solicited` marks a receive whose sender set the
     /// solicited bit. Hooks to run are put on `d`.
-    pub(crate) fn push(&self, wc: Wc, solicited: bool, d: &mut Deferred) {
+    pub(crate) fn push<Q: EnterError>(&self, wc: Wc, solicited: bool, d: &mut Deferred<Q>) {
         let mut p = self.begin_push();
         p.push(wc, solicited);
         p.finish(d);
@@ -174,7 +174,7 @@ impl CqPush<'_> {
     /// Unlock, and queue the completion hook (if an armed CQ fired) and
     /// one overflow event per lost completion (each with the running lost
     /// count, as single pushes report them) on `d`.
-    pub(crate) fn finish(self, d: &mut Deferred) {
+    pub(crate) fn finish<Q: EnterError>(self, d: &mut Deferred<Q>) {
         let CqPush {
             cq,
             state,
@@ -191,56 +191,6 @@ impl CqPush<'_> {
             if let Some(h) = &cq.on_completion {
                 d.notify(h.clone());
             }
-        }
-    }
-}
-
-/// Work collected under locks and run after they are released: user hooks
-/// and QP error transitions (which need the QP's own locks).
-#[derive(Default)]
-pub(crate) struct Deferred {
-    first: Option<CompletionHook>,
-    more: Vec<CompletionHook>,
-    events: Vec<(AsyncHook, AsyncEvent)>,
-    pub(crate) errors: Vec<Arc<QpInner>>,
-}
-
-impl Deferred {
-    pub(crate) fn new() -> Deferred {
-        Deferred::default()
-    }
-
-    fn notify(&mut self, h: CompletionHook) {
-        if self.first.is_none() {
-            self.first = Some(h);
-        } else {
-            self.more.push(h);
-        }
-    }
-
-    /// Run everything. Must be called with no provider lock held.
-    pub(crate) fn run(mut self) {
-        // The common case on the data path: nothing was deferred.
-        if self.first.is_none()
-            && self.errors.is_empty()
-            && self.more.is_empty()
-            && self.events.is_empty()
-        {
-            return;
-        }
-        for qp in std::mem::take(&mut self.errors) {
-            let mut d = Deferred::new();
-            qp.enter_error(&mut d);
-            d.run();
-        }
-        if let Some(h) = self.first.take() {
-            h();
-        }
-        for h in self.more.drain(..) {
-            h();
-        }
-        for (h, e) in self.events.drain(..) {
-            h(e);
         }
     }
 }

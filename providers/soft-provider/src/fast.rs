@@ -32,16 +32,18 @@
 //! their events are not interleaved as the general path would interleave
 //! them (nothing orders events of different CQs).
 
+use crate::cq::CqPush;
+use crate::engine::imm_of;
+use crate::mr::{MrInner, MrTable};
+use crate::node::FabricInner;
+use crate::qp::{
+    send_opcode, Deferred, DestCache, QpInner, RecvQueue, RunCache, SendQueue, PSN_MASK,
+};
+use crate::respond::{pkey_match, MAX_MSG};
 use al::sync::atomic::Ordering;
 use al::sync::Arc;
-
-use crate::cq::{CqPush, Deferred};
-use crate::engine::{imm_of, pkey_match, MAX_MSG};
-use crate::fabric::{FabricInner, HcaNode};
-use crate::mr::{MrInner, MrTable};
-use crate::qp::{send_opcode, QpInner, RecvQueue, SendQueue, PSN_MASK};
 use provider::buffer::for_providers::LockedPair;
-use provider::{Access, AvAttr, QpState, QpType, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
+use provider::{Access, QpState, QpType, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
 
 /// Requests one run takes at most (the caller starts the next run).
 const RUN_MAX: usize = 64;
@@ -152,7 +154,7 @@ fn run_cached<H>(
     slid: u16,
 ) -> usize {
     let DestCache {
-        node,
+        core: node,
         dport,
         qp: dest,
         mr: dst_slot,
@@ -382,33 +384,6 @@ impl Run<'_> {
     }
 }
 
-/// What a run looked up, kept in the sender's [`SendQueue`] (under its
-/// lock) for the next run: the destination of the connected QP and the
-/// MRs last used on each side. Each entry is checked before use with plain
-/// loads, never trusted: the destination must still be the one the QP's
-/// attributes name, its HCA still on the fabric and its QP not destroyed;
-/// an MR must still be registered under the key. A stale entry is looked
-/// up again. `SoftQp`'s drop clears the cache, so two QPs caching each
-/// other do not keep each other alive.
-#[derive(Default)]
-pub(crate) struct RunCache {
-    dest: Option<DestCache>,
-    src_mr: Option<Arc<MrInner>>,
-}
-
-struct DestCache {
-    /// The attributes the entry was looked up for.
-    av: AvAttr,
-    dest_qpn: u32,
-    node: Arc<HcaNode>,
-    dport: u8,
-    qp: Arc<QpInner>,
-    /// The receive MR last used at the destination.
-    mr: Option<Arc<MrInner>>,
-    /// The MR last written by RDMA WRITE at the destination.
-    rmr: Option<Arc<MrInner>>,
-}
-
 impl RunCache {
     /// Forget everything (the QP is going away).
     pub(crate) fn clear(&mut self) {
@@ -427,7 +402,7 @@ impl RunCache {
         let valid = slot.as_ref().is_some_and(|c| {
             c.av == av
                 && c.dest_qpn == dest_qpn
-                && !c.node.removed.load(Ordering::Acquire)
+                && !c.core.removed.load(Ordering::Acquire)
                 && !c.qp.destroyed.load(Ordering::Acquire)
         });
         if !valid {
@@ -437,7 +412,7 @@ impl RunCache {
             *slot = Some(DestCache {
                 av,
                 dest_qpn,
-                node,
+                core: node.core.clone(),
                 dport,
                 qp,
                 mr: None,

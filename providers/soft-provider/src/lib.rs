@@ -31,18 +31,50 @@
 #![deny(unsafe_code)]
 #![cfg_attr(not(ibal_loom), deny(missing_docs))]
 
+// Bottom to top: each module imports only modules listed before it.
+mod config;
+mod deferred;
+mod identity;
+mod stats;
+
 mod cq;
-mod engine;
-mod fabric;
-mod fast;
-mod hca;
+mod queues;
+
 mod mr;
+
+mod hca_core;
+
 mod qp;
+
+mod node;
+
+mod respond;
+
+mod engine;
+
+mod retry;
+
+mod fast;
+
+mod hca;
+
+mod handles;
+mod pd;
+mod qp_handle;
+
+mod device;
+
+mod fabric;
 
 pub mod erf;
 pub mod packet;
 
-pub use fabric::{
-    CaptureTap, Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, HcaUsage, PortConfig,
-};
-pub use hca::{SoftAv, SoftCq, SoftHca, SoftMr, SoftPd, SoftProvider, SoftQp, SoftSrq};
+pub use config::{CaptureTap, FaultConfig, HcaConfig, HcaLimits, PortConfig};
+pub use device::SoftProvider;
+pub use fabric::Fabric;
+pub use handles::{SoftAv, SoftCq, SoftSrq};
+pub use hca::SoftHca;
+pub use hca_core::HcaUsage;
+pub use pd::{SoftMr, SoftPd};
+pub use qp_handle::SoftQp;
+pub use stats::FabricStats;

@@ -5,8 +5,8 @@ use al::sync::{Arc, RwLock};
 use al::{Error, Result};
 use slab::Slab;
 
-use crate::fabric::Identity;
-use crate::qp::{Posted, RecvEntries, SharedPosted};
+use crate::identity::Identity;
+use crate::queues::{Posted, RecvEntries, SharedPosted};
 use provider::buffer::for_providers::{Lease, Memory};
 use provider::{Access, Sge};
 

@@ -1,116 +1,26 @@
-//! Queue pairs and shared receive queues of the soft provider: queues,
-//! attributes, the modify path and the flush rules.
+//! Queue pairs and shared receive queues of the soft provider: their
+//! queues, attributes and state changes (the data path that moves their
+//! work is `engine.rs`, `respond.rs` and `fast.rs`, above).
 
 use std::collections::VecDeque;
 
-use al::sync::atomic::{AtomicBool, Ordering};
+use crate::cq::CqInner;
+use crate::deferred::EnterError;
+use crate::hca_core::HcaCore;
+use crate::identity::Identity;
+use crate::mr::{MrInner, MrTable, SeenKeys};
+use crate::queues::{Posted, RecvEntries, RecvEntry, SgVec};
+use al::sync::atomic::AtomicBool;
 use al::sync::{Arc, Mutex};
 use al::{Error, Result};
-
-use crate::cq::{CqInner, Deferred};
-use crate::fabric::{FabricInner, HcaCore, Identity};
-use crate::fast::RunCache;
-use crate::mr::{MrTable, SeenKeys};
-use provider::buffer::for_providers::PostedQueue;
 use provider::qp_state;
 use provider::{
     Access, AvAttr, MigState, QpAttr, QpCaps, QpModify, QpState, QpType, RecvWr, SendOp, Sge, Wc,
     WcOpcode, WcStatus,
 };
 
-/// A scatter list kept with a posted receive; four entries inline.
-pub(crate) enum SgVec {
-    /// The common case, one element: stored without the inline array's
-    /// padding, so posting a receive writes 16 bytes of list, not 64.
-    One(Sge),
-    Inline(u8, [Sge; 4]),
-    Heap(Box<[Sge]>),
-}
-
-impl SgVec {
-    pub(crate) fn new(s: &[Sge]) -> SgVec {
-        match s {
-            [one] => SgVec::One(*one),
-            _ if s.len() <= 4 => {
-                let mut a = [Sge::default(); 4];
-                a[..s.len()].copy_from_slice(s);
-                SgVec::Inline(s.len() as u8, a)
-            }
-            _ => SgVec::Heap(s.into()),
-        }
-    }
-    #[inline]
-    pub(crate) fn as_slice(&self) -> &[Sge] {
-        match self {
-            SgVec::One(s) => std::slice::from_ref(s),
-            SgVec::Inline(n, a) => &a[..*n as usize],
-            SgVec::Heap(b) => b,
-        }
-    }
-}
-
-/// A posted receive.
-pub(crate) struct RecvEntry {
-    pub(crate) wr_id: u64,
-    pub(crate) sg: SgVec,
-}
-
-/// A queue of posted receives, shared with the memories it posts into:
-/// their in-flight check scans its entries (`buffer/in_flight.rs`). It
-/// holds nothing but its entries and plain state, so sharing it makes no
-/// reference cycle.
-pub(crate) struct Posted<Q> {
-    q: Mutex<Q>,
-    /// Set when its QP or SRQ ends; the memories then forget it.
-    closed: AtomicBool,
-}
-
-impl<Q> Posted<Q> {
-    pub(crate) fn new(q: Q) -> Arc<Posted<Q>> {
-        Arc::new(Posted {
-            q: Mutex::new(q),
-            closed: AtomicBool::new(false),
-        })
-    }
-
-    /// The queue has ended.
-    pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-    }
-}
-
-impl<Q> std::ops::Deref for Posted<Q> {
-    type Target = Mutex<Q>;
-    #[inline]
-    fn deref(&self) -> &Mutex<Q> {
-        &self.q
-    }
-}
-
-/// A queue whose entries are posted receives.
-pub(crate) trait RecvEntries: Send + 'static {
-    fn entries(&self) -> &VecDeque<RecvEntry>;
-}
-
-/// A shared receive queue as the memories it posts into hold it.
-pub(crate) struct SharedPosted<Q>(pub(crate) Arc<Posted<Q>>);
-
-impl<Q: RecvEntries> PostedQueue for SharedPosted<Q> {
-    fn each_sge(&self, f: &mut dyn FnMut(&Sge)) {
-        for e in self.0.q.lock().entries() {
-            e.sg.as_slice().iter().for_each(&mut *f);
-        }
-    }
-    fn is_closed(&self) -> bool {
-        self.0.closed.load(Ordering::Acquire)
-    }
-    fn share(&self) -> Box<dyn PostedQueue> {
-        Box::new(SharedPosted(self.0.clone()))
-    }
-    fn id(&self) -> usize {
-        &*self.0 as *const Posted<Q> as usize
-    }
-}
+/// What every deferred-work list above the CQ holds: QPs to move to ERR.
+pub(crate) type Deferred = crate::deferred::Deferred<QpInner>;
 
 /// An SRQ's receives.
 pub(crate) struct SrqQueue {
@@ -452,7 +362,7 @@ impl QpInner {
     }
 
     /// Move to ERR (used after locks of other QPs were released).
-    pub(crate) fn enter_error(&self, d: &mut Deferred) {
+    fn enter_error_now(&self, d: &mut Deferred) {
         let mut sq = self.sq.lock();
         if matches!(sq.attr.state, QpState::Reset | QpState::Err) {
             // The receive side may have gone to ERR alone; make it whole.
@@ -527,11 +437,14 @@ impl QpInner {
     }
 
     /// Validate and apply a modify request.
+    /// Entering RTS with sends held (posted in SQD, or queued behind an RNR
+    /// wait) hands them to `drain` under the same send-queue lock, so no new
+    /// post can overtake them.
     pub(crate) fn modify(
         this: &Arc<Self>,
-        f: &FabricInner,
         m: &QpModify,
         d: &mut Deferred,
+        drain: impl FnOnce(&Arc<QpInner>, &mut SendQueue, &mut Deferred),
     ) -> Result<()> {
         let mut sq = this.sq.lock();
         let from = sq.attr.state;
@@ -658,14 +571,14 @@ impl QpInner {
         rq.rd_atomic_resources = a.max_dest_rd_atomic;
         drop(rq);
         if to == QpState::Rts && !sq.pending.is_empty() {
-            crate::engine::drain_pending(f, this, &mut sq, d);
+            drain(this, &mut sq, d);
         }
         Ok(())
     }
 
     fn check_values(&self, cur: &QpAttr, m: &QpModify) -> Result<()> {
         self.hca
-            .with_limits(|l| provider::qp_state::check_modify_values(cur.port, m, l))
+            .with_limits(|l| qp_state::check_modify_values(cur.port, m, l))
     }
 }
 
@@ -694,4 +607,38 @@ fn fresh_attr(qpn: u32, qp_type: QpType, caps: QpCaps, sq_sig_all: bool, port: u
         retry_cnt: 0,
         rnr_retry: 0,
     }
+}
+
+impl EnterError for QpInner {
+    fn enter_error(&self, d: &mut Deferred) {
+        self.enter_error_now(d);
+    }
+}
+
+/// What a run looked up, kept in the sender's [`SendQueue`] (under its
+/// lock) for the next run: the destination of the connected QP and the
+/// MRs last used on each side. Each entry is checked before use with plain
+/// loads, never trusted: the destination must still be the one the QP's
+/// attributes name, its HCA still on the fabric and its QP not destroyed;
+/// an MR must still be registered under the key. A stale entry is looked
+/// up again. `SoftQp`'s drop clears the cache, so two QPs caching each
+/// other do not keep each other alive.
+#[derive(Default)]
+pub(crate) struct RunCache {
+    pub(crate) dest: Option<DestCache>,
+    pub(crate) src_mr: Option<Arc<MrInner>>,
+}
+
+pub(crate) struct DestCache {
+    /// The attributes the entry was looked up for.
+    pub(crate) av: AvAttr,
+    pub(crate) dest_qpn: u32,
+    /// The destination HCA (its `removed` flag says it left the fabric).
+    pub(crate) core: Arc<HcaCore>,
+    pub(crate) dport: u8,
+    pub(crate) qp: Arc<QpInner>,
+    /// The receive MR last used at the destination.
+    pub(crate) mr: Option<Arc<MrInner>>,
+    /// The MR last written by RDMA WRITE at the destination.
+    pub(crate) rmr: Option<Arc<MrInner>>,
 }
