@@ -329,7 +329,7 @@ fn worker(shared: Arc<Shared>) {
 ///
 /// A thread-mode executor wakes its worker thread for every job: on the
 /// CM's path that is one thread wake-up per message on top of the one
-/// that delivered the datagram (`docs/benchmarks.md`, "Issue 15"). A
+/// that delivered the datagram (`docs/benchmarks-history.md`, "Issue 15"). A
 /// thread that produces callbacks at a point where it holds no lock (a
 /// provider's receive thread after it fed and drove its QPs, a CM agent
 /// thread after a round) opens an [`InlineScope`]: jobs posted on it
