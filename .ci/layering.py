@@ -289,7 +289,38 @@ def cycles(edges):
     return out
 
 
+def self_test():
+    """The checker must see a circle where there is one, follow re-exports,
+    and leave test modules and inline modules alone."""
+    import tempfile
+    cases = {
+        "circle": ({"lib.rs": "mod a;\nmod b;\n", "a.rs": "use crate::b::B;\npub struct A;\n",
+                    "b.rs": "use super::a::A;\npub struct B;\n"}, 1),
+        "through a re-export": ({"lib.rs": "mod a;\nmod b;\npub use b::B;\n",
+                                 "a.rs": "use crate::B;\npub struct A;\n",
+                                 "b.rs": "pub struct B(crate::a::A);\n"}, 1),
+        "layered": ({"lib.rs": "mod a;\nmod b;\n", "a.rs": "pub struct A;\n",
+                     "b.rs": "use crate::a::A;\npub struct B(A);\n"}, 0),
+        "test-only and inline": ({"lib.rs": "mod a;\nmod b;\n",
+                                  "a.rs": "pub struct A;\n#[cfg(test)]\nmod tests {\n    use crate::b::B;\n}\n",
+                                  "b.rs": "use crate::a::A;\npub struct B(A);\nmod inner {\n    use super::B;\n}\n"}, 0),
+    }
+    for name, (files, want) in cases.items():
+        with tempfile.TemporaryDirectory() as d:
+            for f, text in files.items():
+                open(os.path.join(d, f), "w").write(text)
+            _, edges = file_graph(d)
+            got = len(cycles(edges))
+            if got != want:
+                print(f"layering self-test '{name}': {got} circle(s), want {want}")
+                sys.exit(1)
+    print("layering self-test: 4 cases pass")
+
+
 def main():
+    if "--self-test" in sys.argv:
+        self_test()
+        return
     meta = metadata()
     faults = crate_faults(meta)
     root = meta["workspace_root"]
