@@ -1,4 +1,4 @@
-//! The batched RC SEND and WRITE path (`soft/fast.rs`) against the general path.
+//! The batched RC SEND and WRITE path (`fast.rs`) against the general path.
 //!
 //! A random scenario (receives, and SEND and RDMA WRITE lists with good,
 //! bad and out-of-bounds keys and lengths, RNR retries, partial CQ polls,
@@ -7,6 +7,9 @@
 //! must be the same: each call's result, every completion in CQ order,
 //! hook firings, each CQ's overflow events, the QP states and the bytes of
 //! both buffers.
+//!
+//! One file over 800 lines: the scenario generator, the two runs and the
+//! comparison are one model, and its checks only mean something together.
 
 mod common;
 
