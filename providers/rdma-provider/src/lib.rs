@@ -63,6 +63,10 @@ pub mod events;
 mod device;
 #[cfg(feature = "rdma")]
 mod event_thread;
+#[cfg(feature = "rdma")]
+mod objects;
+#[cfg(feature = "rdma")]
+mod verbs;
 // Device-free (tested everywhere); used by the provider.
 #[cfg(any(feature = "rdma", test))]
 mod leases;
@@ -81,6 +85,6 @@ pub use events::{DeviceEvent, DeviceEventHook, QpEvent, QpEventHook};
 pub use reaper::{must_not_wait, waits_on_this_thread};
 
 #[cfg(feature = "rdma")]
-pub use device::{
-    RdmaAv, RdmaCq, RdmaDevice, RdmaMr, RdmaPd, RdmaProvider, RdmaQp, RdmaSrq, NO_DEVICES,
-};
+pub use device::{RdmaDevice, RdmaProvider, NO_DEVICES};
+#[cfg(feature = "rdma")]
+pub use objects::{RdmaAv, RdmaCq, RdmaMr, RdmaPd, RdmaQp, RdmaSrq};

@@ -3,28 +3,25 @@
 //!
 //! * A receive thread blocks in `recv_from`, checks and decodes each
 //!   datagram and hands it to the QP its BTH names. Its read timeout is
-//!   long ([`RECV_TIMEOUT`]); closing the device wakes it with an empty
+//!   long (`port::RECV_TIMEOUT`); closing the device wakes it with an empty
 //!   datagram to its own socket.
 //! * The timer thread sleeps (`park_timeout`, microsecond precision) until
 //!   the earliest transport deadline of the device's QPs, runs the
 //!   transports whose deadline passed, and sleeps again. A QP that sets a
 //!   deadline earlier than the one the thread sleeps towards wakes it
-//!   ([`Timers::armed`]).
+//!   (`Timers::armed`).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::thread::Thread;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cq::Deferred;
-use crate::device::{DevShared, Feeding};
+use crate::feed::Feeding;
+use crate::held_acks::holding_acks;
 use crate::mmsg::RecvBatch;
-use crate::qp::{QpInner, GSI_KEY, NO_DEADLINE};
-
-/// How long a receive thread blocks before it looks at its stop flag
-/// (closing the device also wakes it at once).
-pub(crate) const RECV_TIMEOUT: Duration = Duration::from_millis(100);
+use crate::qp::{Dev, QpInner, GSI_KEY};
+use crate::timers::NO_DEADLINE;
 
 /// Longest sleep of the timer thread with no deadline at all.
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
@@ -38,46 +35,15 @@ const MIN_SLEEP: Duration = Duration::from_micros(10);
 /// buffer and says so).
 const RX_BUF: usize = 8192;
 
-/// The timer thread's state, shared with the QPs that arm timers.
-#[derive(Default)]
-pub(crate) struct Timers {
-    /// The deadline (ns from the device's base) the thread sleeps
-    /// towards; `NO_DEADLINE` while it scans (so any arming wakes it).
-    planned: AtomicU64,
-    thread: OnceLock<Thread>,
-}
-
-impl Timers {
-    pub(crate) fn set_thread(&self, t: Thread) {
-        let _ = self.thread.set(t);
-    }
-
-    /// A QP's transport now has a deadline `at`: wake the timer thread if
-    /// it sleeps towards a later one.
-    pub(crate) fn armed(&self, at: u64) {
-        if at < self.planned.load(Ordering::SeqCst) {
-            if let Some(t) = self.thread.get() {
-                t.unpark();
-            }
-        }
-    }
-
-    pub(crate) fn wake(&self) {
-        if let Some(t) = self.thread.get() {
-            t.unpark();
-        }
-    }
-}
-
 fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
 }
 
 /// The timer thread of a device until `stop` is set.
-pub(crate) fn run_timers(dev: Arc<DevShared>, stop: Arc<AtomicBool>) {
+pub(crate) fn run_timers(dev: Arc<Dev>, stop: Arc<AtomicBool>) {
     let timers = &dev.timers;
     while !stop.load(Ordering::Acquire) {
-        timers.planned.store(NO_DEADLINE, Ordering::SeqCst);
+        timers.plan(NO_DEADLINE);
         let now = nanos(dev.now());
         let armed: Vec<Arc<QpInner>> = dev
             .qps
@@ -93,7 +59,7 @@ pub(crate) fn run_timers(dev: Arc<DevShared>, stop: Arc<AtomicBool>) {
             }
             next = next.min(q.deadline.load(Ordering::SeqCst));
         }
-        timers.planned.store(next, Ordering::SeqCst);
+        timers.plan(next);
         let sleep = if next == NO_DEADLINE {
             IDLE_SLEEP
         } else {
@@ -132,8 +98,8 @@ fn next_nap(nap: Duration) -> Duration {
 /// coalesced ACK, and its completions land together, instead of one ACK
 /// datagram and one CQ update per packet. A lone datagram is answered at
 /// once, as before.
-pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
-    let port = &dev.ports[idx];
+pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
+    let (port, feed_lock) = (&dev.ports[idx], &dev.feed_locks[idx]);
     let mut batch = RecvBatch::new(RX_BATCH, RX_BUF);
     let mut reached: Vec<Arc<QpInner>> = Vec::with_capacity(RX_BATCH);
     let mut nap = NAP_FIRST;
@@ -167,8 +133,8 @@ pub(crate) fn run_port(dev: Arc<DevShared>, idx: usize, stop: Arc<AtomicBool>) {
         // thread holds an earlier one it has not fed yet (that reordered
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
-        let mut feeding = port.feeding();
-        let n = batch.recv(&port.socket, RX_BATCH, true);
+        let mut feeding = feed_lock.feeding(port);
+        let n = batch.recv(&port.socket, port.local.is_ipv6(), RX_BATCH, true);
         if stop.load(Ordering::Acquire) {
             break;
         }
@@ -213,8 +179,8 @@ struct Fed {
 
 /// Feeds the `n` datagrams of `batch` to their QPs.
 fn feed(
-    dev: &DevShared,
-    fed: &mut Feeding<'_>,
+    dev: &Dev,
+    fed: &mut Feeding<'_, QpInner>,
     batch: &RecvBatch,
     n: usize,
     reached: &mut Reached<'_>,
@@ -246,8 +212,6 @@ fn feed(
 const DRAIN_BATCHES: usize = 8;
 
 std::thread_local! {
-    /// Set on the provider's own threads (receive and timer threads).
-    static PROVIDER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// A polling thread's receive buffers for [`progress`].
     static RX_SCRATCH: std::cell::RefCell<Option<RecvBatch>> =
         const { std::cell::RefCell::new(None) };
@@ -256,26 +220,6 @@ std::thread_local! {
     static RX_WIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// A polling thread's list of the QPs its [`progress`] reached.
     static REACHED: std::cell::Cell<Vec<Arc<QpInner>>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// Marks the calling thread as one of the provider's own (a port's
-/// receive thread, the timer thread): see [`on_provider_thread`].
-pub(crate) fn mark_provider_thread() {
-    PROVIDER_THREAD.set(true);
-}
-
-/// Whether the calling thread is one of the provider's own. Its polls of
-/// a CQ are never an application busy-polling
-/// ([`crate::device::DevShared::note_poll`]): they are the CM agent's
-/// rounds served inline and the callbacks run after a receive
-/// (`al::executor::inline`), each a poll or two per message, and the
-/// thread goes back to its socket when they are done. Counted, a stream
-/// of CM messages on one port made a run of empty polls and the receive
-/// threads stepped aside for a poller that was not there: the next MAD
-/// waited out a nap of 100 us to 1.6 ms (`perf conn-rate --transport
-/// udp`: p99 ~500 us, REQ -> REJ median 70 us instead of 17).
-pub(crate) fn on_provider_thread() -> bool {
-    PROVIDER_THREAD.get()
 }
 
 /// How many datagrams a poller's receive asks for: one, unless its last
@@ -305,7 +249,7 @@ fn poller_took(asked: usize, took: usize) {
 /// to wake. A port whose receive thread (or another poller) is busy
 /// feeding it is skipped. Returns when the first datagram taken was fed
 /// (the device's clock), or None if none was taken.
-pub(crate) fn progress(dev: &DevShared) -> Option<Duration> {
+pub(crate) fn progress(dev: &Dev) -> Option<Duration> {
     // The thread's list from its last progress (no allocation per poll
     // that takes a datagram); a nested progress (a CQ hook that polls)
     // finds it taken and uses a new one.
@@ -316,12 +260,12 @@ pub(crate) fn progress(dev: &DevShared) -> Option<Duration> {
     first
 }
 
-fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration> {
+fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration> {
     let mut first: Option<Duration> = None;
-    for port in &dev.ports {
+    for (port, feed_lock) in dev.ports.iter().zip(&dev.feed_locks) {
         // What the last progress held back goes before anything new.
         port.flush_held();
-        let Some(mut feeding) = port.try_feeding() else {
+        let Some(mut feeding) = feed_lock.try_feeding(port) else {
             continue;
         };
         // A lone datagram's QP is driven as the packet is taken, a
@@ -335,7 +279,7 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> Option<Dur
             let mut asked = poller_batch();
             let mut first: Option<Duration> = None;
             for _ in 0..DRAIN_BATCHES {
-                let n = batch.recv(&port.socket, asked, false);
+                let n = batch.recv(&port.socket, port.local.is_ipv6(), asked, false);
                 poller_took(asked, n);
                 if n == 0 {
                     break;
@@ -343,7 +287,7 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> Option<Dur
                 if n == 1 {
                     // A lone datagram (a ping-pong's): its QP is driven as
                     // it takes the packet, its positive ACK held as below.
-                    let fed = crate::device::holding_acks(|| {
+                    let fed = holding_acks(|| {
                         feed(dev, &mut feeding, batch, n, &mut Reached::Now(&mut hooks))
                     });
                     first.get_or_insert(fed.at);
@@ -371,7 +315,7 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> Option<Dur
         // The positive ACKs these drives produce are held: the caller's
         // application is about to see the completions and often answers
         // at once, and its packets take the ACKs along (`HeldAcks`).
-        crate::device::holding_acks(|| {
+        holding_acks(|| {
             for qp in reached.drain(..) {
                 qp.drive_now();
             }
@@ -391,8 +335,8 @@ fn progress_with(dev: &DevShared, reached: &mut Vec<Arc<QpInner>>) -> Option<Dur
 /// The QP the packet reached is driven or listed as `reached` says.
 /// Returns whether the stage passed the datagram.
 fn handle_datagram(
-    dev: &DevShared,
-    fed: &mut Feeding<'_>,
+    dev: &Dev,
+    fed: &mut Feeding<'_, QpInner>,
     bytes: &[u8],
     src: Option<SocketAddr>,
     truncated: bool,

@@ -15,26 +15,38 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-use crate::qp::QpInner;
+/// The map itself: the device's QPs (`Q`: `qp::QpInner`; generic so that
+/// this module, which the device's shared state holds, sits below the QPs
+/// that hold that state).
+pub(crate) type Map<Q> = al::fast_hash::IdMap<u32, Arc<Q>>;
 
-type Map = al::fast_hash::IdMap<u32, Arc<QpInner>>;
-
-pub(crate) struct QpMap {
-    map: RwLock<Map>,
+/// The device's QPs by key, and a version that every change bumps.
+pub(crate) struct QpMap<Q> {
+    map: RwLock<Map<Q>>,
     /// Bumped by every change, while the write lock is held.
     version: AtomicU64,
 }
 
 /// The last QP the datagrams of one port reached ([`QpMap::find`]).
-#[derive(Default)]
-pub(crate) struct QpMemo {
+pub(crate) struct QpMemo<Q> {
     key: u32,
     version: u64,
-    qp: Weak<QpInner>,
+    qp: Weak<Q>,
 }
 
-impl QpMap {
-    pub(crate) fn new() -> QpMap {
+// Not derived: a derive would ask `Q: Default`.
+impl<Q> Default for QpMemo<Q> {
+    fn default() -> Self {
+        QpMemo {
+            key: 0,
+            version: 0,
+            qp: Weak::new(),
+        }
+    }
+}
+
+impl<Q> QpMap<Q> {
+    pub(crate) fn new() -> QpMap<Q> {
         QpMap {
             map: RwLock::new(Map::default()),
             version: AtomicU64::new(0),
@@ -42,13 +54,13 @@ impl QpMap {
     }
 
     /// The map, for reading.
-    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Map> {
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Map<Q>> {
         self.map.read()
     }
 
     /// Changes the map with `f` (under its write lock; memos made before
     /// stop matching).
-    pub(crate) fn change<R>(&self, f: impl FnOnce(&mut Map) -> R) -> R {
+    pub(crate) fn change<R>(&self, f: impl FnOnce(&mut Map<Q>) -> R) -> R {
         let mut map = self.map.write();
         let r = f(&mut map);
         self.version.fetch_add(1, Ordering::Release);
@@ -58,7 +70,7 @@ impl QpMap {
     /// The QP with `key`: from `memo` if the map has not changed since it
     /// was made and the QP is still there, else from the map (and the memo
     /// then names it).
-    pub(crate) fn find(&self, key: u32, memo: &mut QpMemo) -> Option<Arc<QpInner>> {
+    pub(crate) fn find(&self, key: u32, memo: &mut QpMemo<Q>) -> Option<Arc<Q>> {
         // Read before the map: a change after this read moves the version
         // past it, so a memo made from a map read later never outlives it.
         let version = self.version.load(Ordering::Acquire);
@@ -74,5 +86,55 @@ impl QpMap {
             qp: Arc::downgrade(&qp),
         };
         Some(qp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qp::QpInner;
+    use crate::{DeviceConfig, PortConfig, RoceProvider};
+    use provider::{CqInit, Device, Provider, QpCaps, QpInit, QpType};
+
+    #[test]
+    fn a_memo_follows_every_change_of_the_qp_map() {
+        let port = PortConfig::new("127.0.0.1:0".parse().unwrap());
+        let d = RoceProvider::new(vec![DeviceConfig::new("memo", 1, vec![port])])
+            .open(1)
+            .unwrap();
+        let pd = d.alloc_pd().unwrap();
+        let cq = d
+            .create_cq(CqInit {
+                capacity: 16,
+                ..CqInit::default()
+            })
+            .unwrap();
+        let init = QpInit {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        };
+        let (a, b) = (
+            d.create_qp(&pd, &init).unwrap(),
+            d.create_qp(&pd, &init).unwrap(),
+        );
+        let (map, key) = (&d.shared.qps, a.inner.key);
+        let mut memo = QpMemo::<QpInner>::default();
+        let found = |memo: &mut QpMemo<QpInner>| map.find(key, memo);
+        assert!(Arc::ptr_eq(&found(&mut memo).unwrap(), &a.inner));
+        assert!(
+            Arc::ptr_eq(&found(&mut memo).unwrap(), &a.inner),
+            "from the memo"
+        );
+        // The key names another QP while the first is still alive (as the
+        // GSI key does when a port's QP1 is made again): a memo made
+        // before the change must not match.
+        map.change(|m| m.insert(key, b.inner.clone()));
+        assert!(Arc::ptr_eq(&found(&mut memo).unwrap(), &b.inner));
+        map.change(|m| m.remove(&key));
+        assert!(found(&mut memo).is_none(), "removed, though alive");
     }
 }

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::device::DevShared;
+use crate::provider_threads::on_provider_thread;
+use crate::qp::Dev;
 
 /// Longest an open waits for the reaping of the device it would replace.
 pub(crate) const REOPEN_WAIT: Duration = Duration::from_secs(5);
@@ -133,7 +134,7 @@ pub(crate) fn wait_closed(addrs: &[SocketAddr], owner: usize, guid: u64) -> bool
 }
 
 /// Tells the device's threads to stop and wakes them; waits for nothing.
-pub(crate) fn signal_stop(shared: &DevShared, stop: &AtomicBool) {
+pub(crate) fn signal_stop(shared: &Dev, stop: &AtomicBool) {
     for p in &shared.ports {
         p.flush_held();
     }
@@ -158,7 +159,7 @@ pub(crate) fn join_all(threads: Vec<JoinHandle<()>>) {
 
 /// What a reaper finishes for a device whose last handle dropped.
 pub(crate) struct Reap {
-    pub(crate) shared: Arc<DevShared>,
+    pub(crate) shared: Arc<Dev>,
     pub(crate) threads: Vec<JoinHandle<()>>,
     pub(crate) open: Arc<Mutex<HashSet<u64>>>,
     pub(crate) closed: Arc<Closed>,
@@ -218,7 +219,7 @@ pub(crate) fn reap(job: Reap, stop: &AtomicBool) {
     });
     if spawned.is_err() {
         if let Some(job) = slot.lock().take() {
-            job.run(!(crate::driver::on_provider_thread() || al::in_callback()));
+            job.run(!(on_provider_thread() || al::in_callback()));
         }
     }
 }

@@ -32,13 +32,16 @@ mod requester;
 mod responder;
 pub mod timers;
 mod transport;
+mod wqe;
 
 pub use completer::RNR_RETRY_INFINITE;
 pub use config::{Config, Error};
 pub use memory::{AtomicOp, MemError, Memory};
-pub use receive::{admit, receive, Accepted, Discard, PathGids, Port, QpFilter, SolverGate};
+pub use receive::{
+    admit, pkey_match, receive, Accepted, Discard, PathGids, Port, QpFilter, SolverGate,
+};
 pub use requester::{ACKREQ_EVERY, MAX_UNACKED_PSNS};
-pub use responder::{grh_bytes, pkey_match};
+pub use responder::grh_bytes;
 pub use transport::{Counters, Payload, Source, Transmit, Transport, LEASE_MIN};
 
 /// Largest message (2^31 bytes, IBTA's limit for a RETH DMA length).

@@ -46,8 +46,6 @@ use std::time::Duration;
 use provider::{Gid, Mtu, QpState, QpType};
 use roce::{DecodeError, Endpoints, Packet, Transport as Service};
 
-use crate::responder::pkey_match;
-
 /// The port a datagram arrived on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Port {
@@ -400,6 +398,12 @@ impl SolverGate {
             .iter()
             .map(|(ip, _)| IpAddr::V4(*ip))
     }
+}
+
+/// P_Key match (IBTA §10.9.3): the low 15 bits agree and at least one of
+/// the two is a full member.
+pub fn pkey_match(a: u16, b: u16) -> bool {
+    (a & 0x7fff) == (b & 0x7fff) && (a | b) & 0x8000 != 0 && (a & 0x7fff) != 0
 }
 
 #[cfg(test)]

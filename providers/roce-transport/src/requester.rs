@@ -9,7 +9,8 @@ use roce::{AtomicEth, Bth, Deth, Headers, ImmDt, Opcode, Reth};
 
 use crate::psn;
 use crate::timers::ack_timeout;
-use crate::transport::{SendWqe, Transmit, Transport};
+use crate::transport::{Transmit, Transport};
+use crate::wqe::SendWqe;
 use crate::Payload;
 
 /// At most this many PSNs may be sent and not yet acknowledged.

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provider::{Access, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
-use roce::{Headers, IpHeader, Packet};
+use roce::{Headers, IpHeader, Opcode, Packet};
 
 use crate::config::{Config, Error};
 use crate::memory::Memory;
 use crate::psn;
-use crate::responder::Responder;
+use crate::responder::state::Responder;
+use crate::wqe::{needs_response, RecvWqe, SendWqe, SgList};
 
 /// A packet's payload: bytes of its own (responses), or a window on a
 /// message the transport holds (requests), so that sending a packet of a
@@ -109,89 +110,12 @@ pub struct Counters {
     pub message_buffers_reused: u64,
 }
 
-/// A work request's gather or scatter list: most have one or two
-/// entries, kept inline (a heap list per post was ~400 instructions of
-/// allocation and free per message).
-pub(crate) type SgList = smallvec::SmallVec<[Sge; 2]>;
-
 /// What [`Transport::post_send`] learned of a message: its length, and
 /// its copy (none for READs, atomics and leased sends).
 struct Prepared {
     len: u32,
     data: Option<Arc<Vec<u8>>>,
     leased: bool,
-}
-
-/// Whether `op` is a READ or an atomic: completed by response data, not by
-/// an ACK (and its local memory is written).
-fn needs_response(op: &SendOp) -> bool {
-    matches!(
-        op,
-        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
-    )
-}
-
-/// One send work request as the transport keeps it.
-#[derive(Debug, Clone)]
-pub(crate) struct SendWqe<R> {
-    pub wr_id: u64,
-    pub op: SendOp,
-    pub sges: SgList,
-    pub signaled: bool,
-    pub solicited: bool,
-    pub route: Option<R>,
-    pub remote_qpn: u32,
-    pub remote_qkey: u32,
-    /// The gathered message (SEND, WRITE), shared with the packets that
-    /// carry it.
-    pub data: Arc<Vec<u8>>,
-    /// Message length in bytes.
-    pub len: u32,
-    /// First PSN and number of PSNs the message takes.
-    pub first_psn: u32,
-    pub npkts: u32,
-    /// READ response packets received so far (READ).
-    pub resp_pkts: u32,
-    /// The packet index the READ request last sent starts at: a READ
-    /// retried after `resp_pkts` responses asks only for the rest, and its
-    /// responses are numbered first/middle/last from there.
-    pub read_base: u32,
-    /// Failed at post time with this status (completed in order).
-    pub failed: Option<WcStatus>,
-    /// Not copied at post: the memory leased `sges` ([`Memory::lease`])
-    /// and each packet gathers its bytes when it is sent; the lease is
-    /// given back when the request leaves the queue.
-    pub leased: bool,
-}
-
-impl<R> SendWqe<R> {
-    pub(crate) fn last_psn(&self) -> u32 {
-        psn::add(self.first_psn, self.npkts - 1)
-    }
-    /// A READ or an atomic: completed by response data, not by an ACK.
-    pub(crate) fn needs_response(&self) -> bool {
-        needs_response(&self.op)
-    }
-    pub(crate) fn contains(&self, p: u32) -> bool {
-        let d = psn::diff(p, self.first_psn);
-        d >= 0 && (d as u32) < self.npkts
-    }
-    pub(crate) fn wc_opcode(&self) -> WcOpcode {
-        match self.op {
-            SendOp::Send | SendOp::SendImm(_) => WcOpcode::Send,
-            SendOp::Write { .. } | SendOp::WriteImm { .. } => WcOpcode::RdmaWrite,
-            SendOp::Read { .. } => WcOpcode::RdmaRead,
-            SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
-            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-        }
-    }
-}
-
-/// One receive work request.
-#[derive(Debug, Clone)]
-pub(crate) struct RecvWqe {
-    pub wr_id: u64,
-    pub sges: SgList,
 }
 
 /// Requester and completer state (the send queue).
@@ -758,5 +682,65 @@ impl<R: Clone> Transport<R> {
             return None;
         }
         self.requester_transmit(now, mem)
+    }
+}
+
+impl<R: Clone> Transport<R> {
+    /// Takes one decoded packet that arrived for this QP at `now`, from
+    /// `src` (used by UD for the GRH). Packets of another QP, service or
+    /// partition are dropped and counted; nothing here panics or grows
+    /// without bound.
+    pub fn handle_packet<M: Memory>(
+        &mut self,
+        now: Duration,
+        src: &Source,
+        pkt: &Packet<'_>,
+        mem: &mut M,
+    ) {
+        // The receive stage ran these checks against the QP's filter; a
+        // transport driven without it (tests, fuzzing) still refuses what
+        // is not its own, with the same function.
+        let own = crate::QpFilter {
+            qpn: self.cfg.qpn,
+            qp_type: self.cfg.qp_type,
+            port: 0,
+            state: self.state,
+            pkey: self.cfg.pkey,
+            qkey: self.cfg.qkey,
+            path: None,
+        };
+        if let Err(why) = crate::receive::admit(&own, pkt) {
+            match why {
+                crate::Discard::BadPkey => self.counters.bad_pkey += 1,
+                crate::Discard::BadQkey => self.counters.bad_qkey += 1,
+                _ => self.counters.bad_opcode += 1,
+            }
+            return;
+        }
+        let bth = &pkt.headers.bth;
+        match bth.opcode {
+            Opcode::RcAck
+            | Opcode::RcAtomicAck
+            | Opcode::RcReadResponseFirst
+            | Opcode::RcReadResponseMiddle
+            | Opcode::RcReadResponseLast
+            | Opcode::RcReadResponseOnly => self.handle_response(now, pkt, mem),
+            Opcode::UdSendOnly | Opcode::UdSendOnlyImm => self.ud_receive(src, pkt, mem),
+            _ if self.cfg.qp_type == QpType::Uc => self.uc_request(pkt, mem),
+            _ => self.rc_request(pkt, mem),
+        }
+    }
+
+    /// Runs the timers due at `now`: the retransmit timer (go-back-N from
+    /// the oldest unacknowledged PSN, or RETRY_EXC_ERR) and the end of an
+    /// RNR wait.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        if self.state != QpState::Rts {
+            return;
+        }
+        if self.sq.rnr_until.is_some_and(|t| now >= t) {
+            self.sq.rnr_until = None;
+        }
+        self.retransmit_timeout(now);
     }
 }

@@ -1,0 +1,90 @@
+//! The right to feed a port's datagrams to its QPs ([`Feeding`]): one
+//! thread at a time per port, the receive thread or a poller making
+//! progress, so one port's packets are never fed out of order.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::counters::AtomicCounters;
+use crate::port::PortShared;
+use crate::qp_map::QpMemo;
+
+/// A port's feeding lock (one per port, `DevShared::feed_locks`): held by
+/// whoever is taking datagrams off the port's socket and feeding them to
+/// QPs (the port's receive thread, or a poller making progress), so two
+/// threads never feed one port's packets concurrently (which could
+/// reorder them). Taken as a [`Feeding`]. `Q`: the QP type
+/// (`qp::QpInner`).
+pub(crate) struct FeedLock<Q>(Mutex<RxState<Q>>);
+
+/// What the feeder of a port's datagrams keeps between them.
+struct RxState<Q> {
+    /// The last QP this port's datagrams reached.
+    memo: QpMemo<Q>,
+    /// Whom the IPv4 identification solver runs for.
+    gate: roce_transport::SolverGate,
+}
+
+impl<Q> Default for FeedLock<Q> {
+    fn default() -> Self {
+        FeedLock(Mutex::new(RxState {
+            memo: QpMemo::default(),
+            gate: roce_transport::SolverGate::default(),
+        }))
+    }
+}
+
+impl<Q> FeedLock<Q> {
+    /// The right to feed `port`'s datagrams (this lock is `port`'s),
+    /// waiting for it.
+    pub(crate) fn feeding<'p>(&'p self, port: &'p PortShared) -> Feeding<'p, Q> {
+        Feeding {
+            port,
+            rx: self.0.lock(),
+        }
+    }
+
+    /// The right to feed `port`'s datagrams, if nobody holds it.
+    pub(crate) fn try_feeding<'p>(&'p self, port: &'p PortShared) -> Option<Feeding<'p, Q>> {
+        Some(Feeding {
+            port,
+            rx: self.0.try_lock()?,
+        })
+    }
+}
+
+/// The right to feed a port's datagrams to its QPs: its [`FeedLock`], held.
+/// The receive counters of the datagram path (`rx_datagrams` to
+/// `rx_unknown_qpn`, [`Feeding::count`]) are written only with it, so by
+/// one thread at a time: each is added with a load and a store, not a
+/// locked read-modify-write (three of those per datagram saved on a
+/// ping-pong's path). Counters a drive also writes (`add_transport`) stay
+/// atomic additions.
+pub(crate) struct Feeding<'p, Q> {
+    port: &'p PortShared,
+    /// The lock, and what it guards.
+    rx: MutexGuard<'p, RxState<Q>>,
+}
+
+impl<'p, Q> Feeding<'p, Q> {
+    pub(crate) fn port(&self) -> &'p PortShared {
+        self.port
+    }
+
+    /// The last QP this port's datagrams reached (`QpMap::find`) and
+    /// the identification solver's gate, together (the receive stage's
+    /// lookup borrows the one while the stage holds the other).
+    pub(crate) fn rx_state(&mut self) -> (&mut QpMemo<Q>, &mut roce_transport::SolverGate) {
+        let rx = &mut *self.rx;
+        (&mut rx.memo, &mut rx.gate)
+    }
+
+    /// Adds `n` to the counter `which` picks.
+    pub(crate) fn count(&self, which: impl FnOnce(&AtomicCounters) -> &AtomicU64, n: u64) {
+        if n != 0 {
+            let c = which(&self.port.counters);
+            c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Sending: packets encoded onto a thread's reusable buffer and sent with
+//! one `sendmmsg` per batch ([`TxBatch`]), the ACKs held on a port leading
+//! them (`HeldAcks`).
+
+use std::net::{SocketAddr, UdpSocket};
+
+use roce::{Endpoints, Packet};
+
+use crate::held_acks::{encode_onto, is_positive_ack, HOLDING_ACKS};
+use crate::port::PortShared;
+
+/// Most packets one `sendmmsg` carries.
+pub(crate) const TX_BATCH: usize = 32;
+
+/// Encoded datagrams back to back, and (destination, start, length) of
+/// each.
+type Encoded = (Vec<u8>, Vec<(SocketAddr, usize, usize)>);
+
+std::thread_local! {
+    /// Each sending thread's encoding buffers, reused batch after batch
+    /// (no allocation and no zeroing of a fresh buffer per packet).
+    static TX_SCRATCH: std::cell::RefCell<Encoded> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Packets being encoded for one source socket (see [`PortShared::batch`]).
+pub(crate) struct TxBatch<'p> {
+    port: &'p PortShared,
+    socket: &'p UdpSocket,
+    /// Which of the port's send sockets `socket` is ([`PortShared::batch`]).
+    sock: usize,
+    /// The QP whose packets these are (its ACKs replace each other while
+    /// held).
+    qpn: u32,
+    from: SocketAddr,
+    /// The encoded datagrams back to back, and (destination, start, len)
+    /// of each: taken from the thread's scratch, given back at drop.
+    bytes: Vec<u8>,
+    msgs: Vec<(SocketAddr, usize, usize)>,
+}
+
+impl<'p> TxBatch<'p> {
+    /// The port it sends from.
+    pub(crate) fn port(&self) -> &'p PortShared {
+        self.port
+    }
+
+    /// Encodes `pkt` for the flow to `to`; sends the batch when full.
+    pub(crate) fn push(&mut self, to: SocketAddr, pkt: &Packet<'_>) {
+        let c = &self.port.counters;
+        let Ok(ep) = Endpoints::new(self.from, to) else {
+            c.add(&c.tx_errors, 1);
+            return;
+        };
+        if HOLDING_ACKS.get() && is_positive_ack(pkt) && pkt.payload.is_empty() {
+            self.port
+                .held
+                .hold(self.qpn, self.sock, to, ep, pkt.headers);
+            return;
+        }
+        self.scratch();
+        match encode_onto(&mut self.bytes, pkt, &ep) {
+            Some((start, n)) => self.msgs.push((to, start, n)),
+            None => c.add(&c.tx_errors, 1),
+        }
+        if self.msgs.len() >= TX_BATCH {
+            self.flush();
+        }
+    }
+
+    /// Takes the thread's reusable buffers if this batch has none yet.
+    fn scratch(&mut self) {
+        if self.msgs.is_empty() && self.bytes.capacity() == 0 {
+            TX_SCRATCH.with_borrow_mut(|(b, m)| {
+                std::mem::swap(&mut self.bytes, b);
+                std::mem::swap(&mut self.msgs, m);
+            });
+            self.bytes.clear();
+            self.msgs.clear();
+        }
+    }
+
+    /// Sends what is encoded. ACKs held for other QPs of the port go
+    /// before it; this QP's own stays held (it leaves at the poller's next
+    /// progress, after the answer this batch may carry: `HeldAcks`).
+    pub(crate) fn flush(&mut self) {
+        if !self.msgs.is_empty() {
+            self.send();
+        }
+    }
+
+    /// Sends what is encoded, the ACKs held for other QPs of the port
+    /// first.
+    fn send(&mut self) {
+        if !self.port.held.only(self.sock, self.qpn) {
+            // A packet of another QP (a DREQ on QP1) must not overtake the
+            // ACK of a request the application already saw complete: held
+            // ACKs on other sockets go first by their own sockets, those of
+            // other QPs on this one lead this batch.
+            while let Some(sock) = self.port.held.other_socket(self.sock) {
+                self.port.send_held_on(sock);
+            }
+            self.scratch();
+            let qpn = self.qpn;
+            let (first, failed) =
+                self.port
+                    .held
+                    .take_for(self.sock, |q| q != qpn, &mut self.bytes, &mut self.msgs);
+            self.port
+                .counters
+                .add(&self.port.counters.tx_errors, failed);
+            self.msgs.rotate_right(first);
+        }
+        if self.msgs.is_empty() {
+            return;
+        }
+        let c = &self.port.counters;
+        let mut sent = 0;
+        // One packet (an ACK, a ping-pong's SEND) goes by `send_to` below:
+        // `sendmmsg` would only add the four header vectors' allocations.
+        #[cfg(target_os = "linux")]
+        if self.msgs.len() > 1 {
+            use rustix::net::{sendmmsg, MMsgHdr, SendAncillaryBuffer, SendFlags, SocketAddrAny};
+            let addrs: Vec<SocketAddrAny> =
+                self.msgs.iter().map(|m| SocketAddrAny::from(m.0)).collect();
+            let iovs: Vec<[std::io::IoSlice<'_>; 1]> = self
+                .msgs
+                .iter()
+                .map(|&(_, at, n)| [std::io::IoSlice::new(&self.bytes[at..at + n])])
+                .collect();
+            let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> = (0..self.msgs.len())
+                .map(|_| SendAncillaryBuffer::default())
+                .collect();
+            let mut hdrs: Vec<MMsgHdr<'_>> = addrs
+                .iter()
+                .zip(&iovs)
+                .zip(controls.iter_mut())
+                .map(|((a, iov), ctl)| MMsgHdr::new_with_addr(a, iov, ctl))
+                .collect();
+            // A short count means the rest could not go now (a full socket
+            // buffer): they are sent one by one below, as before.
+            while sent < hdrs.len() {
+                match sendmmsg(self.socket, &mut hdrs[sent..], SendFlags::empty()) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => sent += k,
+                }
+            }
+        }
+        for &(_, _, n) in &self.msgs[..sent] {
+            c.add(&c.tx_packets, 1);
+            c.add(&c.tx_bytes, n as u64);
+        }
+        for &(to, at, n) in &self.msgs[sent..] {
+            match send_one(self.socket, &self.bytes[at..at + n], to) {
+                Ok(_) => {
+                    c.add(&c.tx_packets, 1);
+                    c.add(&c.tx_bytes, n as u64);
+                }
+                Err(_) => c.add(&c.tx_errors, 1),
+            }
+        }
+        self.msgs.clear();
+        self.bytes.clear();
+    }
+}
+
+/// One datagram to `to`. On Linux a plain `sendto` system call (rustix):
+/// glibc's wrapper, which `std` calls, also marks a thread-cancellation
+/// point around it, a cost on every packet this provider sends alone.
+fn send_one(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) -> std::io::Result<usize> {
+    #[cfg(target_os = "linux")]
+    return rustix::net::sendto(socket, bytes, rustix::net::SendFlags::empty(), &to)
+        .map_err(std::io::Error::from);
+    #[cfg(not(target_os = "linux"))]
+    socket.send_to(bytes, to)
+}
+
+impl Drop for TxBatch<'_> {
+    fn drop(&mut self) {
+        if self.bytes.capacity() == 0 && self.msgs.capacity() == 0 {
+            return; // nothing was encoded (an ACK held, a drive with nothing to send)
+        }
+        self.flush();
+        let (bytes, msgs) = (
+            std::mem::take(&mut self.bytes),
+            std::mem::take(&mut self.msgs),
+        );
+        // Give the buffers back for the thread's next batch (a nested
+        // batch, if any, keeps its own).
+        let _ = TX_SCRATCH.try_with(|cell| {
+            if let Ok(mut slot) = cell.try_borrow_mut() {
+                if slot.0.capacity() < bytes.capacity() {
+                    *slot = (bytes, msgs);
+                }
+            }
+        });
+    }
+}
+
+impl PortShared {
+    /// A batch of packets leaving from the source port QP `qpn` uses:
+    /// encoded as they are pushed, sent with one `sendmmsg` per
+    /// [`TX_BATCH`] packets (and at [`TxBatch::flush`] or drop).
+    pub(crate) fn batch(&self, qpn: u32) -> TxBatch<'_> {
+        let sock = match self.tx.len() {
+            0 => 0,
+            n => qpn as usize % n,
+        };
+        self.batch_on(sock, qpn)
+    }
+
+    /// A batch on send socket `sock` (an index `batch` gave).
+    fn batch_on(&self, sock: usize, qpn: u32) -> TxBatch<'_> {
+        let (socket, from) = match self.tx.get(sock) {
+            Some((s, a)) => (s, *a),
+            None => (&self.socket, self.local),
+        };
+        TxBatch {
+            port: self,
+            socket,
+            sock,
+            qpn,
+            from,
+            bytes: Vec::new(),
+            msgs: Vec::new(),
+        }
+    }
+
+    /// Sends every ACK held on this port (`HeldAcks`).
+    pub(crate) fn flush_held(&self) {
+        if self.held.is_empty() {
+            return;
+        }
+        for sock in self.held.sockets() {
+            self.send_held_on(sock);
+        }
+    }
+
+    /// Sends the ACKs held for send socket `sock`.
+    fn send_held_on(&self, sock: usize) {
+        let mut b = self.batch_on(sock, u32::MAX);
+        b.scratch();
+        let (_, failed) = self
+            .held
+            .take_for(sock, |_| true, &mut b.bytes, &mut b.msgs);
+        self.counters.add(&self.counters.tx_errors, failed);
+        b.send();
+    }
+}
