@@ -1803,8 +1803,9 @@ fn accept_unbound_claimed(
 }
 
 /// Put back the state a failed accept found `qp` in (RESET, INIT with its
-/// port, P_Key index and access, or ERR).
-pub(crate) fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
+/// port, P_Key index and access, or ERR): [`accept`] does, and so do the
+/// librdmacm-backed CEPs (crate `cep-rdmacm`).
+pub fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
     if qp.query().is_ok_and(|now| now.state == before.state) {
         return;
     }

@@ -1,4 +1,4 @@
-//! The librdmacm-backed CEPs (`cep::rdmacm`) on a real verbs device:
+//! The librdmacm-backed CEPs (crate `cep-rdmacm`) on a real verbs device:
 //! both ends on one device (`IBAL_RDMA_DEVICE`, or the first listed),
 //! connected through the kernel's rdma_cm to the device's own IPv4
 //! address, as rping does on one host. Needs the `rdma` feature; with no
@@ -23,9 +23,9 @@ use al::{Al, Error, Handle};
 use cep::cm::AcceptReply;
 use cep::ip::IpConnect;
 use cep::proto::Event;
-use cep::rdmacm::{self, RdmaCep, RdmaCmHandler, RdmaListen, RdmaListenHandler};
 use cep::wire::ip_cm::{self, PortSpace};
 use cep::wire::RejectReason;
+use cep_rdmacm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListen, RdmaListenHandler};
 use hca::provider::{Access, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use hca::verbs::{self, Ca, Cq};
 use hca::RegisteredBuffer;
