@@ -108,8 +108,11 @@ impl AcceptReply {
 ///
 /// A request nobody answers is not kept forever: when the active side has
 /// given up (its REQ retries, from the REQ's own timeouts), the CM rejects
-/// it (REJ Timeout), the handler gets [`Event::Timeout`](crate::proto::Event::Timeout) with
-/// [`TimedOut::Answer`](crate::proto::TimedOut::Answer), and the CEP goes.
+/// it (REJ Timeout), the handler gets [`Event::Timeout`] with
+/// [`TimedOut::Answer`], and the CEP goes.
+///
+/// [`Event::Timeout`]: crate::proto::Event::Timeout
+/// [`TimedOut::Answer`]: crate::proto::TimedOut::Answer
 pub fn accept(
     al: &AlInstance,
     cep: Handle<Cep>,
@@ -197,7 +200,7 @@ fn accept_claimed(
 /// caller owns (`local` says what the REP carries from it) and send the
 /// REP. Nothing is bound. Before calling it, move the QP to INIT and RTR
 /// with [`accept_attrs`] (same `local` and `reply`): the peer may send as
-/// soon as the REP is in. On [`Event::Established`](crate::proto::Event::Established) move it to RTS
+/// soon as the REP is in. On [`Event::Established`] move it to RTS
 /// ([`ConnectionAttrs::rts`]); on `Rejected`, `Timeout`,
 /// `DisconnectRequest`, `Disconnected`, `StaleConnection`, and when the
 /// CEP is destroyed, to ERR: the CEP never touches it.
@@ -207,6 +210,8 @@ fn accept_claimed(
 /// request is still waiting, and may be accepted, bound or CM-only,
 /// rejected or destroyed). A request accepted CM-only cannot be accepted
 /// again, on a QP or CM-only.
+///
+/// [`Event::Established`]: crate::proto::Event::Established
 pub fn accept_unbound(
     al: &AlInstance,
     cep: Handle<Cep>,

@@ -34,8 +34,11 @@ pub enum PathEnd {
 /// receive, as IBTA and Linux's CM read the field), and the RDMA READ/atomic requests
 /// we accept from it. A path that is not subnet-local (routed by GID, as
 /// every RoCE path is) gives the address vector a GRH with the peer's GID
-/// and the path's flow label, traffic class and hop limit. [`accept`](super::accept)
-/// (passive) and [`rtu`](super::rtu) (active) apply these.
+/// and the path's flow label, traffic class and hop limit. [`accept`]
+/// (passive) and [`rtu`] (active) apply these.
+///
+/// [`accept`]: super::accept
+/// [`rtu`]: super::rtu
 pub fn rtr_attrs(
     port: u8,
     req: &Req,
@@ -71,8 +74,10 @@ pub fn rtr_attrs(
 
 /// RTS attributes of a connected QP: our send PSN (the peer's StartingPSN), the REQ's ACK
 /// timeout and retry count, the RNR retries the peer asked for, and the
-/// RDMA READ/atomic requests we may have outstanding. [`rtu`](super::rtu) (active) and
+/// RDMA READ/atomic requests we may have outstanding. [`rtu`] (active) and
 /// the passive side's RTU handling apply these.
+///
+/// [`rtu`]: super::rtu
 pub fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> QpModify {
     QpModify::to(QpState::Rts)
         .sq_psn(sq_psn)
@@ -83,12 +88,12 @@ pub fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> Qp
 }
 
 /// What a REQ or REP carries from the local QP, given by a consumer that
-/// owns its QP itself ([`connect_unbound`](super::connect_unbound), [`accept_unbound`](super::accept_unbound)); a bound
-/// [`connect`](super::connect) or [`accept`](super::accept) reads the same values from its QP.
+/// owns its QP itself ([`connect_unbound`], [`accept_unbound`]); a bound
+/// [`connect`] or [`accept`] reads the same values from its QP.
 ///
 /// The negotiated values (RDMA READ/atomic depths, path MTU, retry and RNR
 /// retry counts, local ACK timeout, access) stay where a bound connection
-/// has them: [`ConnectRequest`](super::ConnectRequest) and [`AcceptReply`](super::AcceptReply).
+/// has them: [`ConnectRequest`] and [`AcceptReply`].
 ///
 /// ```
 /// # use cep::cm::LocalQpAttrs;
@@ -96,6 +101,13 @@ pub fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> Qp
 /// let local = LocalQpAttrs::new(QpType::Rc, 0x1234, 0x42).srq(true);
 /// assert_eq!((local.qpn, local.starting_psn, local.srq), (0x1234, 0x42, true));
 /// ```
+///
+/// [`connect_unbound`]: super::connect_unbound
+/// [`accept_unbound`]: super::accept_unbound
+/// [`connect`]: super::connect
+/// [`accept`]: super::accept
+/// [`ConnectRequest`]: super::ConnectRequest
+/// [`AcceptReply`]: super::AcceptReply
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalQpAttrs {
     /// RC or UC: the REQ's transport service type (a passive side's must
@@ -183,10 +195,16 @@ impl LocalQpAttrs {
 
 /// The QP attributes of one end of a connection, from the REQ and REP it
 /// exchanged: what a consumer needs to move a QP it owns (a CM-only CEP,
-/// [`connect_unbound`](super::connect_unbound) / [`accept_unbound`](super::accept_unbound)) and what the CM applies to a
-/// bound QP. Get it with [`connection_attrs`](super::connection_attrs) (active side after
-/// [`Event::ReplyReceived`](crate::proto::Event::ReplyReceived), passive side after accept) or, before a
-/// passive side accepts, [`accept_attrs`](super::accept_attrs).
+/// [`connect_unbound`] / [`accept_unbound`]) and what the CM applies to a
+/// bound QP. Get it with [`connection_attrs`] (active side after
+/// [`Event::ReplyReceived`], passive side after accept) or, before a
+/// passive side accepts, [`accept_attrs`].
+///
+/// [`connect_unbound`]: super::connect_unbound
+/// [`accept_unbound`]: super::accept_unbound
+/// [`connection_attrs`]: super::connection_attrs
+/// [`Event::ReplyReceived`]: crate::proto::Event::ReplyReceived
+/// [`accept_attrs`]: super::accept_attrs
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionAttrs {
     /// The local port.
@@ -328,7 +346,10 @@ pub(super) fn check_transport(req: &Req, qp_type: hca::QpType) -> Result<()> {
 }
 
 /// Bring `qp` to INIT for a connection on `port` (from RESET or ERR), as
-/// [`connect`](super::connect) and [`accept`](super::accept) do before they send.
+/// [`connect`] and [`accept`] do before they send.
+///
+/// [`connect`]: super::connect
+/// [`accept`]: super::accept
 pub fn qp_to_init(qp: &Obj<Qp>, port: u8, access: Access) -> Result<()> {
     let state = qp.query()?.state;
     if state == QpState::Init {
@@ -346,8 +367,10 @@ pub fn qp_to_init(qp: &Obj<Qp>, port: u8, access: Access) -> Result<()> {
 }
 
 /// Put back the state a failed accept found `qp` in (RESET, INIT with its
-/// port, P_Key index and access, or ERR): [`accept`](super::accept) does, and so do the
+/// port, P_Key index and access, or ERR): [`accept`] does, and so do the
 /// librdmacm-backed CEPs (crate `cep-rdmacm`).
+///
+/// [`accept`]: super::accept
 pub fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
     if qp.query().is_ok_and(|now| now.state == before.state) {
         return;

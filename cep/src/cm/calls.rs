@@ -11,8 +11,10 @@ use crate::proto::{LapParams, State};
 use crate::wire::{ApStatus, RejectReason};
 
 /// Active side, after the reply: move the QP to RTR and RTS from the REP,
-/// and send the RTU. A CM-only CEP ([`connect_unbound`](super::connect_unbound)) only sends the
+/// and send the RTU. A CM-only CEP ([`connect_unbound`]) only sends the
 /// RTU: its caller moves its own QP first ([`connection_attrs`]).
+///
+/// [`connect_unbound`]: super::connect_unbound
 pub fn rtu(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()> {
     let c = al.resolve(cep)?.to_arc();
     let conn = c.conn()?;
@@ -99,9 +101,11 @@ pub fn apr(al: &AlInstance, cep: Handle<Cep>, status: ApStatus, private_data: &[
 
 /// The attributes of `cep`'s end of the connection, from its REQ and REP:
 /// on the active side once the REP is in (inside the
-/// [`Event::ReplyReceived`](crate::proto::Event::ReplyReceived) callback and after), on the passive side once
+/// [`Event::ReplyReceived`] callback and after), on the passive side once
 /// it accepted. Works on bound and CM-only CEPs; a CM-only consumer moves
 /// its QP with [`ConnectionAttrs::rtr`] and [`ConnectionAttrs::rts`].
+///
+/// [`Event::ReplyReceived`]: crate::proto::Event::ReplyReceived
 pub fn connection_attrs(al: &AlInstance, cep: Handle<Cep>) -> Result<ConnectionAttrs> {
     let c = al.resolve(cep)?;
     let port = c.port.0.agent.port();

@@ -151,7 +151,9 @@ impl ConnectRequest {
 }
 
 /// Connect `qp` (RC or UC): send a REQ and return the new CEP. Its events
-/// (reply, reject, timeout, ...) go to `handler`; on the reply, call [`rtu`](super::rtu).
+/// (reply, reject, timeout, ...) go to `handler`; on the reply, call [`rtu`].
+///
+/// [`rtu`]: super::rtu
 pub fn connect(
     al: &Arc<AlInstance>,
     qp: Handle<Qp>,
@@ -182,14 +184,18 @@ pub fn connect(
 /// A CM-only connect: send a REQ for a QP the caller owns (`local` says
 /// what the REQ carries from it) from `request.port` of `ca`, and return
 /// the new CEP, bound to no QP. Its events go to `handler` as for
-/// [`connect`]; on [`Event::ReplyReceived`](crate::proto::Event::ReplyReceived) move the QP with
-/// [`connection_attrs`](super::connection_attrs) (`init`, `rtr`, `rts`), then call [`rtu`](super::rtu).
+/// [`connect`]; on [`Event::ReplyReceived`] move the QP with
+/// [`connection_attrs`] (`init`, `rtr`, `rts`), then call [`rtu`].
 ///
 /// Everything after the send is the bound CEP's code: RTU, reject, MRA,
 /// disconnect, events, destroy (its REJ or DREQ), AL close. The CEP never
 /// touches the caller's QP: on `Rejected`, `Timeout`, `DisconnectRequest`,
 /// `Disconnected` and `StaleConnection`, and when it destroys the CEP, the
 /// caller moves its QP to ERR itself (`docs/cm.md`, "CM-only CEPs").
+///
+/// [`Event::ReplyReceived`]: crate::proto::Event::ReplyReceived
+/// [`connection_attrs`]: super::connection_attrs
+/// [`rtu`]: super::rtu
 pub fn connect_unbound(
     al: &Arc<AlInstance>,
     ca: Handle<Ca>,

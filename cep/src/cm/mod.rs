@@ -3,7 +3,7 @@
 //! This is the user-facing connection manager: `listen`, `connect`,
 //! `accept`, `rtu`, `reject`, `mra`, `disconnect`, `disconnect_reply`,
 //! `lap`, `apr`, SIDR, and destroy through `al.destroy`. Underneath, one
-//! [`CmAgent`](crate::agent::CmAgent) per device port (shared by every AL instance of the process)
+//! [`CmAgent`] per device port (shared by every AL instance of the process)
 //! runs the protocol on QP1.
 //!
 //! * A CEP is a top-level object of its AL (AL close reclaims it after its
@@ -47,6 +47,8 @@
 //! Lock order: CEP state -> port routes -> (agent endpoint, executor queue).
 //! The agent delivers events with none of its locks held; the event sink
 //! takes only the routes lock, and never calls the agent while holding it.
+//!
+//! [`CmAgent`]: crate::agent::CmAgent
 
 mod accept;
 mod attach;

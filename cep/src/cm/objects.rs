@@ -23,8 +23,13 @@ pub type CmHandler = std::sync::Arc<dyn Fn(Handle<Cep>, &Event) + Send + Sync>;
 
 /// Called on the AL executor when a REQ (or SIDR_REQ) matches a listen: the
 /// new CEP (in REQ_RCVD) and the event that created it. Answer with
-/// [`accept`](super::accept), [`reject`](super::reject) or [`mra`](super::mra)
-/// (or [`sidr_reply`](super::sidr_reply)).
+/// [`accept`], [`reject`] or [`mra`]
+/// (or [`sidr_reply`]).
+///
+/// [`accept`]: super::accept
+/// [`reject`]: super::reject
+/// [`mra`]: super::mra
+/// [`sidr_reply`]: super::sidr_reply
 pub type ListenHandler = std::sync::Arc<dyn Fn(Handle<Listen>, Handle<Cep>, &Event) + Send + Sync>;
 
 /// A listen on a service id on one port.
@@ -136,10 +141,13 @@ impl fmt::Debug for Cep {
 }
 
 impl Cep {
-    /// Whether this is a CM-only CEP ([`connect_unbound`](super::connect_unbound),
-    /// or a request accepted with [`accept_unbound`](super::accept_unbound)):
+    /// Whether this is a CM-only CEP ([`connect_unbound`],
+    /// or a request accepted with [`accept_unbound`]):
     /// no QP is bound to it, and the
     /// consumer moves its own QP.
+    ///
+    /// [`connect_unbound`]: super::connect_unbound
+    /// [`accept_unbound`]: super::accept_unbound
     pub fn is_cm_only(&self) -> bool {
         self.state.lock().cm_only
     }

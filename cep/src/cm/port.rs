@@ -47,19 +47,23 @@ fn registry() -> &'static Mutex<Registry> {
 }
 
 /// How a port's CM agent is driven. Chosen by whoever attaches the port
-/// first ([`attach_ca_with`](super::attach_ca_with)); it holds until the last user of the port is
+/// first ([`attach_ca_with`]); it holds until the last user of the port is
 /// gone.
+///
+/// [`attach_ca_with`]: super::attach_ca_with
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CmDrive {
     /// An agent thread per port wakes on every received MAD and timer.
     /// Nothing to do for the application; each MAD costs a thread wake-up.
     #[default]
     Thread,
-    /// No agent thread: the application calls [`poll`](super::poll) (as it polls its
+    /// No agent thread: the application calls [`poll`] (as it polls its
     /// CQs) and every received MAD is handled on that thread. With an AL in
     /// [`al::ExecutorMode::Manual`], a connection can be set up with no
     /// thread hand-off at all. Retries and timewait advance only while the
     /// port is polled.
+    ///
+    /// [`poll`]: super::poll
     Poll,
 }
 

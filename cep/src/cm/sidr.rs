@@ -12,7 +12,9 @@ use super::routes::Route;
 use crate::proto::{ConnId, SidrParams, SidrReplyParams};
 
 /// Ask a UD service for its QP (SIDR_REQ) from `port` of `ca`; the answer
-/// arrives as [`Event::SidrReply`](crate::proto::Event::SidrReply) to `handler`, after which the CEP goes.
+/// arrives as [`Event::SidrReply`] to `handler`, after which the CEP goes.
+///
+/// [`Event::SidrReply`]: crate::proto::Event::SidrReply
 pub fn sidr_request(
     al: &Arc<AlInstance>,
     ca: Handle<Ca>,
