@@ -2,9 +2,10 @@
 
 use super::path::{PathInfo, PathLayout};
 use super::{info_prefix, non_canonical, Body, PrivateData, INFO_LEN};
+use crate::wire::attr;
 use crate::wire::bits::{Blob, Field, Reader, Writer};
 use crate::wire::codes::ApStatus;
-use crate::wire::{attr, WireError};
+use crate::wire::error::WireError;
 
 pub(crate) mod lap_layout {
     use super::{Blob, Field, PathLayout};

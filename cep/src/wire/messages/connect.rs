@@ -3,11 +3,12 @@
 
 use super::path::{PathInfo, PathLayout};
 use super::{closed, info_prefix, non_canonical, Body, PrivateData, INFO_LEN};
+use crate::wire::attr;
 use crate::wire::bits::{Blob, Field, Reader, Writer};
 use crate::wire::codes::{
     FailoverAccepted, MessageMraed, MessageRejected, RejectReason, TransportType,
 };
-use crate::wire::{attr, WireError};
+use crate::wire::error::WireError;
 
 // ---------------------------------------------------------------------------
 // REQ (Table 106)

@@ -2,8 +2,9 @@
 //! DREP (113).
 
 use super::{Body, PrivateData};
+use crate::wire::attr;
 use crate::wire::bits::{Blob, Field, Reader, Writer};
-use crate::wire::{attr, WireError};
+use crate::wire::error::WireError;
 
 pub(crate) mod dreq_layout {
     use super::{Blob, Field};

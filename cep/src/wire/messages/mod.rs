@@ -12,7 +12,7 @@
 //! carry in `path.rs`.
 
 use super::bits::{Blob, Field, Reader, Writer};
-use super::WireError;
+use super::error::WireError;
 
 mod alternate_path;
 mod connect;

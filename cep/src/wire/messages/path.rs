@@ -3,7 +3,7 @@
 //! message ([`PathLayout`]).
 
 use crate::wire::bits::{Blob, Field, Reader, Writer};
-use crate::wire::WireError;
+use crate::wire::error::WireError;
 
 /// One path as carried in a REQ or LAP.
 ///

@@ -2,9 +2,10 @@
 //! (120).
 
 use super::{info_prefix, non_canonical, Body, PrivateData, INFO_LEN};
+use crate::wire::attr;
 use crate::wire::bits::{Blob, Field, Reader, Writer};
 use crate::wire::codes::SidrStatus;
-use crate::wire::{attr, WireError};
+use crate::wire::error::WireError;
 
 pub(crate) mod sidr_req_layout {
     use super::{Blob, Field};
