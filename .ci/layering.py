@@ -7,8 +7,10 @@
    Dev-dependencies (tests) are free.
 2. Files: inside each crate, no two source files may import each other,
    directly or through a longer circle. An import is a path through `crate::`
-   or `super::` (re-exports in lib.rs / mod.rs are followed to the file that
-   defines the item); `#[cfg(test)] mod tests { .. }` blocks are left out.
+   or `super::`, or one that starts at a submodule of the file itself
+   (`use io::Io;` in a mod.rs that declares `mod io;`); re-exports in lib.rs /
+   mod.rs are followed to the file that defines the item, and are no edge of
+   their own; `#[cfg(test)] mod tests { .. }` blocks are left out.
 
 Prints every fault and exits 1 if there is one.  `--graph` prints the edges.
 """
@@ -158,6 +160,20 @@ def file_graph(src_dir):
                 uses.append((root, path))
         for m in re.finditer(r"(?<![\w:])(crate|super)::((?:\w+::)*\w+)", t):
             uses.append((m.group(1), m.group(2).split("::")))
+        # Paths that start at one of this module's own submodules, as Rust
+        # 2018 writes them without `self::` (`use io::Io;` and `io::hook(..)`
+        # in agent/mod.rs): a file that declares `mod io;` and uses it depends
+        # on it. Re-exports (`pub use child::X;`) stay transparent, as above.
+        children = sorted(q[-1] for q in mods if len(q) == len(p) + 1 and q[:-1] == p)
+        if children:
+            names = "|".join(children)
+            code = re.sub(r"pub(?:\([^)]*\))?\s+use\s+[^;]*;", "", t)
+            code = re.sub(r"(?m)^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*;", "", code)
+            for m in re.finditer(r"\buse\s+((?:%s)::[^;]*);" % names, code):
+                for path in expand(re.sub(r"\s+", "", m.group(1))):
+                    uses.append(("self", path))
+            for m in re.finditer(r"(?<![\w:])((?:%s)::(?:\w+::)*\w+)" % names, code):
+                uses.append(("self", m.group(1).split("::")))
         for root, path in uses:
             if root == "crate":
                 base = []
