@@ -284,7 +284,7 @@ fn a_connection_carries_data_and_ends_with_the_cms_events_in_order() {
 }
 
 /// A bound QP's `CommEstablished` (the device saw a packet in RTR before
-/// the RTU; rxe never raises it, so the test calls the hook cep::rdmacm set
+/// the RTU; rxe never raises it, so the test calls the hook cep_rdmacm set
 /// on the passive QP) goes to `rdma_notify`: the kernel's CM completes the
 /// passive side, which hears `Established` (and its QP reaches RTS) though
 /// the active side never sent its RTU. Without the hook there is nothing to
@@ -313,7 +313,7 @@ fn comm_est_completes_the_passive_side_without_the_rtu() {
     };
     let hook = dev
         .qp_event_hook(q)
-        .expect("cep::rdmacm hooks a bound QP's events");
+        .expect("cep_rdmacm hooks a bound QP's events");
     hook(rdma_provider::QpEvent::CommEstablished);
     assert_eq!(expect(&l.events, "Established").0, passive);
     let until = Instant::now() + WAIT;
