@@ -5,7 +5,7 @@
 # Builds on the host, with the `rdma` feature:
 #   1. `ibal` (ibal-cli),
 #   2. the provider conformance suite's test binary for it (conformance/tests/rdma.rs),
-#   3. cep's rdmacm test binary (cep/tests/rdmacm.rs),
+#   3. cep-rdmacm's test binary (cep-rdmacm/tests/rdmacm.rs),
 # serves them over HTTP from the harness's network namespace, fetches them in the guest
 # (busybox wget; the guest has the host's glibc and rdma-core libraries), and runs there:
 #   1. `ibal devinfo`: must exit 0 and list rxe0 and rxe1 (with their RoCEv2 GIDs);
@@ -18,7 +18,7 @@
 #      fails the step, by name. The suite's traffic must have crossed the wire: each rxe
 #      device's sent_pkts counter grows, and the host's tap of that device's link sees at
 #      least as many packets (looping back inside the guest, the taps would see none);
-#   3. the librdmacm-backed CEPs' tests (cep/tests/rdmacm.rs) against rxe0: both ends on rxe0
+#   3. the librdmacm-backed CEPs' tests (cep-rdmacm/tests/rdmacm.rs) against rxe0: both ends on rxe0
 #      through the kernel's rdma_cm; all must pass;
 #   4. `ibal pingpong --device rxe0 --connect` in the guest (librdmacm-backed CEPs on Linux's
 #      rxe and CM) against `ibal pingpong --listen` on the host, in the harness's namespace, on
@@ -109,7 +109,7 @@ for line in open(sys.argv[1]):
     cp "$exe" "$OUT/$dest"
 }
 build_test_binary ibal-conformance rdma conformance-rdma
-build_test_binary cep rdmacm rdmacm-tests
+build_test_binary cep-rdmacm rdmacm rdmacm-tests
 
 # ---- boot
 if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ]; then
@@ -200,14 +200,14 @@ if [ "${#unexpected[@]}" -gt 0 ]; then
 fi
 [ "$passed" -gt 0 ] || fail "no conformance check ran on rxe0 (did the fixture skip? see $OUT/conformance.log)"
 
-# ---- 3. the librdmacm-backed CEPs on rxe0 (cep/tests/rdmacm.rs)
-say "guest: cep's rdmacm tests on rxe0"
+# ---- 3. the librdmacm-backed CEPs on rxe0 (cep-rdmacm/tests/rdmacm.rs)
+say "guest: cep-rdmacm's tests on rxe0"
 rc=0
 T=200 gcmd "cd /tmp && IBAL_RDMA_DEVICE=rxe0 timeout 180 ./rdmacm-tests --test-threads 2 2>&1" \
     >"$OUT/rdmacm.log" 2>&1 || rc=$?
 if ! grep -q '^test result: ok' "$OUT/rdmacm.log"; then
     tail -40 "$OUT/rdmacm.log" >&2
-    fail "cep's rdmacm tests on rxe0 (rc $rc; log: $OUT/rdmacm.log)"
+    fail "cep-rdmacm's tests on rxe0 (rc $rc; log: $OUT/rdmacm.log)"
 fi
 no_skips rdmacm "$OUT/rdmacm.log"
 say "rdmacm tests on rxe0: $(grep -c '^test .* \.\.\. ok$' "$OUT/rdmacm.log") passed"

@@ -261,10 +261,10 @@ pub mod rdma {
 
     /// Connections on an `rdma` CA: CEPs backed by librdmacm (QP1 belongs
     /// to the kernel on a real device), with the CM's events, the CID
-    /// slot and the one-callback destroy (`cep::rdmacm`;
+    /// slot and the one-callback destroy (crate `cep-rdmacm`;
     /// `docs/rdma-provider.md`, "Connections").
     pub mod cm {
-        pub use cep::rdmacm::*;
+        pub use cep_rdmacm::*;
     }
 }
 

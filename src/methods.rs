@@ -468,13 +468,13 @@ impl CepMethods for Handle<Cep> {
 #[cfg(feature = "rdma")]
 pub trait RdmaCmMethods {
     /// Connect this QP (RC) to `request.remote` through librdmacm
-    /// ([`cep::rdmacm::connect`]).
+    /// ([`cep_rdmacm::connect`]).
     fn rdma_cm_connect(
         self,
         al: &Arc<AlInstance>,
         request: &IpConnect,
-        handler: cep::rdmacm::RdmaCmHandler,
-    ) -> Result<Handle<cep::rdmacm::RdmaCep>>;
+        handler: cep_rdmacm::RdmaCmHandler,
+    ) -> Result<Handle<cep_rdmacm::RdmaCep>>;
 }
 
 #[cfg(feature = "rdma")]
@@ -483,24 +483,24 @@ impl RdmaCmMethods for Handle<Qp> {
         self,
         al: &Arc<AlInstance>,
         request: &IpConnect,
-        handler: cep::rdmacm::RdmaCmHandler,
-    ) -> Result<Handle<cep::rdmacm::RdmaCep>> {
-        cep::rdmacm::connect(al, self, request, handler)
+        handler: cep_rdmacm::RdmaCmHandler,
+    ) -> Result<Handle<cep_rdmacm::RdmaCep>> {
+        cep_rdmacm::connect(al, self, request, handler)
     }
 }
 
 /// Listening on an `rdma` CA through librdmacm (feature `rdma`).
 #[cfg(feature = "rdma")]
 pub trait RdmaCmListenMethods {
-    /// Listen on `addr` of this CA's device ([`cep::rdmacm::listen`]).
+    /// Listen on `addr` of this CA's device ([`cep_rdmacm::listen`]).
     fn rdma_cm_listen(
         self,
         al: &Arc<AlInstance>,
         addr: std::net::SocketAddr,
         space: cep::wire::ip_cm::PortSpace,
-        on_request: cep::rdmacm::RdmaListenHandler,
-        handler: cep::rdmacm::RdmaCmHandler,
-    ) -> Result<Handle<cep::rdmacm::RdmaListen>>;
+        on_request: cep_rdmacm::RdmaListenHandler,
+        handler: cep_rdmacm::RdmaCmHandler,
+    ) -> Result<Handle<cep_rdmacm::RdmaListen>>;
 }
 
 #[cfg(feature = "rdma")]
@@ -510,15 +510,15 @@ impl RdmaCmListenMethods for Handle<Ca> {
         al: &Arc<AlInstance>,
         addr: std::net::SocketAddr,
         space: cep::wire::ip_cm::PortSpace,
-        on_request: cep::rdmacm::RdmaListenHandler,
-        handler: cep::rdmacm::RdmaCmHandler,
-    ) -> Result<Handle<cep::rdmacm::RdmaListen>> {
-        cep::rdmacm::listen(al, self, addr, space, on_request, handler)
+        on_request: cep_rdmacm::RdmaListenHandler,
+        handler: cep_rdmacm::RdmaCmHandler,
+    ) -> Result<Handle<cep_rdmacm::RdmaListen>> {
+        cep_rdmacm::listen(al, self, addr, space, on_request, handler)
     }
 }
 
 /// Methods of an rdma_cm-backed CEP, named as [`CepMethods`]' (feature
-/// `rdma`; the rules are `cep::rdmacm`'s).
+/// `rdma`; the rules are `cep_rdmacm`'s).
 #[cfg(feature = "rdma")]
 pub trait RdmaCepMethods {
     /// Accept the request on `qp` (passive side).
@@ -534,20 +534,20 @@ pub trait RdmaCepMethods {
 }
 
 #[cfg(feature = "rdma")]
-impl RdmaCepMethods for Handle<cep::rdmacm::RdmaCep> {
+impl RdmaCepMethods for Handle<cep_rdmacm::RdmaCep> {
     fn accept(self, al: &Arc<AlInstance>, qp: Handle<Qp>, reply: &AcceptReply) -> Result<()> {
-        cep::rdmacm::accept(al, self, qp, reply)
+        cep_rdmacm::accept(al, self, qp, reply)
     }
     fn rtu(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
-        cep::rdmacm::rtu(al, self, private_data)
+        cep_rdmacm::rtu(al, self, private_data)
     }
     fn reject(self, al: &Arc<AlInstance>, reason: RejectReason, private_data: &[u8]) -> Result<()> {
-        cep::rdmacm::reject(al, self, reason, private_data)
+        cep_rdmacm::reject(al, self, reason, private_data)
     }
     fn disconnect(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
-        cep::rdmacm::disconnect(al, self, private_data)
+        cep_rdmacm::disconnect(al, self, private_data)
     }
     fn disconnect_reply(self, al: &Arc<AlInstance>, private_data: &[u8]) -> Result<()> {
-        cep::rdmacm::disconnect_reply(al, self, private_data)
+        cep_rdmacm::disconnect_reply(al, self, private_data)
     }
 }

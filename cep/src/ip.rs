@@ -229,7 +229,6 @@ pub fn connect(
 ) -> Result<Handle<Cep>> {
     let (local, qpn) = {
         let q = al.resolve(qp)?;
-        not_rdma(q.pd().ca())?;
         (port_address(q.pd().ca(), port)?, q.qpn())
     };
     cm::connect(al, qp, &request.to_request(local, port, qpn)?, handler)
@@ -247,7 +246,6 @@ pub fn listen(
     on_request: ListenHandler,
     handler: CmHandler,
 ) -> Result<Handle<Listen>> {
-    not_rdma(&*al.resolve(ca)?)?;
     let port = port_of(al, ca, addr.ip())?;
     cm::listen(
         al,
@@ -257,21 +255,6 @@ pub fn listen(
         on_request,
         handler,
     )
-}
-
-/// The project's CM needs QP1, which belongs to the kernel on a CA of the
-/// `rdma` provider: such a CA connects through librdmacm instead.
-fn not_rdma(ca: &al::Obj<Ca>) -> Result<()> {
-    #[cfg(feature = "rdma")]
-    if matches!(ca.device(), hca::any::AnyDevice::Rdma(_)) {
-        return Err(Error::Unsupported(
-            "QP1 belongs to the kernel on an rdma CA, so the project's CM cannot run there: \
-             connect and listen through librdmacm (cep::rdmacm, ibal::rdma::cm)"
-                .into(),
-        ));
-    }
-    let _ = ca;
-    Ok(())
 }
 
 /// What an rdma_cm-style REQ says about its connection.

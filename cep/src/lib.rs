@@ -13,5 +13,4 @@ pub mod cm;
 pub mod ip;
 mod keyed;
 pub mod proto;
-pub mod rdmacm;
 pub mod wire;

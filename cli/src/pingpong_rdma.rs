@@ -1,7 +1,7 @@
 //! `ibal pingpong --device NAME --listen/--connect IP[:PORT]`: the IP
 //! ping-pong job of [`crate::pingpong_ip`] on an RDMA device (a NIC, or
 //! Linux rxe/siw) through libibverbs, connected through librdmacm-backed
-//! CEPs (`cep::rdmacm`): the same hello in the REQ, reply in the REP,
+//! CEPs (`ibal::rdma::cm`): the same hello in the REQ, reply in the REP,
 //! RDMA WRITE + SEND round trips with every byte checked, disconnect,
 //! destroy, and no object left live at AL close. The peer may be another
 //! `ibal pingpong --device`, or `ibal pingpong --listen/--connect` on our
@@ -16,10 +16,10 @@ use al::Handle;
 use cep::cm::AcceptReply;
 use cep::ip::IpConnect;
 use cep::proto::{Event, TimedOut};
-use cep::rdmacm::{self, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use cep::wire::ip_cm::PortSpace;
 use cep::wire::RejectReason;
 use hca::verbs::{self, Ca};
+use ibal::rdma::cm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use rdma_provider::RdmaProvider;
 
 use crate::pingpong_ip::{

@@ -12,8 +12,9 @@ use cep::cm::{self, AcceptReply, Cep, ConnectRequest};
 use cep::wire::PrivateData;
 use qp::Qp;
 
-use super::conn::{active_handler, ConnShared, Connection};
-use super::listener::Passive;
+use super::conn::Connection;
+use super::conn_shared::{active_handler, ConnShared};
+use super::listen_shared::Passive;
 
 /// Where a connect or accept stands, seen by its future: established,
 /// failed, or still waiting (the waker is then registered, under the same

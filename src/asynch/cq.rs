@@ -11,7 +11,7 @@ use al::{AlInstance, Error, Handle, Result};
 use hca::provider::{CqArm, Wc};
 use hca::verbs::{self, Ca, CompletionCallback, Cq};
 
-use super::park;
+use super::wake::park;
 
 /// What the CQ's completion callback and the stream share.
 #[derive(Default)]

@@ -10,7 +10,7 @@ use al::{AlInstance, Handle, Result};
 use cep::cm::{self, Cep};
 use cep::proto::State;
 
-use super::conn::ConnShared;
+use super::conn_shared::ConnShared;
 
 /// Disconnect and wait until the CEP is released. Made by
 /// [`Connection::disconnect`](super::Connection::disconnect).

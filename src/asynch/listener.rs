@@ -1,13 +1,12 @@
 //! [`Listener`]: a listen as a [`Stream`] of [`ConnectionRequest`]s.
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use futures_core::stream::{FusedStream, Stream};
 
-use al::sync::{Arc, Mutex};
+use al::sync::Arc;
 use al::{AlInstance, Handle, Result};
 use cep::cm::{self, AcceptReply, Cep, CmHandler, Listen, ListenHandler};
 use cep::proto::{Event, PeerAddr, SidrReplyParams};
@@ -15,65 +14,10 @@ use cep::wire::{RejectReason, SidrStatus};
 use hca::verbs::Ca;
 use qp::Qp;
 
-use super::conn::ConnShared;
+use super::conn_shared::ConnShared;
 use super::connect::Accept;
-use super::park;
-
-/// What the listen's handlers and the stream share.
-#[derive(Default)]
-struct ListenShared {
-    state: Mutex<ListenState>,
-}
-
-#[derive(Default)]
-struct ListenState {
-    waker: Option<Waker>,
-    /// Requests not yet taken by the stream.
-    queue: VecDeque<(Handle<Cep>, Arc<ConnShared>, Event)>,
-    /// The stream was dropped: new requests are refused.
-    closed: bool,
-    /// The listen object is gone: the stream ends once the queue is empty.
-    gone: bool,
-    /// Every passive CEP of this listen still alive, for the event
-    /// handler they share (a listen has one handler for all its CEPs).
-    conns: HashMap<Handle<Cep>, Arc<ConnShared>>,
-}
-
-impl ListenShared {
-    fn wake(&self, f: impl FnOnce(&mut ListenState)) {
-        let waker = {
-            let mut st = self.state.lock();
-            f(&mut st);
-            st.waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-
-    fn conn(&self, cep: Handle<Cep>) -> Option<Arc<ConnShared>> {
-        self.state.lock().conns.get(&cep).cloned()
-    }
-}
-
-/// The listener's record of one of its passive CEPs, for whoever holds the
-/// CEP: a CEP destroyed here gets no `Released` event, so its entry in
-/// the shared handler's map is removed here.
-pub(super) struct Passive(Arc<ListenShared>);
-
-impl Passive {
-    /// Destroy the CEP (non-blocking; a CEP already gone is fine) and
-    /// forget it.
-    pub(super) fn destroy(&self, al: &AlInstance, cep: Handle<Cep>) {
-        let _ = al.destroy(cep, None);
-        self.forget(cep);
-    }
-
-    /// Forget a CEP that is gone without its `Released` event.
-    pub(super) fn forget(&self, cep: Handle<Cep>) {
-        self.0.state.lock().conns.remove(&cep);
-    }
-}
+use super::listen_shared::{ListenShared, Passive};
+use super::wake::park;
 
 /// Held only by the listen's request handler, so it drops with the listen
 /// object (destroyed by the stream's drop, the application or AL close):

@@ -35,8 +35,6 @@
 //! [`Disconnect`] lets the CM finish on its own. `docs/async.md` has the
 //! waker and arming rules.
 
-use std::task::{Context, Waker};
-
 use al::{AlInstance, Handle, Result};
 use cep::cm::ConnectRequest;
 use hca::verbs::Ca;
@@ -45,10 +43,13 @@ use qp::Qp;
 use al::sync::Arc;
 
 mod conn;
+mod conn_shared;
 mod connect;
 mod cq;
 mod disconnect;
+mod listen_shared;
 mod listener;
+mod wake;
 
 pub use conn::Connection;
 pub use connect::{Accept, Connect};
@@ -87,14 +88,5 @@ pub trait AsyncQpMethods {
 impl AsyncQpMethods for Handle<Qp> {
     fn connect_async(self, al: &Arc<AlInstance>, request: &ConnectRequest) -> Connect {
         Connect::new(al, self, request)
-    }
-}
-
-/// Remember the task to wake: keep the stored waker if it wakes the same
-/// task, else replace it.
-fn park(slot: &mut Option<Waker>, cx: &Context<'_>) {
-    match slot {
-        Some(w) if w.will_wake(cx.waker()) => {}
-        _ => *slot = Some(cx.waker().clone()),
     }
 }

@@ -100,6 +100,14 @@ impl fmt::Display for Nanos {
 pub struct ConnId(pub(crate) u32);
 
 impl ConnId {
+    /// The id of a connection whose communication id another connection
+    /// manager chose: the librdmacm-backed CEPs (crate `cep-rdmacm`) number
+    /// theirs from a process-wide counter, and report their events with it.
+    /// The agent's own ids come from its keyed table, never from here.
+    pub const fn from_comm_id(comm_id: u32) -> Self {
+        Self(comm_id)
+    }
+
     /// The local communication id (or SIDR RequestID) used on the wire.
     pub const fn comm_id(self) -> u32 {
         self.0

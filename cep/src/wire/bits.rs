@@ -9,7 +9,8 @@
 //! significant bit of the byte at `off` (bit 0), and a field may run across byte
 //! boundaries (24-bit QPNs, the 20-bit flow label).
 
-use super::{WireError, HEADER_LEN, MAD_LEN};
+use super::error::WireError;
+use super::frame::{HEADER_LEN, MAD_LEN};
 
 /// An unsigned integer field of up to 64 bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,17 +1,10 @@
 //! The 24-byte common MAD header (IBTA Vol 1, 13.4.3) as used by the CM class.
 
 use super::bits::{Field, Reader, Writer};
-use super::{WireError, HEADER_LEN, MAD_LEN};
-
-/// `BaseVersion` of every MAD this codec understands.
-pub const BASE_VERSION: u8 = 1;
-/// `MgmtClass` of Communication Management.
-pub const MGMT_CLASS_CM: u8 = 0x07;
-/// `ClassVersion` of the CM (IBTA 1.2 and later).
-pub const CM_CLASS_VERSION: u8 = 2;
-/// `Method` Send. CM protocol messages are all unsolicited Sends; the R
-/// (response) bit, the most significant bit of the Method byte, is clear.
-pub const METHOD_SEND: u8 = 0x03;
+use super::error::WireError;
+use super::frame::{
+    BASE_VERSION, CM_CLASS_VERSION, HEADER_LEN, MAD_LEN, METHOD_SEND, MGMT_CLASS_CM,
+};
 
 const BASE_VERSION_F: Field = Field::header(0, 8, "BaseVersion");
 const MGMT_CLASS_F: Field = Field::header(1, 8, "MgmtClass");

@@ -49,7 +49,7 @@
 use core::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::PrivateData;
+use super::messages::PrivateData;
 
 /// An rdma_cm port space: the namespace a port number lives in, and bits
 /// 16..31 of the service id (Linux `enum rdma_ucm_port_space`).

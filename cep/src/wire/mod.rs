@@ -44,16 +44,17 @@
 //! # Ok::<(), WireError>(())
 //! ```
 
+pub mod attr;
 mod bits;
 mod codes;
+mod error;
+mod frame;
 mod header;
 pub mod ip_cm;
 mod messages;
 
 #[cfg(test)]
 mod tests;
-
-use core::fmt;
 
 use bits::{Reader, Writer};
 use messages::Body;
@@ -62,174 +63,15 @@ pub use codes::{
     ApStatus, FailoverAccepted, MessageMraed, MessageRejected, RejectReason, SidrStatus,
     TransportType,
 };
-pub use header::{MadHeader, BASE_VERSION, CM_CLASS_VERSION, METHOD_SEND, MGMT_CLASS_CM};
+pub use error::WireError;
+pub use frame::{
+    BASE_VERSION, CM_CLASS_VERSION, DATA_LEN, HEADER_LEN, MAD_LEN, METHOD_SEND, MGMT_CLASS_CM,
+};
+pub use header::MadHeader;
 pub use messages::{
     Apr, Drep, Dreq, Lap, Mra, PathInfo, PrivateData, Rej, Rep, Req, Rtu, SidrRep, SidrReq,
     INFO_LEN,
 };
-
-/// Size of every MAD.
-pub const MAD_LEN: usize = 256;
-/// Size of the common MAD header.
-pub const HEADER_LEN: usize = 24;
-/// Size of the CM data area following the header.
-pub const DATA_LEN: usize = MAD_LEN - HEADER_LEN;
-
-/// CM AttributeIDs (IBTA Vol 1, Table 104).
-pub mod attr {
-    /// Connection request (REQ).
-    pub const REQ: u16 = 0x0010;
-    /// Message receipt acknowledgement (MRA).
-    pub const MRA: u16 = 0x0011;
-    /// Reject (REJ).
-    pub const REJ: u16 = 0x0012;
-    /// Connection reply (REP).
-    pub const REP: u16 = 0x0013;
-    /// Ready to use (RTU).
-    pub const RTU: u16 = 0x0014;
-    /// Disconnect request (DREQ).
-    pub const DREQ: u16 = 0x0015;
-    /// Disconnect reply (DREP).
-    pub const DREP: u16 = 0x0016;
-    /// Service ID resolution request (SIDR_REQ).
-    pub const SIDR_REQ: u16 = 0x0017;
-    /// Service ID resolution reply (SIDR_REP).
-    pub const SIDR_REP: u16 = 0x0018;
-    /// Load alternate path (LAP).
-    pub const LAP: u16 = 0x0019;
-    /// Alternate path response (APR).
-    pub const APR: u16 = 0x001A;
-
-    /// Every CM message AttributeID, in numeric order.
-    pub const ALL: [u16; 11] = [
-        REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP, LAP, APR,
-    ];
-
-    /// Short upper-case name of a CM message attribute (`"REQ"`, ...).
-    pub const fn name(attr_id: u16) -> Option<&'static str> {
-        Some(match attr_id {
-            REQ => "REQ",
-            MRA => "MRA",
-            REJ => "REJ",
-            REP => "REP",
-            RTU => "RTU",
-            DREQ => "DREQ",
-            DREP => "DREP",
-            SIDR_REQ => "SIDR_REQ",
-            SIDR_REP => "SIDR_REP",
-            LAP => "LAP",
-            APR => "APR",
-            _ => return None,
-        })
-    }
-}
-
-/// Why a buffer could not be decoded or a message could not be encoded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum WireError {
-    /// The buffer is not exactly [`MAD_LEN`] bytes (or, for
-    /// [`MadHeader::decode`], shorter than [`HEADER_LEN`]).
-    BadLength {
-        /// Length of the buffer that was given.
-        got: usize,
-    },
-    /// BaseVersion other than [`BASE_VERSION`] (the value found).
-    BadBaseVersion(u8),
-    /// MgmtClass other than CM (0x07).
-    BadClass(u8),
-    /// ClassVersion other than [`CM_CLASS_VERSION`] (the value found).
-    BadClassVersion(u8),
-    /// Method byte (R bit included) other than Send (0x03).
-    BadMethod(u8),
-    /// AttributeID that is not one of the eleven CM messages.
-    UnknownAttribute(u16),
-    /// Encoding: the value does not fit the field's wire width.
-    FieldOutOfRange {
-        /// Name of the field, as in the layout tables (`"REQ LocalQPN"`).
-        field: &'static str,
-        /// The value that does not fit.
-        value: u64,
-    },
-    /// The private data does not fit the message's private data area.
-    PrivateDataTooLong {
-        /// Size of the message's private data area.
-        max: usize,
-        /// Length of the data that was given.
-        got: usize,
-    },
-    /// Decoding: an enumerated field holds a reserved value.
-    Reserved {
-        /// Name of the field, as in the layout tables.
-        field: &'static str,
-        /// The reserved value found.
-        value: u64,
-    },
-    /// Encoding: an `Other(code)` was given for a code that has a named
-    /// variant. Refused so that each wire value has a single representation.
-    NonCanonical {
-        /// Name of the field, as in the layout tables.
-        field: &'static str,
-        /// The code that was wrapped in `Other`.
-        value: u64,
-    },
-}
-
-/// A wire error met by an application (private data too long, a field out
-/// of range) is a bad parameter, so `?` works in code returning
-/// `al::Result`.
-impl From<WireError> for al::Error {
-    fn from(e: WireError) -> al::Error {
-        al::Error::InvalidParameter(e.to_string().into())
-    }
-}
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::BadLength { got } => {
-                write!(f, "CM MAD must be exactly {MAD_LEN} bytes, got {got}")
-            }
-            Self::BadBaseVersion(v) => {
-                write!(
-                    f,
-                    "unsupported MAD BaseVersion {v} (expected {BASE_VERSION})"
-                )
-            }
-            Self::BadClass(c) => write!(
-                f,
-                "MgmtClass {c:#04x} is not Communication Management ({MGMT_CLASS_CM:#04x})"
-            ),
-            Self::BadClassVersion(v) => write!(
-                f,
-                "unsupported CM ClassVersion {v} (expected {CM_CLASS_VERSION})"
-            ),
-            Self::BadMethod(m) => write!(
-                f,
-                "Method {m:#04x} is not Send ({METHOD_SEND:#04x}); CM messages are Sends"
-            ),
-            Self::UnknownAttribute(a) => {
-                write!(f, "AttributeID {a:#06x} is not a CM message")
-            }
-            Self::FieldOutOfRange { field, value } => {
-                write!(f, "{field}: value {value:#x} does not fit the field")
-            }
-            Self::PrivateDataTooLong { max, got } => write!(
-                f,
-                "private data is {got} bytes, the message carries at most {max}"
-            ),
-            Self::Reserved { field, value } => {
-                write!(f, "{field}: reserved value {value}")
-            }
-            Self::NonCanonical { field, value } => write!(
-                f,
-                "{field}: code {value} has a named variant; use it instead of Other"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for WireError {}
 
 /// Any CM message body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

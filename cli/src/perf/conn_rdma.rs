@@ -1,5 +1,5 @@
 //! `ibal perf conn-rate --device NAME`: connections through the
-//! librdmacm-backed CEPs (`cep::rdmacm`) between two contexts of one RDMA
+//! librdmacm-backed CEPs (`ibal::rdma::cm`) between two contexts of one RDMA
 //! device, to the device's own IPv4 address: `connect` (address and route
 //! resolution, REQ) to `Established` on both sides, then a disconnect and
 //! the release of both CEPs, one connection after another. No baseline
@@ -14,10 +14,10 @@ use al::{Al, Handle};
 use cep::cm::AcceptReply;
 use cep::ip::IpConnect;
 use cep::proto::Event;
-use cep::rdmacm::{self, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use cep::wire::ip_cm::{self, PortSpace};
 use hca::provider::QpType;
 use hca::verbs;
+use ibal::rdma::cm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use qp::{create_qp, QpCreate};
 use rdma_provider::RdmaProvider;
 

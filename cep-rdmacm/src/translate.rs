@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 
 use rdma_provider::cm::{CmEventKind, ConnParam};
 
-use crate::proto::{ConnId, DisconnectCause, Event, RejectOrigin, TimedOut};
-use crate::wire::ip_cm::{self, IpCmHeader, PortSpace};
-use crate::wire::{Dreq, MessageRejected, PrivateData, Rej, RejectReason, Rep, Req};
+use cep::proto::{ConnId, DisconnectCause, Event, RejectOrigin, TimedOut};
+use cep::wire::ip_cm::{self, IpCmHeader, PortSpace};
+use cep::wire::{Dreq, MessageRejected, PrivateData, Rej, RejectReason, Rep, Req};
 
 /// Where an rdma_cm-backed CEP is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,7 +133,7 @@ pub fn rep_of(p: &ConnParam) -> Rep {
 /// A REQ as far as rdma_cm reports it: the service id of `dst`'s port in
 /// `space`, the peer's QPN and parameters, and private data rebuilt as
 /// rdma_cm's header (`src`, `dst`) followed by the application's bytes,
-/// so that [`crate::ip::request_info`] reads it as it reads a REQ that
+/// so that [`cep::ip::request_info`] reads it as it reads a REQ that
 /// came through the project's own CM.
 pub fn req_of(p: &ConnParam, src: SocketAddr, dst: SocketAddr, space: PortSpace) -> Req {
     let header = IpCmHeader {
@@ -281,7 +281,7 @@ mod tests {
     use super::*;
     use rdma_provider::cm::event_code;
 
-    const C: ConnId = ConnId(7);
+    const C: ConnId = ConnId::from_comm_id(7);
 
     fn names(mut phase: Phase, kinds: &[CmEventKind]) -> Vec<(Phase, &'static str, bool)> {
         let mut out = Vec::new();
@@ -488,7 +488,7 @@ mod tests {
         let dst: SocketAddr = "192.168.77.1:7471".parse().unwrap();
         let req = req_of(&p, src, dst, PortSpace::Tcp);
         assert_eq!(req.local_qpn, 0x44);
-        let info = crate::ip::request_info(&req).unwrap();
+        let info = cep::ip::request_info(&req).unwrap();
         assert_eq!(info.source, src);
         assert_eq!(info.destination, dst);
         assert_eq!(info.user_data, vec![9; 56]);

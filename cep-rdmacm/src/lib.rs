@@ -20,15 +20,26 @@
 //! * the application hears the same `Event`s as from the project's CM,
 //!   on the AL executor, in order, one at a time, `Released` last.
 //!
-//! Addressing is by IP as in [`crate::ip`]: `connect` takes the same
+//! Addressing is by IP as in [`cep::ip`]: `connect` takes the same
 //! `IpConnect`, `listen` the same address and port space, and a
-//! listener reads a request with [`crate::ip::request_info`]. What differs
+//! listener reads a request with [`cep::ip::request_info`]. What differs
 //! from the project's CM (no MRA, LAP, SIDR, CM-only use, choice of REJ
 //! reason or RTU private data; rdma_cm's own timers) is listed in
 //! `docs/rdma-provider.md`, "Connections".
 //!
 //! [`translate`] is the device-free half (states and event translation),
 //! compiled without the `rdma` feature too.
+//!
+//! This is a crate of its own, above `cep` and beside it, so that the
+//! connection manager depends on the object layer only and names no
+//! provider: only these CEPs know the `rdma` provider (and its rdma_cm
+//! ids). The facade's `rdma` feature turns on this crate's (`ibal::rdma::cm`
+//! re-exports it).
+
+// Every public item is documented (as in `cep`: under `--cfg ibal_loom`,
+// `al::sync` swaps in the model checker's types).
+#![cfg_attr(not(ibal_loom), deny(missing_docs))]
+#![forbid(unsafe_code)]
 
 pub mod translate;
 

@@ -1,4 +1,4 @@
-//! The librdmacm-backed CEPs (`cep::rdmacm`) on a real verbs device:
+//! The librdmacm-backed CEPs (crate `cep-rdmacm`) on a real verbs device:
 //! both ends on one device (`IBAL_RDMA_DEVICE`, or the first listed),
 //! connected through the kernel's rdma_cm to the device's own IPv4
 //! address, as rping does on one host. Needs the `rdma` feature; with no
@@ -23,9 +23,9 @@ use al::{Al, Error, Handle};
 use cep::cm::AcceptReply;
 use cep::ip::IpConnect;
 use cep::proto::Event;
-use cep::rdmacm::{self, RdmaCep, RdmaCmHandler, RdmaListen, RdmaListenHandler};
 use cep::wire::ip_cm::{self, PortSpace};
 use cep::wire::RejectReason;
+use cep_rdmacm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListen, RdmaListenHandler};
 use hca::provider::{Access, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use hca::verbs::{self, Ca, Cq};
 use hca::RegisteredBuffer;
@@ -284,7 +284,7 @@ fn a_connection_carries_data_and_ends_with_the_cms_events_in_order() {
 }
 
 /// A bound QP's `CommEstablished` (the device saw a packet in RTR before
-/// the RTU; rxe never raises it, so the test calls the hook cep::rdmacm set
+/// the RTU; rxe never raises it, so the test calls the hook cep_rdmacm set
 /// on the passive QP) goes to `rdma_notify`: the kernel's CM completes the
 /// passive side, which hears `Established` (and its QP reaches RTS) though
 /// the active side never sent its RTU. Without the hook there is nothing to
@@ -313,7 +313,7 @@ fn comm_est_completes_the_passive_side_without_the_rtu() {
     };
     let hook = dev
         .qp_event_hook(q)
-        .expect("cep::rdmacm hooks a bound QP's events");
+        .expect("cep_rdmacm hooks a bound QP's events");
     hook(rdma_provider::QpEvent::CommEstablished);
     assert_eq!(expect(&l.events, "Established").0, passive);
     let until = Instant::now() + WAIT;

@@ -14,11 +14,11 @@ use rdma_provider::cm::{CmEventKind, ConnParam};
 use rdma_provider::{CmEvent, CmHook, CmId, QpEvent};
 
 use super::translate::{self, Phase, Reaction, Step};
-use crate::cm::{AcceptReply, ConnectRequest};
-use crate::ip::IpConnect;
-use crate::proto::{ConnId, Event, PeerAddr};
-use crate::wire::ip_cm::{self, PortSpace};
-use crate::wire::RejectReason;
+use cep::cm::{AcceptReply, ConnectRequest};
+use cep::ip::IpConnect;
+use cep::proto::{ConnId, Event, PeerAddr};
+use cep::wire::ip_cm::{self, PortSpace};
+use cep::wire::RejectReason;
 
 /// Called on the AL executor for every event of an rdma_cm-backed CEP.
 pub type RdmaCmHandler = std::sync::Arc<dyn Fn(Handle<RdmaCep>, &Event) + Send + Sync>;
@@ -33,7 +33,7 @@ pub const RESOLVE_TIMEOUT_MS: i32 = 2000;
 
 fn next_conn() -> ConnId {
     static NEXT: AtomicU32 = AtomicU32::new(1);
-    ConnId(NEXT.fetch_add(1, Ordering::Relaxed))
+    ConnId::from_comm_id(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 fn rdma_ca(ca: &Obj<Ca>) -> Result<()> {
@@ -322,7 +322,7 @@ fn connect_now(c: &Obj<RdmaCep>) -> Result<()> {
 /// address and route, moves the QP to INIT, sends the REQ (with
 /// `request.private_data`, at most 56 bytes: rdma_cm's header takes the
 /// rest), and returns the new CEP, bound to `qp` through its CID slot.
-/// Events go to `handler` as for [`crate::ip::connect`]; on
+/// Events go to `handler` as for [`cep::ip::connect`]; on
 /// [`Event::ReplyReceived`] call [`rtu`].
 ///
 /// From `request`, rdma_cm takes the RDMA depths, the retry and RNR retry
@@ -457,7 +457,7 @@ pub fn rtu(al: &AlInstance, cep: Handle<RdmaCep>, private_data: &[u8]) -> Result
 /// the QP's number, `reply`'s depths, RNR retry count and private data).
 /// The QP moves to RTS when the RTU arrives (`Event::Established`).
 ///
-/// Fails as [`crate::cm::accept`] does: a wrong state, a second accept, a
+/// Fails as [`cep::cm::accept`] does: a wrong state, a second accept, a
 /// QP bound elsewhere or of another device change nothing (the request
 /// may still be accepted, rejected or destroyed).
 pub fn accept(
@@ -538,7 +538,7 @@ pub fn accept(
             }
             unwatch(&qp);
             // As the project's accept: the QP is put back as it was.
-            crate::cm::restore_qp(&qp, &before);
+            cep::cm::restore_qp(&qp, &before);
             if binding::release(qp.cid(), h, |_| {}) {
                 e
             } else {
@@ -717,9 +717,9 @@ fn listen_hook(h: Handle<RdmaListen>) -> CmHook {
 
 /// Listens on `addr` (an address of `ca`'s device, or unspecified for any
 /// of its addresses) in port space `space` (TCP only) through librdmacm.
-/// Requests go to `on_request` ([`crate::ip::request_info`] reads their
+/// Requests go to `on_request` ([`cep::ip::request_info`] reads their
 /// addresses and user data), the accepted connections' events to
-/// `handler`, as for [`crate::ip::listen`].
+/// `handler`, as for [`cep::ip::listen`].
 pub fn listen(
     al: &std::sync::Arc<AlInstance>,
     ca: Handle<Ca>,

@@ -1,0 +1,112 @@
+//! The cross-table invariants of an [`Endpoint`], for tests and fuzzers.
+
+use super::Endpoint;
+use crate::proto::{ConnId, State};
+
+impl Endpoint {
+    /// Checks that the tables agree with each other and with the CEP states:
+    /// every table entry names a live CEP in a state that belongs in that
+    /// table and that owns the entry; no comm id is used twice; a timer is
+    /// armed exactly for the states that need one. For tests and fuzzers.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.conns.check()?;
+        let mut armed = 0usize;
+        for (id, c) in self.conns.iter() {
+            let name = ConnId(id);
+            if c.id != id {
+                return Err(format!("{name}: stored id {:#x}", c.id));
+            }
+            if c.state.has_timer() != c.timer.is_some() {
+                return Err(format!("{name}: state {} but timer {:?}", c.state, c.timer));
+            }
+            if let Some(t) = c.timer {
+                armed += 1;
+                if !self.timers.contains(&(t, id)) {
+                    return Err(format!("{name}: timer {t} not in the timer set"));
+                }
+            }
+            if c.destroyed && c.state != State::Timewait {
+                return Err(format!("{name}: destroyed but in {}", c.state));
+            }
+            if (c.state == State::Timewait) != self.timewait.contains(&id) {
+                return Err(format!("{name}: {} vs timewait list", c.state));
+            }
+            if (c.state == State::Listen) != (self.listeners.get(&c.service_id) == Some(&id)) {
+                return Err(format!("{name}: {} vs listen table", c.state));
+            }
+            if let Some(k) = c.remote_key {
+                if self.remote_ids.get(&k) != Some(&id) {
+                    return Err(format!("{name}: remote id {k:x?} not registered"));
+                }
+            }
+            if let Some(k) = c.qpn_key {
+                if self.remote_qpns.get(&k) != Some(&id) {
+                    return Err(format!("{name}: remote QPN {k:x?} not registered"));
+                }
+                if c.state == State::Timewait {
+                    return Err(format!("{name}: remote QPN kept in TIMEWAIT"));
+                }
+            }
+            if let Some(k) = c.sidr_key {
+                if self.sidr_remote.get(&k) != Some(&id) || c.state != State::SidrReqRcvd {
+                    return Err(format!("{name}: SIDR key {k:x?} in {}", c.state));
+                }
+            }
+            let needs_remote = matches!(
+                c.state,
+                State::ReqRcvd
+                    | State::MraReqSent
+                    | State::RepSent
+                    | State::MraRepRcvd
+                    | State::RepRcvd
+                    | State::MraRepSent
+                    | State::DreqSent
+                    | State::DreqRcvd
+            ) || c.state.is_established();
+            if needs_remote && (c.remote_key.is_none() || c.qpn_key.is_none()) {
+                return Err(format!("{name}: {} without remote tables", c.state));
+            }
+            if matches!(c.state, State::ReqSent | State::MraReqRcvd)
+                && (c.remote_key.is_some() || c.qpn_key.is_some())
+            {
+                return Err(format!("{name}: {} with remote entries", c.state));
+            }
+        }
+        if armed != self.timers.len() {
+            return Err(format!(
+                "{} timers armed but {armed} CEPs own one",
+                self.timers.len()
+            ));
+        }
+        for (&sid, &id) in &self.listeners {
+            match self.conns.get(id) {
+                Some(c) if c.state == State::Listen && c.service_id == sid => {}
+                _ => return Err(format!("listen entry {sid:#x} -> {id:#x} is stale")),
+            }
+        }
+        for (k, &id) in &self.remote_ids {
+            match self.conns.get(id) {
+                Some(c) if c.remote_key == Some(*k) => {}
+                _ => return Err(format!("remote id entry {k:x?} -> {id:#x} is stale")),
+            }
+        }
+        for (k, &id) in &self.remote_qpns {
+            match self.conns.get(id) {
+                Some(c) if c.qpn_key == Some(*k) => {}
+                _ => return Err(format!("remote QPN entry {k:x?} -> {id:#x} is stale")),
+            }
+        }
+        for (k, &id) in &self.sidr_remote {
+            match self.conns.get(id) {
+                Some(c) if c.sidr_key == Some(*k) => {}
+                _ => return Err(format!("SIDR entry {k:x?} -> {id:#x} is stale")),
+            }
+        }
+        for &id in &self.timewait {
+            if self.conns.get(id).map(|c| c.state) != Some(State::Timewait) {
+                return Err(format!("timewait entry {id:#x} is not in TIMEWAIT"));
+            }
+        }
+        Ok(())
+    }
+}
