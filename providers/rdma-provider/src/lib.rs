@@ -39,7 +39,7 @@
 //! * rdma_cm ids without a QP on one event channel per process
 //!   (`CmId`, `CmEvent`; librdmacm): an event thread copies each event
 //!   out ([`cm::CmEventKind`]) and acknowledges it before the id's hook
-//!   runs. The CEP objects over them are `cep::rdmacm`; [`cm`] (event
+//!   runs. The CEP objects over them are `cep_rdmacm` (crate `cep-rdmacm`); [`cm`] (event
 //!   codes and translation, `rdma_init_qp_attr` as a modify) is
 //!   device-free and built without the feature too.
 //!

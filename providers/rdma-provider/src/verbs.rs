@@ -392,7 +392,7 @@ impl Device for RdmaDevice {
             format!(
                 "{} port {port}: QP1 belongs to the kernel on an rdma device, so the \
                  project's CM cannot run there; connect through librdmacm \
-                 (ibal::rdma::cm, cep::rdmacm)",
+                 (ibal::rdma::cm, crate cep-rdmacm)",
                 self.inner.attr.name
             )
             .into(),
