@@ -12,7 +12,7 @@
 //! (what software HCAs such as rdma_rxe report).
 
 use hca::provider::{Device, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState, Provider};
-use soft_provider::{Fabric, HcaConfig, PortConfig, SoftProvider};
+use ibal::verbs::{Fabric, HcaConfig, PortConfig, SoftProvider};
 
 /// Node GUIDs of the two HCAs of the default fabric.
 pub const DEFAULT_NODE_GUIDS: [u64; 2] = [0x0002_c903_00a0_0001, 0x0002_c903_00b0_0001];
@@ -49,19 +49,19 @@ pub fn default_fabric() -> Fabric {
 /// The RoCEv2 provider with one device per address of `addrs` (`roce0`,
 /// `roce1`, ...; node GUIDs 0x0002_c903_00c0_0001 upwards), each with one
 /// port bound to that IP address and UDP port (0: any free port).
-pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> roce_provider::RoceProvider {
+pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> ibal::roce::RoceProvider {
     let devices = addrs
         .iter()
         .enumerate()
         .map(|(i, &addr)| {
-            roce_provider::DeviceConfig::new(
+            ibal::roce::DeviceConfig::new(
                 format!("roce{i}"),
                 0x0002_c903_00c0_0001 + ((i as u64) << 16),
-                vec![roce_provider::PortConfig::new(addr)],
+                vec![ibal::roce::PortConfig::new(addr)],
             )
         })
         .collect();
-    roce_provider::RoceProvider::new(devices)
+    ibal::roce::RoceProvider::new(devices)
 }
 
 /// The machine's RDMA devices through libibverbs (feature `rdma`), opened
@@ -73,10 +73,7 @@ pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> roce_provider::RoceProvi
 /// The node GUID of the RDMA device named `device` (`mlx5_0`, `rxe0`), for
 /// the `--device` commands.
 #[cfg(feature = "rdma")]
-pub fn rdma_device_guid(
-    provider: &rdma_provider::RdmaProvider,
-    device: &str,
-) -> Result<u64, String> {
+pub fn rdma_device_guid(provider: &ibal::rdma::RdmaProvider, device: &str) -> Result<u64, String> {
     provider
         .list()
         .map_err(|e| e.to_string())?
@@ -88,7 +85,7 @@ pub fn rdma_device_guid(
 
 #[cfg(feature = "rdma")]
 pub fn rdma_report() -> al::Result<DevinfoReport> {
-    let provider = rdma_provider::RdmaProvider::new();
+    let provider = ibal::rdma::RdmaProvider::new();
     // Listing through `list` first keeps the reason an empty `devices()`
     // would hide.
     provider.list()?;
@@ -149,7 +146,7 @@ pub fn query_all<P: Provider>(provider: &P) -> al::Result<DevinfoReport> {
 }
 
 /// [`query_all`] on the RoCEv2 provider, with each port's counters.
-pub fn query_roce(provider: &roce_provider::RoceProvider) -> al::Result<DevinfoReport> {
+pub fn query_roce(provider: &ibal::roce::RoceProvider) -> al::Result<DevinfoReport> {
     query_with_counters(provider, |dev, port| {
         dev.port_counters(port)
             .map(|c| c.fields())

@@ -48,8 +48,8 @@ pub fn mad_codec(data: &[u8]) {
 /// decode back to the same packet (reserved bits, which decoding drops, are
 /// the only bytes allowed to change).
 pub fn ib_capture(data: &[u8]) {
-    use soft_provider::erf;
-    use soft_provider::packet::UdPacket;
+    use ibal::verbs::erf;
+    use ibal::verbs::packet::UdPacket;
 
     fn packet(bytes: &[u8]) {
         let Ok(p) = UdPacket::decode(bytes) else {
@@ -65,7 +65,7 @@ pub fn ib_capture(data: &[u8]) {
     // The same bytes with their CRCs made right, so that every header check
     // behind the CRCs sees arbitrary headers too.
     let mut sealed = data.to_vec();
-    if soft_provider::packet::refresh_crcs(&mut sealed).is_ok() {
+    if ibal::verbs::packet::refresh_crcs(&mut sealed).is_ok() {
         packet(&sealed);
     }
     if let Ok(records) = erf::read(data) {
@@ -444,8 +444,8 @@ pub fn al_api(data: &[u8]) {
     use hca::provider::{Access, QpType};
     use hca::verbs::{self, Ca, Cq, Mr, Pd};
     use hca::RegisteredBuffer;
+    use ibal::verbs::{FaultConfig, SoftProvider};
     use qp::{create_qp, Qp, QpCreate};
-    use soft_provider::{FaultConfig, SoftProvider};
 
     // The agents are process-wide (one per device port): one input at a time,
     // so the final `active_ports` check sees only this input's agents.

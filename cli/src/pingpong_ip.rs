@@ -25,8 +25,8 @@ use cep::wire::RejectReason;
 use hca::provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
 use hca::RegisteredBuffer;
+use ibal::roce::{DeviceConfig, PortConfig, RoceProvider};
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
-use roce_provider::{DeviceConfig, PortConfig, RoceProvider};
 
 use crate::devinfo::CounterList;
 use crate::pingpong::pattern_byte;
@@ -91,8 +91,8 @@ impl IpPingPongConfig {
         IpPingPongConfig {
             role,
             local: None,
-            udp_port: roce_provider::ROCE_PORT,
-            peer_udp_port: roce_provider::ROCE_PORT,
+            udp_port: ibal::roce::ROCE_PORT,
+            peer_udp_port: ibal::roce::ROCE_PORT,
             iterations: 1000,
             size: 4096,
             mtu: Mtu::Mtu1024,

@@ -1,7 +1,7 @@
 //! `ibal pingpong --device NAME --listen/--connect IP[:PORT]`: the IP
 //! ping-pong job of [`crate::pingpong_ip`] on an RDMA device (a NIC, or
 //! Linux rxe/siw) through libibverbs, connected through librdmacm-backed
-//! CEPs (`cep::rdmacm`): the same hello in the REQ, reply in the REP,
+//! CEPs (`ibal::rdma::cm`): the same hello in the REQ, reply in the REP,
 //! RDMA WRITE + SEND round trips with every byte checked, disconnect,
 //! destroy, and no object left live at AL close. The peer may be another
 //! `ibal pingpong --device`, or `ibal pingpong --listen/--connect` on our
@@ -16,11 +16,11 @@ use al::Handle;
 use cep::cm::AcceptReply;
 use cep::ip::IpConnect;
 use cep::proto::{Event, TimedOut};
-use cep::rdmacm::{self, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use cep::wire::ip_cm::PortSpace;
 use cep::wire::RejectReason;
 use hca::verbs::{self, Ca};
-use rdma_provider::RdmaProvider;
+use ibal::rdma::cm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListenHandler};
+use ibal::rdma::RdmaProvider;
 
 use crate::pingpong_ip::{
     decode_reply, encode_hello, encode_reply, hold, percentiles, read_hello, reject_text,
@@ -36,7 +36,7 @@ pub fn run(cfg: &IpPingPongConfig, device: &str) -> Result<IpPingPongReport, Str
     }
     let provider = RdmaProvider::new();
     let guid = crate::devinfo::rdma_device_guid(&provider, device)?;
-    rdma_provider::rdma_cm_available().map_err(|e| format!("librdmacm: {e}"))?;
+    ibal::rdma::rdma_cm_available().map_err(|e| format!("librdmacm: {e}"))?;
     let al = Al::open().map_err(|e| e.to_string())?;
     let local = match &cfg.role {
         Role::Listen(a) => *a,

@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use ibal::prelude::*;
-use roce_provider::{gid_of, DeviceConfig, PortConfig, RoceProvider};
+use ibal::roce::{gid_of, DeviceConfig, PortConfig, RoceProvider};
 
 use crate::oob::{self, Dest, Ext};
 

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use roce::{Endpoints, Packet};
+use ibal::roce::wire::{Endpoints, Packet};
 
 /// Fault probabilities (0.0..=1.0), each applied to every datagram.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -298,12 +298,12 @@ fn regenerate_seed_corpora() {
         capture: Some(erf_path),
     })
     .unwrap();
-    let packet = soft_provider::packet::UdPacket {
+    let packet = ibal::verbs::packet::UdPacket {
         vl: 0,
         sl: 2,
         dlid: 7,
         slid: 9,
-        grh: Some(soft_provider::packet::Grh {
+        grh: Some(ibal::verbs::packet::Grh {
             traffic_class: 3,
             flow_label: 0x12345,
             hop_limit: 64,

@@ -83,9 +83,9 @@ use cep::proto::Event;
 use cep::wire::ip_cm::PortSpace;
 use hca::provider::{QpCaps, QpType, Wc};
 use hca::verbs::{self, Ca, Cq, Pd};
+use ibal::roce::RoceProvider;
+use ibal::verbs::SoftProvider;
 use qp::{create_qp, Qp, QpCreate};
-use roce_provider::RoceProvider;
-use soft_provider::SoftProvider;
 
 use crate::devinfo;
 
@@ -794,7 +794,7 @@ impl Bench {
 
     /// One counter of the RoCEv2 ports, summed over both (0 on the soft
     /// fabric).
-    fn roce_ports_sum(&self, counter: fn(&roce_provider::PortCounters) -> u64) -> u64 {
+    fn roce_ports_sum(&self, counter: fn(&ibal::roce::PortCounters) -> u64) -> u64 {
         let Net::Udp { cas, .. } = &self.net else {
             return 0;
         };

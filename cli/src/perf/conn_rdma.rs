@@ -1,5 +1,5 @@
 //! `ibal perf conn-rate --device NAME`: connections through the
-//! librdmacm-backed CEPs (`cep::rdmacm`) between two contexts of one RDMA
+//! librdmacm-backed CEPs (`ibal::rdma::cm`) between two contexts of one RDMA
 //! device, to the device's own IPv4 address: `connect` (address and route
 //! resolution, REQ) to `Established` on both sides, then a disconnect and
 //! the release of both CEPs, one connection after another. No baseline
@@ -14,12 +14,12 @@ use al::{Al, Handle};
 use cep::cm::AcceptReply;
 use cep::ip::IpConnect;
 use cep::proto::Event;
-use cep::rdmacm::{self, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use cep::wire::ip_cm::{self, PortSpace};
 use hca::provider::QpType;
 use hca::verbs;
+use ibal::rdma::cm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListenHandler};
+use ibal::rdma::RdmaProvider;
 use qp::{create_qp, QpCreate};
-use rdma_provider::RdmaProvider;
 
 use super::{json_f64, BenchResult};
 
@@ -104,7 +104,7 @@ pub fn run(device: &str, connections: usize) -> BenchResult<RdmaConnReport> {
     }
     let provider = RdmaProvider::new();
     let guid = crate::devinfo::rdma_device_guid(&provider, device)?;
-    rdma_provider::rdma_cm_available().map_err(|e| format!("librdmacm: {e}"))?;
+    ibal::rdma::rdma_cm_available().map_err(|e| format!("librdmacm: {e}"))?;
     let al = Al::open().map_err(|e| e.to_string())?;
     let result = (|| -> BenchResult<RdmaConnReport> {
         let inst = al.instance();

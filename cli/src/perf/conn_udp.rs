@@ -57,7 +57,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use cep::cm::CmDrive;
-use roce_provider::{DeviceConfig, PortConfig, RoceProvider};
+use ibal::roce::{DeviceConfig, PortConfig, RoceProvider};
 
 use super::bare::{Route, UdPair};
 use super::{

@@ -24,8 +24,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ibal::prelude::*;
+use ibal::roce::wire::{Bth, Deth, Endpoints, Headers, Opcode, Packet};
 use ibal::roce::PortCounters;
-use roce::{Bth, Deth, Endpoints, Headers, Opcode, Packet};
 
 use super::placement::{pin_this_thread, three_cpus, two_cpus};
 use super::udp::{pingpong_pair, roce_pingpong_on, udp_pair, udp_pingpong_on, Pair, Target};
@@ -323,7 +323,7 @@ fn flood_datagram(kind: FloodKind, to: SocketAddr, qpn: u32) -> BenchResult<Vec<
             h
         }
     };
-    let payload = vec![0xa5; FLOOD_DATAGRAM - headers.encoded_len() - roce::ICRC_LEN];
+    let payload = vec![0xa5; FLOOD_DATAGRAM - headers.encoded_len() - ibal::roce::wire::ICRC_LEN];
     let from: SocketAddr = SocketAddr::new(STRANGER.parse().expect("literal"), 9);
     let ep = Endpoints::new(from, to).map_err(|e| e.to_string())?;
     let mut bytes = Packet::new(headers, &payload)

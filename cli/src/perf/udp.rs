@@ -172,7 +172,7 @@ fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
         #[cfg(feature = "rdma")]
         Target::Device(name) => {
             use hca::provider::LinkLayer;
-            let provider = rdma_provider::RdmaProvider::new();
+            let provider = ibal::rdma::RdmaProvider::new();
             let guid = crate::devinfo::rdma_device_guid(&provider, name)?;
             let mut cas = Vec::new();
             let mut path_mtu = mtu;
@@ -1059,9 +1059,9 @@ fn udp_stream_working(count: u64, size: usize) -> BenchResult<(f64, u64)> {
     Ok((got as f64 / secs, count - got))
 }
 
-/// The CRC-32 the ICRC costs (the same routine, `roce::icrc`).
+/// The CRC-32 the ICRC costs (the same routine, `ibal::roce::wire::icrc`).
 fn ibal_roce_crc(bytes: &[u8]) -> u32 {
-    roce::icrc::crc32(bytes)
+    ibal::roce::wire::icrc::crc32(bytes)
 }
 
 // ------------------------------------------------------------ write-bw --

@@ -66,8 +66,8 @@ use hca::provider::{
 };
 use hca::verbs::{self, Cq, Pd};
 use hca::RegisteredBuffer;
+use ibal::verbs::SoftProvider;
 use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
-use soft_provider::SoftProvider;
 
 use crate::devinfo;
 

@@ -76,10 +76,10 @@ use hca::provider::{Access, QpType};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
 use hca::QpState;
 use hca::RegisteredBuffer;
+use ibal::roce::{DeviceConfig, PortConfig, RoceDevice, RoceProvider};
+use ibal::verbs::{Fabric, FaultConfig, HcaConfig, SoftProvider};
 use qp::CidState;
 use qp::{create_qp, Qp, QpCreate};
-use roce_provider::{DeviceConfig, PortConfig, RoceDevice, RoceProvider};
-use soft_provider::{Fabric, FaultConfig, HcaConfig, SoftProvider};
 
 /// How long closing one AL may take before the run calls it hung.
 pub const CLOSE_LIMIT: Duration = Duration::from_secs(30);
@@ -154,7 +154,7 @@ pub fn udp_addr(i: usize) -> std::net::IpAddr {
 /// The GID a connect or SIDR request of the run names HCA `i` by (soft:
 /// none, the LID does; udp: its port's address).
 pub fn gid_of_hca(transport: Transport, i: usize) -> Option<[u8; 16]> {
-    (transport == Transport::Udp).then(|| roce_provider::gid_of(udp_addr(i)))
+    (transport == Transport::Udp).then(|| ibal::roce::gid_of(udp_addr(i)))
 }
 
 /// A [`RoceProvider`] whose devices are opened once and shared: a RoCE

@@ -22,7 +22,7 @@ pub struct StressReport {
     pub destroy_callbacks_twice: u64,
     pub destroy_callbacks_never: u64,
     pub callback_panics: u64,
-    pub fabric: soft_provider::FabricStats,
+    pub fabric: ibal::verbs::FabricStats,
     pub ticks: u64,
     pub active_ports_after: usize,
     /// Probe outcomes: double accepts, accepts on active CEPs, SIDR ends,
