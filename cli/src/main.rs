@@ -644,12 +644,12 @@ fn main() -> ExitCode {
             seconds,
             seed,
         } => relay(
-            ibal_cli::relay::RelayConfig {
+            ibal_testkit::relay::RelayConfig {
                 near_a,
                 near_b,
                 a,
                 b,
-                faults: ibal_cli::relay::FaultConfig {
+                faults: ibal_testkit::relay::FaultConfig {
                     drop: drop.unwrap_or(faults),
                     duplicate: dup.unwrap_or(faults),
                     reorder: reorder.unwrap_or(faults),
@@ -680,8 +680,8 @@ fn main() -> ExitCode {
             static_listens,
             max_objects,
             json,
-        } => ibal_cli::stress::main_on(
-            &ibal_cli::stress::StressConfig {
+        } => ibal_testkit::stress::main_on(
+            &ibal_testkit::stress::StressConfig {
                 seconds,
                 threads,
                 drop,
@@ -694,9 +694,9 @@ fn main() -> ExitCode {
                 max_objects,
             },
             if transport == "udp" {
-                ibal_cli::stress::Transport::Udp
+                ibal_testkit::stress::Transport::Udp
             } else {
-                ibal_cli::stress::Transport::Soft
+                ibal_testkit::stress::Transport::Soft
             },
             json,
         ),
@@ -1076,9 +1076,8 @@ fn print_report(json: bool, as_json: String, as_text: String) {
 const NO_RDMA_DEVICES_EXIT: u8 = 255;
 
 fn devinfo(json: bool, roce: &[String]) -> Result<ExitCode, String> {
-    use ibal_cli::devinfo::{
-        default_provider, query_all, query_roce, reports_to_json, roce_provider,
-    };
+    use ibal_cli::devinfo::{query_all, query_roce, reports_to_json, roce_provider};
+    use ibal_testkit::devices::default_provider;
     let addrs = if roce.is_empty() {
         vec!["127.0.0.1:0".parse().expect("a literal address")]
     } else {
@@ -1137,7 +1136,7 @@ fn parse_ip_port(s: &str, default_port: u16) -> Result<std::net::SocketAddr, Str
         .map_err(|_| format!("{s:?} is not an IP address or IP:PORT"))
 }
 
-fn relay(cfg: ibal_cli::relay::RelayConfig, idle_exit: f64) -> Result<(), String> {
+fn relay(cfg: ibal_testkit::relay::RelayConfig, idle_exit: f64) -> Result<(), String> {
     let f = cfg.faults;
     for (name, p) in [
         ("--drop", f.drop),
@@ -1155,7 +1154,7 @@ fn relay(cfg: ibal_cli::relay::RelayConfig, idle_exit: f64) -> Result<(), String
         return Err("--idle-exit is a number of seconds (0: off)".into());
     }
     let max = cfg.max_time;
-    let r = ibal_cli::relay::spawn(cfg).map_err(|e| format!("relay: {e}"))?;
+    let r = ibal_testkit::relay::spawn(cfg).map_err(|e| format!("relay: {e}"))?;
     eprintln!("relay: {} -> B, {} -> A, for {max:?}", r.near_a, r.near_b);
     let start = std::time::Instant::now();
     let idle = std::time::Duration::from_secs_f64(idle_exit);

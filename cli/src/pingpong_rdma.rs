@@ -35,7 +35,7 @@ pub fn run(cfg: &IpPingPongConfig, device: &str) -> Result<IpPingPongReport, Str
         ));
     }
     let provider = RdmaProvider::new();
-    let guid = crate::devinfo::rdma_device_guid(&provider, device)?;
+    let guid = ibal_testkit::devices::rdma_device_guid(&provider, device)?;
     ibal::rdma::rdma_cm_available().map_err(|e| format!("librdmacm: {e}"))?;
     let al = Al::open().map_err(|e| e.to_string())?;
     let local = match &cfg.role {

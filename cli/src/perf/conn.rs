@@ -2,7 +2,7 @@
 //! QPs on the embedded in-process fabric, against the round trip of one
 //! 256-byte MAD through the same fabric, measured in the same run.
 //!
-//! One AL instance on [`crate::devinfo::default_provider`] (two soft HCAs,
+//! One AL instance on [`ibal_testkit::devices::default_provider`] (two soft HCAs,
 //! LIDs 1 and 2); both CAs opened with the CM attached to their port
 //! ([`cm::attach_ca`]: one CM agent thread per port, on QP1); a listen on
 //! HCA 1 whose request callback accepts ([`cm::accept`]) on the passive QP
@@ -87,7 +87,7 @@ use ibal::roce::RoceProvider;
 use ibal::verbs::SoftProvider;
 use qp::{create_qp, Qp, QpCreate};
 
-use crate::devinfo;
+use ibal_testkit::devices;
 
 pub use super::BenchResult;
 use super::{al_err, json_f64, poll_one};
@@ -722,12 +722,12 @@ impl Bench {
         let (soft, roce) = if udp {
             (None, Some(udp::provider()))
         } else {
-            (Some(devinfo::default_provider()), None)
+            (Some(devices::default_provider()), None)
         };
         let guids = if udp {
             udp::GUIDS
         } else {
-            devinfo::DEFAULT_NODE_GUIDS
+            devices::DEFAULT_NODE_GUIDS
         };
         for guid in guids {
             let ca = match (&soft, &roce) {
@@ -908,7 +908,7 @@ impl Bench {
                 } else {
                     UNLISTENED_SERVICE_ID
                 },
-                devinfo::DEFAULT_LIDS[1],
+                devices::DEFAULT_LIDS[1],
             ),
             Net::Udp { .. } => {
                 let qpn = self.al.resolve(qp).map_err(al_err("resolving a QP"))?.qpn();
@@ -1022,7 +1022,7 @@ impl Floor {
 fn measure(cfg: &ConnRateConfig, drive: CmDrive, floor: &mut Floor) -> BenchResult<ModeFigures> {
     let bench = Bench::open(drive)?;
     let route = Route {
-        lids: devinfo::DEFAULT_LIDS,
+        lids: devices::DEFAULT_LIDS,
         gids: None,
         path_mtu: hca::provider::Mtu::Mtu4096,
     };

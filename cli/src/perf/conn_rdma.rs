@@ -103,7 +103,7 @@ pub fn run(device: &str, connections: usize) -> BenchResult<RdmaConnReport> {
         return Err("--connections must be at least 1".into());
     }
     let provider = RdmaProvider::new();
-    let guid = crate::devinfo::rdma_device_guid(&provider, device)?;
+    let guid = ibal_testkit::devices::rdma_device_guid(&provider, device)?;
     ibal::rdma::rdma_cm_available().map_err(|e| format!("librdmacm: {e}"))?;
     let al = Al::open().map_err(|e| e.to_string())?;
     let result = (|| -> BenchResult<RdmaConnReport> {

@@ -173,7 +173,7 @@ fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
         Target::Device(name) => {
             use hca::provider::LinkLayer;
             let provider = ibal::rdma::RdmaProvider::new();
-            let guid = crate::devinfo::rdma_device_guid(&provider, name)?;
+            let guid = ibal_testkit::devices::rdma_device_guid(&provider, name)?;
             let mut cas = Vec::new();
             let mut path_mtu = mtu;
             for _ in 0..2 {

@@ -3,7 +3,7 @@
 //! the same run.
 //!
 //! Both benchmarks open an AL instance on the embedded default fabric
-//! ([`crate::devinfo::default_fabric`]: two soft HCAs), open both CAs,
+//! ([`ibal_testkit::devices::default_fabric`]: two soft HCAs), open both CAs,
 //! allocate a PD and one CQ (send and receive) on each, register the
 //! buffers as MRs, create one RC QP per side and bring the pair to RTS by
 //! hand (RESET -> INIT -> RTR -> RTS, no CM). Every verb goes through the
@@ -69,7 +69,7 @@ use hca::RegisteredBuffer;
 use ibal::verbs::SoftProvider;
 use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
 
-use crate::devinfo;
+use ibal_testkit::devices;
 
 pub use super::BenchResult;
 use super::{al_err, json_f64, poll_one};
@@ -111,10 +111,10 @@ struct RcPair {
 
 impl RcPair {
     fn open() -> BenchResult<RcPair> {
-        let provider = devinfo::default_provider();
+        let provider = devices::default_provider();
         let al = Al::open().map_err(al_err("opening the AL"))?;
         let side = |i: usize| -> BenchResult<Side> {
-            let guid = devinfo::DEFAULT_NODE_GUIDS[i];
+            let guid = devices::DEFAULT_NODE_GUIDS[i];
             let ca = verbs::open_ca(al.instance(), &provider, guid).map_err(al_err("open_ca"))?;
             let pd = verbs::alloc_pd(al.instance(), ca).map_err(al_err("alloc_pd"))?;
             let cq = verbs::create_cq(al.instance(), ca, 256, None, None)
@@ -122,7 +122,7 @@ impl RcPair {
             Ok(Side {
                 pd,
                 cq,
-                lid: devinfo::DEFAULT_LIDS[i],
+                lid: devices::DEFAULT_LIDS[i],
             })
         };
         let (a, b) = (side(0)?, side(1)?);

@@ -4,7 +4,7 @@
 //! callback may run twice, no invariant may break, and connections must
 //! really be made through the kernel's UDP.
 
-use ibal_cli::stress::{run_on, StressConfig, Transport};
+use ibal_testkit::stress::{run_on, StressConfig, Transport};
 
 fn check(static_listens: bool, seed: u64) {
     let cfg = StressConfig {

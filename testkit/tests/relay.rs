@@ -1,5 +1,5 @@
 //! RC traffic between two RoCEv2 ports through the fault relay
-//! (`ibal_cli::relay`): 10% of the datagrams each way dropped, duplicated,
+//! (`ibal_testkit::relay`): 10% of the datagrams each way dropped, duplicated,
 //! reordered and delayed, and every message still completes exactly once
 //! with the right bytes; then the link dies and the survivor's requests
 //! end with retry exceeded, in bounded time, with nothing left behind.
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ibal::prelude::*;
 use ibal::roce::{DeviceConfig, PortConfig};
-use ibal_cli::relay::{self, FaultConfig, RelayConfig};
+use ibal_testkit::relay::{self, FaultConfig, RelayConfig};
 
 const LEN: usize = 1 << 20;
 

@@ -33,13 +33,13 @@ fn replay(target: &str, check: fn(&[u8])) -> usize {
 
 #[test]
 fn mad_codec_corpus_replays_clean() {
-    let n = replay("mad_codec", ibal_cli::fuzzing::mad_codec);
+    let n = replay("mad_codec", ibal_testkit::fuzzing::mad_codec);
     assert!(n > 0, "the mad_codec seed corpus is missing");
 }
 
 #[test]
 fn handle_table_corpus_replays_clean() {
-    let n = replay("handle_table", ibal_cli::fuzzing::handle_table);
+    let n = replay("handle_table", ibal_testkit::fuzzing::handle_table);
     assert!(n > 0, "the handle_table seed corpus is missing");
 }
 
@@ -51,7 +51,7 @@ fn ip_cm_header_corpus_replays_clean() {
 
 #[test]
 fn cm_protocol_corpus_replays_clean() {
-    let n = replay("cm_protocol", ibal_cli::fuzzing::cm_protocol);
+    let n = replay("cm_protocol", ibal_testkit::fuzzing::cm_protocol);
     assert!(n > 0, "the cm_protocol seed corpus is missing");
 }
 
@@ -64,7 +64,7 @@ fn cm_protocol_survives_random_inputs() {
         300,
         0,
         600,
-        ibal_cli::fuzzing::cm_protocol,
+        ibal_testkit::fuzzing::cm_protocol,
     );
 }
 
@@ -88,7 +88,7 @@ fn sweep(seed: u64, runs: usize, min_len: usize, span: u64, harness: fn(&[u8])) 
 
 #[test]
 fn ib_capture_corpus_replays_clean() {
-    let n = replay("ib_capture", ibal_cli::fuzzing::ib_capture);
+    let n = replay("ib_capture", ibal_testkit::fuzzing::ib_capture);
     assert!(n > 0, "the ib_capture seed corpus is missing");
 }
 
@@ -100,13 +100,13 @@ fn ib_capture_survives_random_inputs() {
         2000,
         0,
         700,
-        ibal_cli::fuzzing::ib_capture,
+        ibal_testkit::fuzzing::ib_capture,
     );
 }
 
 #[test]
 fn al_api_corpus_replays_clean() {
-    let n = replay("al_api", ibal_cli::fuzzing::al_api);
+    let n = replay("al_api", ibal_testkit::fuzzing::al_api);
     assert!(n > 0, "the al_api seed corpus is missing");
 }
 
@@ -114,12 +114,18 @@ fn al_api_corpus_replays_clean() {
 /// harness.
 #[test]
 fn al_api_survives_random_inputs() {
-    sweep(0x9e37_79b9_7f4a_7c15, 40, 2, 120, ibal_cli::fuzzing::al_api);
+    sweep(
+        0x9e37_79b9_7f4a_7c15,
+        40,
+        2,
+        120,
+        ibal_testkit::fuzzing::al_api,
+    );
 }
 
-/// Rewrites the seed corpora: `cargo test --test fuzz_corpus -- --ignored`.
-/// Seeds are one well-formed MAD of every CM message (plus a few malformed
-/// ones), and a few handle-table operation scripts.
+/// Rewrites the seed corpora: `cargo test -p ibal-testkit --test fuzz_corpus
+/// -- --ignored`. Seeds are one well-formed MAD of every CM message (plus a
+/// few malformed ones), and a few handle-table operation scripts.
 #[test]
 #[ignore]
 fn regenerate_seed_corpora() {
@@ -287,17 +293,12 @@ fn regenerate_seed_corpora() {
         std::fs::write(api_dir.join(format!("seed-{name}")), bytes).unwrap();
     }
 
-    // ib_capture: a captured ping-pong (five CM MADs as packets) and one
-    // packet with a GRH and immediate data, alone.
+    // ib_capture: one packet with a GRH and immediate data, alone (the
+    // captured ping-pong seed, five CM MADs as packets, is written by the
+    // command's `cargo test -p ibal-cli --test fuzz_seed_capture --
+    // --ignored`).
     let capture_dir = root.join("ib_capture");
     std::fs::create_dir_all(&capture_dir).unwrap();
-    let erf_path = capture_dir.join("seed-pingpong.erf");
-    ibal_cli::pingpong::run(&ibal_cli::pingpong::PingPongConfig {
-        iterations: 1,
-        size: 8,
-        capture: Some(erf_path),
-    })
-    .unwrap();
     let packet = ibal::verbs::packet::UdPacket {
         vl: 0,
         sl: 2,

@@ -4,7 +4,7 @@
 //! also limits every HCA to 16 objects of each kind, so creations meet the
 //! device limits and the workers exhaust them on purpose.
 
-use ibal_cli::stress::{run, StressConfig};
+use ibal_testkit::stress::{run, StressConfig};
 
 fn config(static_listens: bool, max_objects: Option<u32>) -> StressConfig {
     StressConfig {
