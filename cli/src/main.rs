@@ -377,7 +377,7 @@ enum PerfCommand {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// Signal and poll every k-th WRITE (and the last); 1 = every WRITE.
-        #[arg(long, default_value_t = ibal_cli::perf::verbs::WRITE_SIGNAL_EVERY)]
+        #[arg(long, default_value_t = ibal_bench::verbs::WRITE_SIGNAL_EVERY)]
         signal_every: u32,
         /// `soft` (two soft HCAs, vs memcpy) or `udp` (two RoCEv2 ports on
         /// loopback at MTU 4096, vs raw UDP one-way throughput).
@@ -853,7 +853,7 @@ fn qp_exchange(
 }
 
 fn perf(bench: PerfCommand) -> Result<(), String> {
-    use ibal_cli::perf::udp as pu;
+    use ibal_bench::udp as pu;
     match bench {
         PerfCommand::WriteBw {
             sizes,
@@ -904,7 +904,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             if !objects.is_power_of_two() {
                 return Err(format!("--objects must be a power of two, got {objects}"));
             }
-            let report = ibal_cli::perf::lookup::run(&ibal_cli::perf::lookup::LookupConfig {
+            let report = ibal_bench::lookup::run(&ibal_bench::lookup::LookupConfig {
                 threads,
                 objects_per_thread: objects,
                 ops_per_thread: ops,
@@ -929,7 +929,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             let bytes = iters.map_or(256 << 20, |i| {
                 i * sizes.iter().max().copied().unwrap_or(1) as u64
             });
-            let report = ibal_cli::perf::udp::run_write_bw(&sizes, bytes, rounds)?;
+            let report = ibal_bench::udp::run_write_bw(&sizes, bytes, rounds)?;
             let _ = signal_every;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
@@ -943,13 +943,12 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             json,
             ..
         } => {
-            let report =
-                ibal_cli::perf::verbs::run_write_bw(&ibal_cli::perf::verbs::WriteBwConfig {
-                    sizes,
-                    iters,
-                    rounds,
-                    signal_every,
-                })?;
+            let report = ibal_bench::verbs::run_write_bw(&ibal_bench::verbs::WriteBwConfig {
+                sizes,
+                iters,
+                rounds,
+                signal_every,
+            })?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
@@ -960,7 +959,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             json,
             ..
         } => {
-            let report = ibal_cli::perf::udp::run_send_rate(msgs.unwrap_or(100_000), rounds)?;
+            let report = ibal_bench::udp::run_send_rate(msgs.unwrap_or(100_000), rounds)?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
@@ -971,11 +970,10 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             json,
             ..
         } => {
-            let report =
-                ibal_cli::perf::verbs::run_send_rate(&ibal_cli::perf::verbs::SendRateConfig {
-                    msgs: msgs.unwrap_or(200_000),
-                    rounds,
-                })?;
+            let report = ibal_bench::verbs::run_send_rate(&ibal_bench::verbs::SendRateConfig {
+                msgs: msgs.unwrap_or(200_000),
+                rounds,
+            })?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
@@ -995,16 +993,16 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
                 );
             }
             if flood {
-                let report = ibal_cli::perf::flood::run_send_lat_flood(iters, !no_pin)?;
+                let report = ibal_bench::flood::run_send_lat_flood(iters, !no_pin)?;
                 print_report(json, report.to_json(), report.to_text());
                 return Ok(());
             }
             if one_thread {
-                let report = ibal_cli::perf::udp::run_send_lat_one_thread(iters)?;
+                let report = ibal_bench::udp::run_send_lat_one_thread(iters)?;
                 print_report(json, report.to_json(), report.to_text());
                 return Ok(());
             }
-            let report = ibal_cli::perf::udp::run_send_lat(iters, !no_pin)?;
+            let report = ibal_bench::udp::run_send_lat(iters, !no_pin)?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
@@ -1015,7 +1013,7 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             json,
             ..
         } => {
-            let report = ibal_cli::perf::conn_rdma::run(&device, connections)?;
+            let report = ibal_bench::conn_rdma::run(&device, connections)?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }
@@ -1036,8 +1034,8 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             json,
             ..
         } => {
-            use ibal_cli::perf::conn::ConnModes;
-            let cfg = ibal_cli::perf::conn::ConnRateConfig {
+            use ibal_bench::conn::ConnModes;
+            let cfg = ibal_bench::conn::ConnRateConfig {
                 connections,
                 in_flight,
                 batches,
@@ -1049,11 +1047,11 @@ fn perf(bench: PerfCommand) -> Result<(), String> {
             };
             match transport {
                 Transport::Soft => {
-                    let report = ibal_cli::perf::conn::run(&cfg)?;
+                    let report = ibal_bench::conn::run(&cfg)?;
                     print_report(json, report.to_json(), report.to_text());
                 }
                 Transport::Udp => {
-                    let report = ibal_cli::perf::conn::udp::run(&cfg)?;
+                    let report = ibal_bench::conn::udp::run(&cfg)?;
                     print_report(json, report.to_json(), report.to_text());
                 }
             }

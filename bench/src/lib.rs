@@ -1,5 +1,16 @@
-//! Benchmarks behind `ibal perf`. Each one measures a baseline in the same
-//! run and reports ratios against it, because the machines are shared.
+//! The benchmarks behind `ibal perf` (the command parses the flags and
+//! prints the reports; everything measured is here). Each one measures a
+//! baseline in the same run and reports ratios against it, because the
+//! machines are shared (`docs/benchmarks.md`).
+//!
+//! * [`lookup`]: handle resolve+release against sharded-slab and locked maps;
+//! * [`verbs`]: RC WRITE bandwidth and SEND rate on two soft HCAs;
+//! * [`udp`]: the same and the SEND ping-pong on two RoCEv2 ports on
+//!   loopback, against raw UDP (or on an RDMA device: `--device`);
+//! * [`flood`]: that ping-pong while a stranger floods the receiving port;
+//! * [`conn`]: CM connect latency and rate (soft fabric, or RoCEv2 over
+//!   UDP in [`conn::udp`]); [`conn_rdma`] the same through librdmacm;
+//! * [`placement`]: pinning the polling threads to CPUs.
 
 pub mod conn;
 #[cfg(feature = "rdma")]

@@ -94,10 +94,8 @@ use super::{al_err, json_f64, poll_one};
 
 /// `perf conn-rate --transport udp`: the same measurement between two
 /// RoCEv2 ports on real UDP sockets.
-#[path = "conn_udp.rs"]
 pub mod udp;
 
-#[path = "conn_bare.rs"]
 mod bare;
 use bare::{Route, UdPair};
 

@@ -648,7 +648,7 @@ mod tests {
         assert_eq!(r.udp_rtt.n, 2 * 4 * FLOOR_RTTS_PER_CONNECTION);
         assert_eq!(r.udp_rtt_busy.n, 2 * 4 * FLOOR_RTTS_PER_CONNECTION);
         assert!(r.udp_rtt.median_us > 0.0 && r.udp_rtt_busy.median_us > 0.0);
-        if crate::perf::placement::two_cpus().is_some() {
+        if crate::placement::two_cpus().is_some() {
             let apart = r.udp_rtt_apart.as_ref().expect("two CPUs: the apart floor");
             assert_eq!(apart.n, 2 * 4 * FLOOR_RTTS_PER_CONNECTION);
             assert!(apart.median_us > 0.0);
