@@ -12,7 +12,5 @@ pub mod devinfo;
 pub mod oob;
 pub mod pingpong;
 pub mod pingpong_ip;
-#[cfg(feature = "rdma")]
-pub mod pingpong_rdma;
 pub mod qp_exchange;
 pub mod rping;

@@ -22,7 +22,7 @@ use hca::verbs::{self, Ca};
 use ibal::rdma::cm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use ibal::rdma::RdmaProvider;
 
-use crate::pingpong_ip::{
+use super::{
     decode_reply, encode_hello, encode_reply, hold, percentiles, read_hello, reject_text,
     ConnectionReport, IpPingPongConfig, IpPingPongReport, QpNumbers, Role, Side, MAX_SIZE,
 };

@@ -31,6 +31,9 @@ use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 use crate::devinfo::CounterList;
 use crate::pingpong::pattern_byte;
 
+#[cfg(feature = "rdma")]
+mod rdma;
+
 /// The rdma_cm port a listener uses when none is given (librdmacm's
 /// examples use 7471).
 pub const DEFAULT_PORT: u16 = 7471;
@@ -81,7 +84,7 @@ pub struct IpPingPongConfig {
     pub first_qpn: Option<u32>,
     /// Run on this RDMA device (libibverbs name, `rxe0`, `mlx5_0`) with
     /// librdmacm-backed CEPs instead of our RoCEv2 port (feature `rdma`;
-    /// `crate::pingpong_rdma`).
+    /// `rdma`).
     pub device: Option<String>,
 }
 
@@ -312,7 +315,7 @@ pub fn local_address_for(remote: IpAddr, peer_udp_port: u16) -> Result<IpAddr, S
 pub fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
     if let Some(device) = &cfg.device {
         #[cfg(feature = "rdma")]
-        return crate::pingpong_rdma::run(cfg, device);
+        return rdma::run(cfg, device);
         #[cfg(not(feature = "rdma"))]
         return Err(format!(
             "--device {device}: this ibal was built without the rdma feature \
