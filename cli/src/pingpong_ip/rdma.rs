@@ -1,5 +1,5 @@
 //! `ibal pingpong --device NAME --listen/--connect IP[:PORT]`: the IP
-//! ping-pong job of [`crate::pingpong_ip`] on an RDMA device (a NIC, or
+//! ping-pong job of [`super`] on an RDMA device (a NIC, or
 //! Linux rxe/siw) through libibverbs, connected through librdmacm-backed
 //! CEPs (`ibal::rdma::cm`): the same hello in the REQ, reply in the REP,
 //! RDMA WRITE + SEND round trips with every byte checked, disconnect,
@@ -22,10 +22,11 @@ use hca::verbs::{self, Ca};
 use ibal::rdma::cm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use ibal::rdma::RdmaProvider;
 
-use super::{
-    decode_reply, encode_hello, encode_reply, hold, percentiles, read_hello, reject_text,
-    ConnectionReport, IpPingPongConfig, IpPingPongReport, QpNumbers, Role, Side, MAX_SIZE,
-};
+use super::config::{IpPingPongConfig, Role};
+use super::connect::reject_text;
+use super::hello::{decode_reply, encode_hello, encode_reply, read_hello, MAX_SIZE};
+use super::report::{percentiles, ConnectionReport, IpPingPongReport, QpNumbers};
+use super::side::{hold, Side};
 
 /// Runs the job on `device`.
 pub fn run(cfg: &IpPingPongConfig, device: &str) -> Result<IpPingPongReport, String> {
