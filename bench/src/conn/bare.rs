@@ -20,7 +20,10 @@ use hca::verbs::{self, Av, Cq};
 use hca::RegisteredBuffer;
 use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
 
-use super::{al_err, poll_one, Bench, BenchResult, GRH_SIZE, MAD_SIZE, SERVICE_ID};
+use super::bench::Bench;
+use super::config::{GRH_SIZE, MAD_SIZE, SERVICE_ID};
+use super::report::us;
+use crate::{al_err, poll_one, BenchResult};
 
 /// How the two sides of a [`UdPair`] reach each other.
 #[derive(Clone, Copy, Debug)]
@@ -256,7 +259,7 @@ impl UdPair {
         for _ in 0..n {
             let pair = [bench.rc_qp(0)?, bench.rc_qp(1)?];
             qps.extend(pair);
-            out.push(super::us(self.bare_connect(&bench.al, pair, &mut wc)?));
+            out.push(us(self.bare_connect(&bench.al, pair, &mut wc)?));
         }
         Ok(())
     }

@@ -53,56 +53,27 @@
 //! blocking floor; the exchange itself is REQ, REP and RTU, 1.5 round
 //! trips.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use cep::cm::CmDrive;
-use ibal::roce::{DeviceConfig, PortConfig, RoceProvider};
 
 use super::bare::{Route, UdPair};
-use super::{
-    al_err, json_f64, name_key, row, us, Bench, BenchResult, ConnRateConfig, Dist, Floor,
-    ModeFigures, Net, GRH_SIZE, MAD_SIZE,
-};
+use super::bench::{Bench, Net};
+use super::config::{ConnRateConfig, GRH_SIZE, MAD_SIZE};
+use super::report::{name_key, row, us, Dist, ModeFigures};
+pub use super::roce_ports::{ADDRS, GUIDS, LISTEN_PORT, UNLISTENED_PORT};
+use super::rounds::{run_rounds, Floor};
+use crate::{al_err, json_f64, BenchResult};
 
-/// The two ports' addresses (the listen is on the second).
-pub const ADDRS: [IpAddr; 2] = [
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
-];
-/// Node GUIDs of the two RoCEv2 devices.
-pub const GUIDS: [u64; 2] = [0x0249_4241_4c43_5201, 0x0249_4241_4c43_5202];
-/// The rdma_cm port the passive side listens on.
-pub const LISTEN_PORT: u16 = 7474;
-/// An rdma_cm port nobody listens on (the REQ -> REJ probes).
-pub const UNLISTENED_PORT: u16 = 7475;
 /// Aim: median threaded connect / blocking UDP round trip at most this.
 pub const TARGET_RATIO: f64 = 2.5;
 /// UDP payload of one CM MAD in RoCEv2: BTH, DETH, the MAD, ICRC.
-pub const DATAGRAM: usize = 12 + 8 + super::MAD_SIZE + 4;
+pub const DATAGRAM: usize = 12 + 8 + MAD_SIZE + 4;
 /// Floor round trips (of each kind) per serial connection.
 const FLOOR_RTTS_PER_CONNECTION: usize = 20;
 /// Longest a floor receive may wait before the run fails.
 const FLOOR_WAIT: Duration = Duration::from_secs(5);
-
-/// The provider: two devices with one port each on [`ADDRS`].
-pub(super) fn provider() -> RoceProvider {
-    let port = |ip: IpAddr| PortConfig::new(SocketAddr::new(ip, 0));
-    RoceProvider::new(vec![
-        DeviceConfig::new("conn-rate-a", GUIDS[0], vec![port(ADDRS[0])]),
-        DeviceConfig::new("conn-rate-b", GUIDS[1], vec![port(ADDRS[1])]),
-    ])
-}
-
-/// Where the active side connects.
-pub(super) fn listen_addr() -> SocketAddr {
-    SocketAddr::new(ADDRS[1], LISTEN_PORT)
-}
-
-/// Where the REJ probes connect.
-pub(super) fn unlistened_addr() -> SocketAddr {
-    SocketAddr::new(ADDRS[1], UNLISTENED_PORT)
-}
 
 // -------------------------------------------------------------- the floor --
 
@@ -149,7 +120,7 @@ impl UdpFloor {
         std::thread::scope(|scope| {
             let echo = scope.spawn(|| -> BenchResult<()> {
                 if let Some([_, cpu]) = cpus {
-                    super::super::placement::pin_this_thread(cpu);
+                    crate::placement::pin_this_thread(cpu);
                 }
                 let mut buf = [0u8; 2048];
                 for _ in 0..k {
@@ -179,7 +150,7 @@ impl UdpFloor {
                 }
                 Ok(())
             };
-            let r = super::super::placement::on_cpu(cpus.map(|c| c[0]), run);
+            let r = crate::placement::on_cpu(cpus.map(|c| c[0]), run);
             let e = echo
                 .join()
                 .map_err(|_| "the floor's echo thread panicked".to_string())?;
@@ -532,7 +503,7 @@ fn measure(
     udp: &UdpFloor,
     samples: &mut UdpSamples,
 ) -> BenchResult<UdpModeFigures> {
-    let cpus = super::super::placement::two_cpus();
+    let cpus = crate::placement::two_cpus();
     let bench = Bench::open_on(drive, true)?;
     // The busy-polled contexts, in the polled mode only.
     let ud = match drive {
@@ -550,7 +521,7 @@ fn measure(
     let before = agent_counters(&bench);
     let naps = || bench.roce_ports_sum(|c| c.rx_thread_naps);
     let naps_before = naps();
-    let figures = super::run_rounds(cfg, &bench, |bench, qps, n| {
+    let figures = run_rounds(cfg, &bench, |bench, qps, n| {
         floor
             .mad
             .extend(udp.round_trips(n * FLOOR_RTTS_PER_CONNECTION, false)?);
