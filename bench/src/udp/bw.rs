@@ -3,8 +3,8 @@
 
 use ibal::prelude::*;
 
+use super::ends::{Target, WRITE_DATAGRAM};
 use super::stream::{roce_stream, udp_stream, udp_stream_working};
-use super::{Target, WRITE_DATAGRAM};
 use crate::{json_f64, BenchResult};
 
 /// One message size.

@@ -3,9 +3,9 @@
 
 use ibal::prelude::*;
 
+use super::ends::{Target, MSG};
 use super::lat::roce_pingpong;
 use super::stream::roce_stream;
-use super::{Target, MSG};
 use crate::{json_f64, BenchResult};
 
 /// One benchmark on an RDMA device (`--device NAME`): the same runs as on

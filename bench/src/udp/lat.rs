@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use ibal::prelude::*;
 
-use super::{
+use super::ends::{
     err, median, poll_some, recv_wr, udp_pair, Pair, Target, Wait, MSG, SEND_DATAGRAM, STALL,
 };
 use crate::placement::{on_cpu, pin_this_thread, two_cpus};

@@ -3,8 +3,8 @@
 
 use ibal::prelude::*;
 
+use super::ends::{Target, MSG, SEND_DATAGRAM};
 use super::stream::{roce_stream, udp_stream};
-use super::{Target, MSG, SEND_DATAGRAM};
 use crate::{json_f64, BenchResult};
 
 /// Messages per second completed at the receiver.

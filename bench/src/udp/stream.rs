@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use ibal::prelude::*;
 
-use super::{err, poll_some, recv_wr, udp_pair, Pair, Target, STREAM_WAIT, WRITE_DATAGRAM};
+use super::ends::{err, poll_some, recv_wr, udp_pair, Pair, Target, STREAM_WAIT, WRITE_DATAGRAM};
 use crate::BenchResult;
 
 /// posted receives, or WRITEs when `write`); returns payload bytes per
