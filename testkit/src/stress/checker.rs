@@ -1,7 +1,18 @@
 //! What the checks of one run share: counters, failures, the CEP event
 //! tracker and the destroy-callback counters.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use al::{Al, AlInstance, DestroyCallback, Handle, Object, Stats};
+use cep::cm::Cep;
+use cep::proto::Event;
+
+use super::ops::{error_name, panic_text, Op};
+use super::rng::mix;
 
 /// What the checks of one run share: counters, the failure list, the CEP
 /// event tracker and the destroy-callback counters. Used by the stress run
@@ -175,26 +186,6 @@ impl Checker {
             .unwrap_or_else(|p| p.into_inner())
             .entry(what)
             .or_default() += n;
-    }
-
-    /// Close the AL of `slot` ([`close_al`](Self::close_al)) with the
-    /// checks around it: the CID slots of its QPs before
-    /// (`AlCtx::check_cid_slots`), its SIDR CEPs after
-    /// ([`sweep_sidr`](Self::sweep_sidr)).
-    pub(super) fn close_slot(
-        self: &Arc<Self>,
-        slot: Slot,
-        sync: bool,
-        limit: Duration,
-    ) -> Option<Stats> {
-        let n = slot.ctx.check_cid_slots(true);
-        self.count_probes("cid slots checked", n as u64);
-        let inst = slot.ctx.inst.clone();
-        let stats = self.close_al(slot.al, sync, limit);
-        // After the close: every callback of the AL has run, so each SIDR
-        // CEP of it either ended or was cut by the close.
-        self.sweep_sidr(&inst, true);
-        stats
     }
 
     /// Whether `cep` got its `Released` event.

@@ -1,7 +1,24 @@
 //! One AL instance, the objects the run knows of it, and the CM handlers
 //! of its listens and CEPs.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use al::{Al, AlInstance, Error, Handle, Kind, Stats};
+use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, Listen, ListenHandler};
+use cep::proto::Event;
+use cep::proto::{SidrReplyParams, TimedOut};
+use cep::wire::RejectReason;
+use cep::wire::SidrStatus;
+use hca::provider::QpType;
+use hca::verbs::{Ca, Cq, Mr, Pd};
+use hca::QpState;
+use qp::CidState;
+use qp::{create_qp, Qp, QpCreate};
+
+use super::checker::{Checker, SidrState};
+use super::ops::{panic_text, says_cep_gone, Op};
 
 /// The objects of one AL the run knows about (by handle; destroyed ones
 /// drop out when a call finds them gone).
@@ -447,5 +464,36 @@ impl AlCtx {
             o.cid_suspects = still;
         }
         qps.len()
+    }
+}
+
+/// The most QPs a worker's AL keeps on one HCA.
+pub(super) const MAX_QPS: usize = 16;
+
+/// One AL a worker (or the run's keeper) holds, with its context.
+pub(super) struct Slot {
+    pub(super) al: Al,
+    pub(super) ctx: Arc<AlCtx>,
+}
+
+impl Slot {
+    /// Closes this AL ([`Checker::close_al`]) with the checks around it:
+    /// the CID slots of its QPs before ([`AlCtx::check_cid_slots`]), its
+    /// SIDR CEPs after ([`Checker::sweep_sidr`]).
+    pub(super) fn close(
+        self,
+        checker: &Arc<Checker>,
+        sync: bool,
+        limit: Duration,
+    ) -> Option<Stats> {
+        let slot = self;
+        let n = slot.ctx.check_cid_slots(true);
+        checker.count_probes("cid slots checked", n as u64);
+        let inst = slot.ctx.inst.clone();
+        let stats = checker.close_al(slot.al, sync, limit);
+        // After the close: every callback of the AL has run, so each SIDR
+        // CEP of it either ended or was cut by the close.
+        checker.sweep_sidr(&inst, true);
+        stats
     }
 }

@@ -1,6 +1,7 @@
 //! The API calls the run makes and the errors each documents.
 
-use super::*;
+use al::{Error, Handle, Kind};
+use cep::cm::Cep;
 
 /// The API calls the stress run (and the `al_api` fuzz check) make, each
 /// with the errors it is documented to return under concurrency.

@@ -1,6 +1,9 @@
 //! What a run did and found: the summary table and the JSON object.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use super::config::StressConfig;
+use super::hcas::Transport;
 
 /// What a run did and found.
 #[derive(Clone, Debug)]

@@ -1,6 +1,27 @@
 //! Setting the run up, ending it, and the checks at the end.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use al::{Al, Error, Kind};
+use cep::cm::{self};
+use hca::any::AnyProvider;
+use hca::provider::QpType;
+use hca::verbs::{self};
+use ibal::verbs::{Fabric, FaultConfig, SoftProvider};
+use qp::{create_qp, QpCreate};
+
+use super::checker::Checker;
+use super::config::{StressConfig, CLOSE_LIMIT};
+use super::ctx::{AlCtx, Objs, Slot, MAX_QPS};
+use super::hcas::{
+    fabric, node_guid, service_id, udp_addr, AnyShared, SharedRoce, Transport, SERVICES_PER_HCA,
+};
+use super::ops::{panic_text, Op};
+use super::report::StressReport;
+use super::workers::{worker, WorkerStatus, ACTIONS, STUCK_LIMIT};
 
 /// The run's keeper AL, open from before the workers start until after
 /// the end checks: it holds CM ports (so the agents and their route tables
@@ -418,7 +439,7 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
             // Last, after every worker AL: the port leak check first.
             port_lines = check_ports(&checker, &slot, &*provider, cfg);
         }
-        let stats = checker.close_slot(slot, i % 2 == 0, CLOSE_LIMIT);
+        let stats = slot.close(&checker, i % 2 == 0, CLOSE_LIMIT);
         *ops.entry(Op::CloseAl.name().to_string())
             .or_default()
             .entry(if stats.is_some() { "ok" } else { "hung" })

@@ -1,6 +1,27 @@
 //! The worker threads and their random actions.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use al::{Al, Error, Handle, Stats};
+use cep::cm::{self, AcceptReply, ConnectRequest};
+use cep::proto::{PeerAddr, SidrParams};
+use cep::wire::PrivateData;
+use cep::wire::RejectReason;
+use hca::provider::{Access, QpType};
+use hca::verbs::{self, Cq};
+use hca::RegisteredBuffer;
+use qp::{create_qp, QpCreate};
+
+use super::checker::{Checker, SidrState};
+use super::config::{StressConfig, CLOSE_LIMIT};
+use super::ctx::{AlCtx, Objs, Slot, MAX_QPS};
+use super::hcas::{gid_of_hca, lid, node_guid, service_id, AnyShared, Transport, SERVICES_PER_HCA};
+use super::ops::{error_name, panic_text, Op};
+use super::rng::{mix, XorShift};
 
 /// What a worker does next (weights per mille).
 #[derive(Clone, Copy, Debug)]
@@ -63,7 +84,6 @@ const EXHAUST_AT_MOST: u32 = 4096;
 const MAX_CAS: usize = 4;
 const MAX_PDS: usize = 6;
 const MAX_CQS: usize = 6;
-pub(super) const MAX_QPS: usize = 16;
 const MAX_MRS: usize = 8;
 const MAX_LISTENS: usize = 6;
 const MAX_CEPS: usize = 64;
@@ -72,11 +92,6 @@ const ALL_ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ)
     .union(Access::REMOTE_ATOMIC);
-
-pub(super) struct Slot {
-    pub(super) al: Al,
-    pub(super) ctx: Arc<AlCtx>,
-}
 
 /// What a worker is doing, for the watchdog.
 #[derive(Default)]
@@ -190,7 +205,7 @@ impl Worker {
     fn close_al(&mut self, i: usize) {
         let slot = self.als.swap_remove(i);
         let sync = self.rng.below(2) == 0;
-        let stats = self.checker.close_slot(slot, sync, CLOSE_LIMIT);
+        let stats = slot.close(&self.checker, sync, CLOSE_LIMIT);
         *self
             .ops
             .entry((
