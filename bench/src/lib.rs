@@ -9,7 +9,7 @@
 //!   loopback, against raw UDP (or on an RDMA device: `--device`);
 //! * [`flood`]: that ping-pong while a stranger floods the receiving port;
 //! * [`conn`]: CM connect latency and rate (soft fabric, or RoCEv2 over
-//!   UDP in [`conn::udp`]); [`conn_rdma`] the same through librdmacm;
+//!   UDP in [`conn::udp`]); `conn_rdma` (feature `rdma`) the same through librdmacm;
 //! * [`placement`]: pinning the polling threads to CPUs.
 
 pub mod conn;

@@ -4,16 +4,16 @@
 //!
 //! One AL instance on [`ibal_testkit::devices::default_provider`] (two soft HCAs,
 //! LIDs 1 and 2); both CAs opened with the CM attached to their port
-//! ([`cm::attach_ca`]: one CM agent thread per port, on QP1); a listen on
-//! HCA 1 whose request callback accepts ([`cm::accept`]) on the passive QP
+//! ([`cm::attach_ca`](cep::cm::attach_ca): one CM agent thread per port, on QP1); a listen on
+//! HCA 1 whose request callback accepts ([`cm::accept`](cep::cm::accept)) on the passive QP
 //! reserved for the requesting active QP; the active handler answers the
-//! REP with [`cm::rtu`]. Every CM message is a real 256-byte MAD on QP1.
+//! REP with [`cm::rtu`](cep::cm::rtu). Every CM message is a real 256-byte MAD on QP1.
 //!
 //! # Serial connect latency
 //!
 //! `connections` connections, one at a time, each on a fresh RC QP pair
 //! (created before the timed window). The time runs from just before
-//! [`cm::connect`] to the later of the two `Established` events, each
+//! [`cm::connect`](cep::cm::connect) to the later of the two `Established` events, each
 //! stamped with `Instant::now()` inside its callback (so the main thread's
 //! own wake-up is not counted). The connection stays up until the end of
 //! its round; then the QPs are destroyed (which disconnects, DREQ/DREP) and
@@ -37,7 +37,7 @@
 //!
 //! The CM agents own QP1 of both ports, so the floor uses a pair of UD QPs
 //! on the same two soft HCAs (Q_Key checked by the fabric, an AV per side
-//! from [`verbs::create_av`]). One round trip, all on the calling thread:
+//! from [`verbs::create_av`](hca::verbs::create_av)). One round trip, all on the calling thread:
 //! post a receive (40-byte GRH area + 256 bytes) on each side, SEND 256
 //! bytes A -> B, poll A's send and B's receive completion (byte count
 //! checked), SEND 256 bytes B -> A, poll B's send and A's receive

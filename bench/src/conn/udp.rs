@@ -3,10 +3,10 @@
 //! round trip of one MAD-sized datagram between the same two addresses,
 //! measured in the same run.
 //!
-//! One AL instance; one [`RoceProvider`] with two devices, one port each,
-//! on [`ADDRS`] (127.0.0.1 and 127.0.0.2, ephemeral UDP ports that the
+//! One AL instance; one [`RoceProvider`](ibal::roce::RoceProvider) with two devices, one port each,
+//! on [`ADDRS`](crate::conn::udp::ADDRS) (127.0.0.1 and 127.0.0.2, ephemeral UDP ports that the
 //! provider's directory resolves); the CM attached to both ports; an
-//! rdma_cm-style listen (`cep::ip`) on 127.0.0.2:[`LISTEN_PORT`] whose
+//! rdma_cm-style listen (`cep::ip`) on 127.0.0.2:[`LISTEN_PORT`](crate::conn::udp::LISTEN_PORT) whose
 //! request callback accepts on the passive QP reserved for the requesting
 //! active QP; the active side connects by address (a REQ with rdma_cm's
 //! header, LAN timers) and answers the REP with `rtu`. Every CM message is
@@ -14,7 +14,7 @@
 //! (BTH 12 + DETH 8 + MAD 256 + ICRC 4).
 //!
 //! The rounds, the batches, the legs and the REQ -> REJ probes (to
-//! 127.0.0.2:[`UNLISTENED_PORT`]: the peer's CM answers REJ "invalid
+//! 127.0.0.2:[`UNLISTENED_PORT`](crate::conn::udp::UNLISTENED_PORT): the peer's CM answers REJ "invalid
 //! service ID") are those of the soft-fabric mode (`super`), on the same
 //! code.
 //!
@@ -222,7 +222,7 @@ pub struct UdpConnRateReport {
     /// `None` without it.
     pub roce_ud_rtt: Option<Dist>,
     /// Context: the bare exchange over the two RoCEv2 ports
-    /// ([`UdPair::bare_connect`]: REQ, REP, RTU through the codec and the
+    /// (`UdPair::bare_connect`: REQ, REP, RTU through the codec and the
     /// QP transitions, busy-polled, no CM object, table, timer or
     /// callback): what any CM on this provider pays before its own work.
     /// Polled mode only, like [`Self::roce_ud_rtt`].

@@ -54,7 +54,7 @@ pub struct QpxConfig {
     /// `--rdma-bulk SIZE` (RC, ibal extension peers: another ibal or
     /// `.ci/rxe-peer/rdma_peer.c`): instead of the ping-pong, each side
     /// exposes a buffer of `2 * SIZE` bytes (REMOTE_WRITE and REMOTE_READ)
-    /// whose second half holds its [`oob::bulk_pattern`]; the client RDMA
+    /// whose second half holds its [`oob::bulk_pattern`](crate::oob::bulk_pattern); the client RDMA
     /// WRITEs SIZE bytes of its pattern into the first half of the
     /// server's, RDMA READs the server's second half and checks it, sends
     /// `ibal-qpx/1 bulk-done ...`, and the server checks what was written

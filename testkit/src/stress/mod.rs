@@ -11,7 +11,7 @@
 //! destroy a CEP. The CM callbacks answer at random too: a listen accepts
 //! (on a QP of its AL on its HCA), rejects, sends an MRA or leaves the
 //! request for the worker; the active side mostly sends the RTU; DREQs are
-//! mostly answered. A ticker thread calls [`Fabric::progress`], which is the
+//! mostly answered. A ticker thread calls [`Fabric::progress`](ibal::verbs::Fabric::progress), which is the
 //! only way faulted (queued) MADs are delivered.
 //!
 //! Every destroy the run issues carries a destroy callback that counts its

@@ -35,7 +35,7 @@ pub struct StressReport {
     pub ports: Vec<String>,
     /// The end check of each HCA's object counts (all 0 when nothing leaked).
     pub usage: Vec<String>,
-    /// Workers that did not finish within [`STUCK_LIMIT`] of the end, and
+    /// Workers that did not finish within [`STUCK_LIMIT`](super::STUCK_LIMIT) of the end, and
     /// the action each was in (a deadlock): nothing is closed then.
     pub stuck_workers: Vec<(usize, String)>,
     pub failure_count: u64,
