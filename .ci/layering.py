@@ -29,8 +29,10 @@ LIBRARY = {
     "qp": {"al", "provider", "hca"},
     "cep": {"al", "provider", "hca", "qp"},
     "cep-rdmacm": {"al", "provider", "hca", "qp", "cep", "rdma-provider"},
+    # The facade also re-exports the RoCEv2 wire codec (`ibal::roce::wire`)
+    # for the tools that build or re-sign packets (the relay, perf's flood).
     "ibal": {"al", "provider", "hca", "qp", "cep", "cep-rdmacm",
-             "soft-provider", "roce-provider", "rdma-provider"},
+             "soft-provider", "roce", "roce-provider", "rdma-provider"},
 }
 # Tools and harnesses sit beside the library and use it through the facade
 # (plus the layer crates whose internals they exercise); none names a

@@ -228,6 +228,12 @@ pub mod verbs {
     };
     pub use hca::{RawRegion, RegisteredBuffer};
     pub use qp::{create_qp, modify_qp, post_recv, post_send, query_qp, CidState, Qp, QpCreate};
+    /// ERF capture files of InfiniBand packets (what tshark reads), for
+    /// `--capture` and the checks that read them.
+    pub use soft_provider::erf;
+    /// The soft fabric's datagrams as InfiniBand packets (LRH, GRH, BTH,
+    /// DETH, both CRCs), for captures and the checks that read them.
+    pub use soft_provider::packet;
     pub use soft_provider::{
         Fabric, FabricStats, FaultConfig, HcaConfig, HcaLimits, HcaUsage, PortConfig, SoftHca,
         SoftProvider,
@@ -246,6 +252,14 @@ pub mod roce {
     pub use roce_provider::{
         gid_of, ip_of, DeviceConfig, PortConfig, PortCounters, RoceDevice, RoceProvider, ROCE_PORT,
     };
+
+    pub mod wire {
+        //! The RoCEv2 wire codec the provider speaks (crate `roce`; no
+        //! I/O), for tools that build, read or re-sign packets themselves:
+        //! a fault relay between two ports, a flood of forged datagrams, a
+        //! raw UDP baseline that computes the same ICRC.
+        pub use roce::{icrc, Bth, Deth, Endpoints, Headers, Opcode, Packet, ICRC_LEN};
+    }
 }
 
 #[cfg(feature = "rdma")]
@@ -257,6 +271,9 @@ pub mod rdma {
     //! completion channel), MRs, SRQs, AVs and RC/UC/UD QPs work as on
     //! the other providers. With no device it says "no RDMA devices found".
     //! See `docs/rdma-provider.md`.
+    /// Whether librdmacm works here (the kernel has rdma_cm), checked
+    /// before the connections of [`cm`] are tried.
+    pub use rdma_provider::rdma_cm_available;
     pub use rdma_provider::{RdmaDevice, RdmaProvider, NO_DEVICES};
 
     /// Connections on an `rdma` CA: CEPs backed by librdmacm (QP1 belongs

@@ -2,10 +2,10 @@
 //! the CM's MADs among them) to a capture file that Wireshark and tshark
 //! decode with their `infiniband` dissector, with no option needed.
 //!
-//! Each packet is built by [`soft_provider::packet::UdPacket::encode`] from what the
+//! Each packet is built by [`UdPacket::encode`] from what the
 //! sending port put on its link (LRH, GRH when routed by GID, BTH, DETH,
 //! payload, ICRC, VCRC) and written as an ERF InfiniBand record
-//! ([`soft_provider::erf`]). `tshark -r FILE -V` shows every CM field by name;
+//! ([`ibal::verbs::erf`]). `tshark -r FILE -V` shows every CM field by name;
 //! `docs/capture.md` describes the checks the tests run on such a file.
 
 use std::fs::File;
@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use soft_provider::erf::ErfWriter;
-use soft_provider::packet::UdPacket;
-use soft_provider::Fabric;
+use ibal::verbs::erf::ErfWriter;
+use ibal::verbs::packet::UdPacket;
+use ibal::verbs::Fabric;
 
 struct Sink {
     writer: Option<ErfWriter<BufWriter<File>>>,

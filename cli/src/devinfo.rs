@@ -1,67 +1,33 @@
 //! `ibal devinfo`: the devices and ports of a provider, listed the way
-//! `ibv_devinfo -v` lists them, and the embedded default fabric the
-//! command-line tools run on.
+//! `ibv_devinfo -v` lists them (the embedded default fabric it lists is
+//! [`ibal_testkit::devices::default_fabric`]).
 //!
 //! Everything printed comes through the provider interface
 //! ([`Provider::devices`], [`Device::query`], [`Device::query_port`]), so
-//! the same code lists any provider's devices; only [`default_fabric`]
-//! knows about the soft provider.
+//! the same code lists any provider's devices.
 //!
 //! The provider interface has no firmware version or system image GUID;
 //! `fw_ver` is printed as `0.0.0` and `sys_image_guid` as the node GUID
 //! (what software HCAs such as rdma_rxe report).
 
 use hca::provider::{Device, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState, Provider};
-use soft_provider::{Fabric, HcaConfig, PortConfig, SoftProvider};
-
-/// Node GUIDs of the two HCAs of the default fabric.
-pub const DEFAULT_NODE_GUIDS: [u64; 2] = [0x0002_c903_00a0_0001, 0x0002_c903_00b0_0001];
-/// LIDs of their (single) ports, in the same order.
-pub const DEFAULT_LIDS: [u16; 2] = [1, 2];
-/// Device names of the two HCAs, in the same order.
-pub const DEFAULT_NAMES: [&str; 2] = ["soft0", "soft1"];
-
-/// The embedded default fabric: two soft HCAs (`soft0`, `soft1`, node GUIDs
-/// [`DEFAULT_NODE_GUIDS`]) with one active InfiniBand port each (LIDs
-/// [`DEFAULT_LIDS`], port GUID = node GUID + 1, GID fe80::port GUID,
-/// P_Key 0xffff, MTU 4096). Commands that need a fabric (devinfo, the
-/// verbs benchmarks) build it here.
-pub fn default_fabric() -> Fabric {
-    let fabric = Fabric::new();
-    for ((guid, lid), name) in DEFAULT_NODE_GUIDS
-        .into_iter()
-        .zip(DEFAULT_LIDS)
-        .zip(DEFAULT_NAMES)
-    {
-        // HcaConfig::new gives port 1 the GUID node_guid + 1; PortConfig::new
-        // makes it an active IB port with GID fe80::<port GUID>, P_Key
-        // 0xffff and a 4096-byte MTU.
-        let mut cfg = HcaConfig::new(guid, &[lid]);
-        cfg.name = name.to_string();
-        debug_assert_eq!(cfg.ports, vec![PortConfig::new(lid, guid + 1)]);
-        fabric
-            .add_hca(cfg)
-            .expect("invariant: the default fabric's GUIDs and LIDs are distinct");
-    }
-    fabric
-}
 
 /// The RoCEv2 provider with one device per address of `addrs` (`roce0`,
 /// `roce1`, ...; node GUIDs 0x0002_c903_00c0_0001 upwards), each with one
 /// port bound to that IP address and UDP port (0: any free port).
-pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> roce_provider::RoceProvider {
+pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> ibal::roce::RoceProvider {
     let devices = addrs
         .iter()
         .enumerate()
         .map(|(i, &addr)| {
-            roce_provider::DeviceConfig::new(
+            ibal::roce::DeviceConfig::new(
                 format!("roce{i}"),
                 0x0002_c903_00c0_0001 + ((i as u64) << 16),
-                vec![roce_provider::PortConfig::new(addr)],
+                vec![ibal::roce::PortConfig::new(addr)],
             )
         })
         .collect();
-    roce_provider::RoceProvider::new(devices)
+    ibal::roce::RoceProvider::new(devices)
 }
 
 /// The machine's RDMA devices through libibverbs (feature `rdma`), opened
@@ -70,25 +36,9 @@ pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> roce_provider::RoceProvi
 /// list at all (no RDMA support in the kernel); an empty report when it
 /// lists none. Either way `ibal devinfo` says "no RDMA devices found" and
 /// exits as `ibv_devinfo` does then (255).
-/// The node GUID of the RDMA device named `device` (`mlx5_0`, `rxe0`), for
-/// the `--device` commands.
-#[cfg(feature = "rdma")]
-pub fn rdma_device_guid(
-    provider: &rdma_provider::RdmaProvider,
-    device: &str,
-) -> Result<u64, String> {
-    provider
-        .list()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|d| d.name == device)
-        .map(|d| d.node_guid)
-        .ok_or_else(|| format!("no RDMA device named {device} (ibal devinfo lists them)"))
-}
-
 #[cfg(feature = "rdma")]
 pub fn rdma_report() -> al::Result<DevinfoReport> {
-    let provider = rdma_provider::RdmaProvider::new();
+    let provider = ibal::rdma::RdmaProvider::new();
     // Listing through `list` first keeps the reason an empty `devices()`
     // would hide.
     provider.list()?;
@@ -100,11 +50,6 @@ pub fn rdma_report() -> al::Result<DevinfoReport> {
 pub fn reports_to_json(reports: &[DevinfoReport]) -> String {
     let parts: Vec<String> = reports.iter().map(DevinfoReport::to_json).collect();
     format!("{{\"providers\":[{}]}}", parts.join(","))
-}
-
-/// The soft provider over a fresh [`default_fabric`].
-pub fn default_provider() -> SoftProvider {
-    SoftProvider::new(default_fabric())
 }
 
 /// What devinfo prints about one device.
@@ -149,7 +94,7 @@ pub fn query_all<P: Provider>(provider: &P) -> al::Result<DevinfoReport> {
 }
 
 /// [`query_all`] on the RoCEv2 provider, with each port's counters.
-pub fn query_roce(provider: &roce_provider::RoceProvider) -> al::Result<DevinfoReport> {
+pub fn query_roce(provider: &ibal::roce::RoceProvider) -> al::Result<DevinfoReport> {
     query_with_counters(provider, |dev, port| {
         dev.port_counters(port)
             .map(|c| c.fields())
@@ -370,6 +315,9 @@ fn json_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ibal_testkit::devices::{
+        default_provider, DEFAULT_LIDS, DEFAULT_NAMES, DEFAULT_NODE_GUIDS,
+    };
 
     #[test]
     fn the_default_fabric_lists_two_hcas_through_the_provider() {

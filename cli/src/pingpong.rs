@@ -25,7 +25,7 @@ use hca::RegisteredBuffer;
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 
 use crate::capture::FabricCapture;
-use crate::devinfo;
+use ibal_testkit::devices;
 
 /// The service the passive side listens on.
 pub const SERVICE_ID: u64 = 0x0000_0000_1ba1_0001;
@@ -234,7 +234,7 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
     };
 
     let t = Instant::now();
-    let provider = devinfo::default_provider();
+    let provider = devices::default_provider();
     let capture = match &config.capture {
         Some(path) => Some(FabricCapture::start(provider.fabric(), path)?),
         None => None,
@@ -247,7 +247,7 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
     let mut nodes = Vec::new();
     let mut cas = Vec::new();
     let mut cm_ports = Vec::new();
-    for guid in devinfo::DEFAULT_NODE_GUIDS {
+    for guid in devices::DEFAULT_NODE_GUIDS {
         let ca = verbs::open_ca(al.instance(), &provider, guid).map_err(err)?;
         cm_ports.extend(cm::attach_ca(al.instance(), ca).map_err(err)?);
         let pd = verbs::alloc_pd(al.instance(), ca).map_err(err)?;
@@ -316,7 +316,7 @@ pub fn run(config: &PingPongConfig) -> Result<PingPongReport, String> {
     let cep = cm::connect(
         al.instance(),
         nodes[0].qp,
-        &ConnectRequest::new(SERVICE_ID, devinfo::DEFAULT_LIDS[1]),
+        &ConnectRequest::new(SERVICE_ID, devices::DEFAULT_LIDS[1]),
         active,
     )
     .map_err(err)?;

@@ -27,8 +27,8 @@ use cep::wire::ip_cm::PortSpace;
 use hca::provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
 use hca::RegisteredBuffer;
+use ibal::roce::{DeviceConfig, PortConfig, RoceProvider};
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
-use roce_provider::{DeviceConfig, PortConfig, RoceProvider};
 
 use crate::pingpong_ip::{connect_and_answer, local_address_for, wait_event};
 
@@ -77,8 +77,8 @@ impl RpingConfig {
             addr,
             port: DEFAULT_PORT,
             local: None,
-            udp_port: roce_provider::ROCE_PORT,
-            peer_udp_port: roce_provider::ROCE_PORT,
+            udp_port: ibal::roce::ROCE_PORT,
+            peer_udp_port: ibal::roce::ROCE_PORT,
             count: 10,
             size: 64,
             verbose: false,

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 use cep::wire::{self, CmMessage};
 use hca::GSI_QKEY;
-use ibal_cli::devinfo::DEFAULT_LIDS;
+use ibal::verbs::erf;
+use ibal::verbs::packet::UdPacket;
 use ibal_cli::pingpong::{run, PingPongConfig};
-use soft_provider::erf;
-use soft_provider::packet::UdPacket;
+use ibal_testkit::devices::DEFAULT_LIDS;
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("ibal-capture-{}-{name}.erf", std::process::id()))

@@ -1,3 +1,3 @@
 //! bytes -> decode -> encode -> decode must agree on every defined bit.
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ibal_cli::fuzzing::mad_codec(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ibal_testkit::fuzzing::mad_codec(data));

@@ -1,0 +1,194 @@
+//! One-way streams, timed: RC SENDs or WRITEs between the two ends, and
+//! raw UDP datagrams between two sockets (plain, or doing the copies and
+//! CRC-32s RoCE cannot skip).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use ibal::prelude::*;
+
+use super::ends::{err, poll_some, recv_wr, udp_pair, Pair, Target, STREAM_WAIT, WRITE_DATAGRAM};
+use crate::BenchResult;
+
+/// posted receives, or WRITEs when `write`); returns payload bytes per
+/// second, timed from the first post to the last completion at B (SEND)
+/// or at A (WRITE, whose completion follows the ACK of its last packet).
+pub(super) fn roce_stream(
+    target: &Target,
+    count: u64,
+    size: usize,
+    mtu: Mtu,
+    write: bool,
+) -> BenchResult<f64> {
+    const DEPTH: u32 = 512;
+    let pair = Pair::on(target, mtu, size.max(64), DEPTH)?;
+    let Pair { al, ends: [a, b] } = &pair;
+    let sge = [Sge {
+        addr: 0,
+        length: size as u32,
+        lkey: a.lkey,
+    }];
+    let rsge = [Sge {
+        addr: 0,
+        length: size as u32,
+        lkey: b.lkey,
+    }];
+    let op = if write {
+        SendOp::Write {
+            remote_addr: 0,
+            rkey: b.rkey,
+        }
+    } else {
+        SendOp::Send
+    };
+    // Receives on B, replenished by a thread that counts completions.
+    let done = Arc::new(AtomicBool::new(false));
+    let receiver = (!write).then(|| -> BenchResult<_> {
+        let wrs: Vec<RecvWr> = (0..DEPTH).map(|i| recv_wr(&rsge, u64::from(i))).collect();
+        b.qp.post_recv(al, &wrs).map_err(err("post_recv"))?;
+        let (al, qp, cq, done) = (Arc::clone(al), b.qp, b.cq, Arc::clone(&done));
+        Ok(std::thread::spawn(move || -> BenchResult<Instant> {
+            let mut wc = [Wc::default(); 64];
+            let mut got = 0u64;
+            while got < count {
+                let n = poll_some(&al, cq, &mut wc, STREAM_WAIT)?;
+                got += n as u64;
+                let wrs: Vec<RecvWr> = wc[..n].iter().map(|w| recv_wr(&rsge, w.wr_id)).collect();
+                qp.post_recv(&al, &wrs).map_err(err("post_recv"))?;
+            }
+            done.store(true, Ordering::Release);
+            Ok(Instant::now())
+        }))
+    });
+    let receiver = receiver.transpose()?;
+    // Signal one request in 16 so the send queue is reaped in batches.
+    const SIGNAL: u64 = 16;
+    let window = u64::from(DEPTH) / SIGNAL * SIGNAL;
+    let mut wc = [Wc::default(); 64];
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let t0 = Instant::now();
+    while completed < count {
+        while posted < count && posted - completed < window {
+            let mut wr = SendWr::new(posted, op, &sge);
+            if (posted + 1) % SIGNAL != 0 && posted + 1 != count {
+                wr = wr.unsignaled();
+            }
+            a.qp.post_send(al, &[wr]).map_err(err("post_send"))?;
+            posted += 1;
+        }
+        let n = poll_some(al, a.cq, &mut wc, STREAM_WAIT)?;
+        for w in &wc[..n] {
+            completed = w.wr_id + 1;
+        }
+    }
+    let end = match receiver {
+        Some(h) => h
+            .join()
+            .map_err(|_| "the receiver panicked".to_string())??,
+        None => Instant::now(),
+    };
+    let _ = done.load(Ordering::Acquire);
+    let secs = end.duration_since(t0).as_secs_f64();
+    Ok(count as f64 * size as f64 / secs)
+}
+
+/// Streams `count` datagrams of `size` bytes between two sockets; returns
+/// (datagrams received per second, datagrams lost).
+pub(super) fn udp_stream(count: u64, size: usize) -> BenchResult<(f64, u64)> {
+    let (a, b) = udp_pair()?;
+    let b_addr = b.local_addr().map_err(|e| e.to_string())?;
+    let ready = Arc::new(Barrier::new(2));
+    let receiver = {
+        let ready = Arc::clone(&ready);
+        std::thread::spawn(move || -> (u64, Option<Instant>, Option<Instant>) {
+            let mut buf = vec![0u8; size + 64];
+            let (mut got, mut first, mut last) = (0u64, None, None);
+            ready.wait();
+            // Ends when everything arrived or after 200 ms of silence
+            // (datagrams lost: UDP has no flow control).
+            while got < count {
+                match b.recv_from(&mut buf) {
+                    Ok(_) => {
+                        let now = Instant::now();
+                        first.get_or_insert(now);
+                        last = Some(now);
+                        got += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            (got, first, last)
+        })
+    };
+    let msg = vec![0x5au8; size];
+    ready.wait();
+    let t0 = Instant::now();
+    for _ in 0..count {
+        a.send_to(&msg, b_addr).map_err(|e| e.to_string())?;
+    }
+    let (got, _first, last) = receiver
+        .join()
+        .map_err(|_| "the receiver panicked".to_string())?;
+    let secs = last.map_or(f64::NAN, |l| l.duration_since(t0).as_secs_f64());
+    Ok((got as f64 / secs, count - got))
+}
+
+/// As [`udp_stream`] with `count` WRITE-sized datagrams carrying messages
+/// of `size` bytes, doing per packet the user-space work RoCE must: the
+/// sender gathers the packet's 4 KiB from its message into the datagram
+/// and computes a CRC-32 over it, the receiver computes the CRC-32 and
+/// copies the payload to its place in a destination buffer. Returns
+/// (datagrams received per second, datagrams lost).
+pub(super) fn udp_stream_working(count: u64, size: usize) -> BenchResult<(f64, u64)> {
+    const MTU: usize = 4096;
+    let (a, b) = udp_pair()?;
+    let b_addr = b.local_addr().map_err(|e| e.to_string())?;
+    let ready = Arc::new(Barrier::new(2));
+    let size = size.max(MTU);
+    let receiver = {
+        let ready = Arc::clone(&ready);
+        std::thread::spawn(move || -> (u64, Option<Instant>, u32) {
+            let mut buf = vec![0u8; WRITE_DATAGRAM + 64];
+            let mut dst = vec![0u8; size];
+            let (mut got, mut last, mut crcs) = (0u64, None, 0u32);
+            ready.wait();
+            while got < count {
+                match b.recv_from(&mut buf) {
+                    Ok((n, _)) => {
+                        crcs ^= ibal_roce_crc(&buf[..n]);
+                        let at = (got as usize * MTU) % size;
+                        let len = (n.saturating_sub(16)).min(MTU).min(size - at);
+                        dst[at..at + len].copy_from_slice(&buf[12..12 + len]);
+                        last = Some(Instant::now());
+                        got += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            (got, last, crcs ^ u32::from(dst[0]))
+        })
+    };
+    let src: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    let mut datagram = vec![0u8; WRITE_DATAGRAM];
+    ready.wait();
+    let t0 = Instant::now();
+    for k in 0..count {
+        let at = (k as usize * MTU) % size;
+        let len = MTU.min(size - at);
+        datagram[12..12 + len].copy_from_slice(&src[at..at + len]);
+        let crc = ibal_roce_crc(&datagram[..WRITE_DATAGRAM - 4]);
+        datagram[WRITE_DATAGRAM - 4..].copy_from_slice(&crc.to_le_bytes());
+        a.send_to(&datagram, b_addr).map_err(|e| e.to_string())?;
+    }
+    let (got, last, _) = receiver
+        .join()
+        .map_err(|_| "the receiver panicked".to_string())?;
+    let secs = last.map_or(f64::NAN, |l| l.duration_since(t0).as_secs_f64());
+    Ok((got as f64 / secs, count - got))
+}
+
+/// The CRC-32 the ICRC costs (the same routine, `ibal::roce::wire::icrc`).
+fn ibal_roce_crc(bytes: &[u8]) -> u32 {
+    ibal::roce::wire::icrc::crc32(bytes)
+}

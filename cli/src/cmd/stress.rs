@@ -1,0 +1,87 @@
+//! `ibal stress`: the stress run of `ibal_testkit::stress` with the
+//! command line's settings.
+
+// `ibal stress`'s flags.
+#[derive(clap::Args)]
+pub struct StressArgs {
+    /// How long the workers run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Worker threads.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Probability a CM MAD (any UD/GSI/UC packet) is dropped.
+    #[arg(long, default_value_t = 0.0)]
+    drop: f64,
+    /// Probability a CM MAD is delivered twice.
+    #[arg(long, default_value_t = 0.0)]
+    dup: f64,
+    /// Probability a CM MAD overtakes the one queued before it.
+    #[arg(long, default_value_t = 0.0)]
+    reorder: f64,
+    /// Probability a CM MAD is held for 1..=3 fabric ticks.
+    #[arg(long, default_value_t = 0.0)]
+    delay: f64,
+    /// Seed of the workers, the callbacks and the faults.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// HCAs (one port each): soft HCAs on the fabric (default 4), or
+    /// RoCEv2 devices on 127.0.0.1, 127.0.0.2, ... (default 2).
+    #[arg(long)]
+    hcas: Option<usize>,
+    /// `soft`: soft HCAs on one fabric with CM fault injection. `udp`:
+    /// RoCEv2 ports of one RoCE provider on loopback (ephemeral UDP
+    /// ports), every MAD through the kernel; no fault injection.
+    #[arg(long, default_value = "soft", value_parser = ["soft", "udp"])]
+    transport: String,
+    /// Listen on every service once, before the workers start, instead of at random.
+    #[arg(long)]
+    static_listens: bool,
+    /// Limit every HCA to this many PDs, CQs, QPs, SRQs, AVs and MRs, so
+    /// the run keeps hitting the device limits (and exhausts them on purpose).
+    #[arg(long)]
+    max_objects: Option<u32>,
+    /// Print one JSON object instead of the summary table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl StressArgs {
+    /// Runs the workers and prints the summary (or JSON).
+    pub fn run(self) -> Result<(), String> {
+        let StressArgs {
+            seconds,
+            threads,
+            drop,
+            dup,
+            reorder,
+            delay,
+            seed,
+            hcas,
+            transport,
+            static_listens,
+            max_objects,
+            json,
+        } = self;
+        ibal_testkit::stress::main_on(
+            &ibal_testkit::stress::StressConfig {
+                seconds,
+                threads,
+                drop,
+                duplicate: dup,
+                reorder,
+                delay,
+                seed,
+                hcas: hcas.unwrap_or(if transport == "udp" { 2 } else { 4 }),
+                static_listens,
+                max_objects,
+            },
+            if transport == "udp" {
+                ibal_testkit::stress::Transport::Udp
+            } else {
+                ibal_testkit::stress::Transport::Soft
+            },
+            json,
+        )
+    }
+}
