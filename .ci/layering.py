@@ -39,7 +39,7 @@ LIBRARY = {
 # provider crate.
 LAYERS = {"al", "provider", "hca", "qp", "cep", "ibal"}
 TOOLS = {
-    "ibal-testkit": LAYERS | {"roce", "roce-transport"},
+    "ibal-testkit": LAYERS,
     "ibal-bench": LAYERS | {"ibal-testkit"},
     "ibal-cli": LAYERS | {"ibal-bench", "ibal-testkit"},
     "ibal-conformance": LAYERS,
