@@ -55,7 +55,7 @@ impl fmt::Display for HeldObject {
 }
 
 /// What a close that gave up waiting found still held: the payload of
-/// [`Error::Leaked`].
+/// [`Error::Leaked`](crate::Error::Leaked).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeakReport {
