@@ -229,6 +229,7 @@ pub fn connect(
 ) -> Result<Handle<Cep>> {
     let (local, qpn) = {
         let q = al.resolve(qp)?;
+        q.pd().ca().device().check_own_qp1()?;
         (port_address(q.pd().ca(), port)?, q.qpn())
     };
     cm::connect(al, qp, &request.to_request(local, port, qpn)?, handler)
@@ -246,6 +247,7 @@ pub fn listen(
     on_request: ListenHandler,
     handler: CmHandler,
 ) -> Result<Handle<Listen>> {
+    al.resolve(ca)?.device().check_own_qp1()?;
     let port = port_of(al, ca, addr.ip())?;
     cm::listen(
         al,

@@ -341,6 +341,23 @@ providers! {
 }
 
 impl AnyDevice {
+    /// Whether the project's own CM agent may run on this device: it needs
+    /// the device's QP1. On an rdma device QP1 belongs to the kernel, so
+    /// connections go through librdmacm instead (`ibal::rdma::cm`). Asked
+    /// by the CM before anything else, so that such a call fails with this
+    /// reason rather than a later, less telling one.
+    pub fn check_own_qp1(&self) -> Result<()> {
+        #[cfg(feature = "rdma")]
+        if matches!(self, AnyDevice::Rdma(_)) {
+            return Err(Error::Unsupported(
+                "QP1 belongs to the kernel on an rdma CA, so the project's CM cannot run there: \
+                 connect and listen through librdmacm (ibal::rdma::cm, crate cep-rdmacm)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Identifies this device among the open devices of the process: two
     /// handles to one device answer the same. Stable while any handle to
     /// the device lives.
