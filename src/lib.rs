@@ -217,16 +217,16 @@ pub use al::{
 pub mod verbs {
     //! Verbs objects, their calls (each also a method: [`crate::methods`]),
     //! work requests, completions, and the embedded soft provider.
-    pub use hca::provider::{
-        Access, AsyncEvent, AtomicCap, AvAttr, CqArm, DeviceAttr, DeviceInfo, Gid, GrhAttr,
-        LinkLayer, MigState, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps, QpModify, QpState,
-        QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, UdDest, Wc, WcOpcode, WcStatus,
-    };
     pub use hca::verbs::{
         alloc_pd, arm_cq, create_av, create_cq, create_srq, open_ca, poll_cq, post_srq_recv,
         register_mr, register_region, Av, Ca, CompletionCallback, Cq, CqEventCallback, Mr, Pd, Srq,
     };
-    pub use hca::{RawRegion, RegisteredBuffer};
+    pub use provider::{
+        Access, AsyncEvent, AtomicCap, AvAttr, CqArm, DeviceAttr, DeviceInfo, Gid, GrhAttr,
+        LinkLayer, MigState, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps, QpModify, QpState,
+        QpType, RecvWr, SendOp, SendWr, Sge, SrqInit, UdDest, Wc, WcOpcode, WcStatus,
+    };
+    pub use provider::{RawRegion, RegisteredBuffer};
     pub use qp::{create_qp, modify_qp, post_recv, post_send, query_qp, CidState, Qp, QpCreate};
     /// ERF capture files of InfiniBand packets (what tshark reads), for
     /// `--capture` and the checks that read them.

@@ -21,10 +21,11 @@ use cep::proto::{LapParams, SidrParams, SidrReplyParams};
 use cep::wire::ip_cm::PortSpace;
 use cep::wire::{ApStatus, RejectReason};
 use hca::any::AnyProvider;
-use hca::provider::{Access, AvAttr, CqArm, DeviceAttr, QpAttr, QpModify, RecvWr, SendWr};
-use hca::provider::{PortAttr, SrqInit, Wc};
+use hca::verbs::Cq;
 use hca::verbs::{self, Av, Ca, CompletionCallback, CqEventCallback, Mr, Pd, Srq};
-use hca::{verbs::Cq, RawRegion, RegisteredBuffer};
+use provider::{Access, AvAttr, CqArm, DeviceAttr, QpAttr, QpModify, RecvWr, SendWr};
+use provider::{PortAttr, SrqInit, Wc};
+use provider::{RawRegion, RegisteredBuffer};
 use qp::{Qp, QpCreate};
 use std::net::SocketAddr;
 

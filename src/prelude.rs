@@ -26,15 +26,15 @@ pub use cep::proto::LapParams;
 pub use cep::proto::{Event, PeerAddr, SidrParams, SidrReplyParams, TimedOut};
 pub use cep::wire::{ApStatus, RejectReason};
 pub use cep::wire::{PathInfo, PrivateData};
-pub use hca::provider::GrhAttr;
-pub use hca::provider::MigState;
-pub use hca::provider::GRH_SIZE;
-pub use hca::provider::{
+pub use hca::verbs::{Av, Ca, Cq, Mr, Pd, Srq};
+pub use provider::GrhAttr;
+pub use provider::MigState;
+pub use provider::GRH_SIZE;
+pub use provider::{
     Access, AvAttr, CqArm, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit,
     UdDest, Wc, WcOpcode, WcStatus,
 };
-pub use hca::verbs::{Av, Ca, Cq, Mr, Pd, Srq};
-pub use hca::{RawRegion, RegisteredBuffer};
+pub use provider::{RawRegion, RegisteredBuffer};
 pub use qp::{Qp, QpCreate};
 pub use soft_provider::{Fabric, HcaConfig, SoftProvider};
 pub use std::sync::Arc;

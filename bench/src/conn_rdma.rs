@@ -15,10 +15,10 @@ use cep::cm::AcceptReply;
 use cep::ip::IpConnect;
 use cep::proto::Event;
 use cep::wire::ip_cm::{self, PortSpace};
-use hca::provider::QpType;
 use hca::verbs;
 use ibal::rdma::cm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListenHandler};
 use ibal::rdma::RdmaProvider;
+use provider::QpType;
 use qp::{create_qp, QpCreate};
 
 use super::{json_f64, BenchResult};

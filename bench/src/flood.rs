@@ -317,7 +317,7 @@ fn flood_datagram(kind: FloodKind, to: SocketAddr, qpn: u32) -> BenchResult<Vec<
         FloodKind::Gsi => {
             let mut h = Headers::new(Bth::new(Opcode::UdSendOnly, 1, 0));
             h.deth = Some(Deth {
-                qkey: hca::provider::GSI_QKEY,
+                qkey: provider::GSI_QKEY,
                 src_qp: 1,
             });
             h

@@ -22,8 +22,8 @@ pub mod udp;
 pub mod verbs;
 
 use al::{Al, Handle};
-use hca::provider::{Wc, WcStatus};
 use hca::verbs::Cq;
+use provider::{Wc, WcStatus};
 
 /// Errors are reported as text (they end up on the command line).
 pub type BenchResult<T> = Result<T, String>;

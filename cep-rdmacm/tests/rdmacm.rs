@@ -26,9 +26,9 @@ use cep::proto::Event;
 use cep::wire::ip_cm::{self, PortSpace};
 use cep::wire::RejectReason;
 use cep_rdmacm::{self as rdmacm, RdmaCep, RdmaCmHandler, RdmaListen, RdmaListenHandler};
-use hca::provider::{Access, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use hca::verbs::{self, Ca, Cq};
-use hca::RegisteredBuffer;
+use provider::RegisteredBuffer;
+use provider::{Access, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 use rdma_provider::RdmaProvider;
 
@@ -72,8 +72,8 @@ fn device(test: &str) -> Option<(u64, IpAddr)> {
         skipped(test, &e.to_string());
         return None;
     }
-    let dev = hca::provider::Provider::open(&provider, info.node_guid).expect("open the device");
-    let port = hca::provider::Device::query_port(&dev, 1).expect("query port 1");
+    let dev = provider::Provider::open(&provider, info.node_guid).expect("open the device");
+    let port = provider::Device::query_port(&dev, 1).expect("query port 1");
     let gid = port
         .gid_table
         .iter()
@@ -317,7 +317,7 @@ fn comm_est_completes_the_passive_side_without_the_rtu() {
     hook(rdma_provider::QpEvent::CommEstablished);
     assert_eq!(expect(&l.events, "Established").0, passive);
     let until = Instant::now() + WAIT;
-    while qp.query().unwrap().state != hca::provider::QpState::Rts {
+    while qp.query().unwrap().state != provider::QpState::Rts {
         assert!(Instant::now() < until, "the passive QP never reached RTS");
         std::thread::sleep(Duration::from_millis(5));
     }

@@ -27,7 +27,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use al::{AlInstance, Error, Handle, Result};
 use hca::verbs::Ca;
-use hca::Mtu;
+use provider::Mtu;
 use qp::Qp;
 
 use crate::cm::{self, Cep, CmHandler, ConnectRequest, Listen, ListenHandler};

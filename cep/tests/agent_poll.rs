@@ -9,7 +9,7 @@ use cep::agent::{AgentConfig, CmAgent};
 use cep::proto::{DisconnectCause, Event, Nanos, PeerAddr, RejectOrigin, State};
 use cep::wire::{attr, CmMad, CmMessage, PathInfo, RejectReason, Req, MAD_LEN};
 use common::*;
-use hca::provider::{
+use provider::{
     Access, AvAttr, CqInit, GrhAttr, QpCaps, QpInit, QpModify, QpState, QpType, RecvWr,
     RegisteredBuffer, SendOp, SendWr, UdDest, WcStatus, GRH_SIZE, GSI_QKEY, MAD_SIZE,
 };
@@ -322,7 +322,7 @@ impl RawGsi {
     }
 
     /// The next received MAD: (bytes, source GID from the GRH, completion).
-    fn recv(&self) -> Option<(Vec<u8>, [u8; 16], hca::provider::Wc)> {
+    fn recv(&self) -> Option<(Vec<u8>, [u8; 16], provider::Wc)> {
         let wc = self.rcq.poll_one()?;
         assert_eq!(wc.status, WcStatus::Success);
         let base = (wc.wr_id * STRIDE) as usize;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use al::{Al, Error, Handle, Kind};
 use cep::cm::{self, AcceptReply, Cep, CmHandler, ConnectRequest, ListenHandler};
 use cep::proto::{Event, SidrParams, SidrReplyParams, TimedOut};
-use hca::provider::QpState;
+use provider::QpState;
 use qp::{query_qp, CidState, Qp};
 use soft_provider::FaultConfig;
 

@@ -10,9 +10,9 @@ use al::{Al, Error, Handle, Kind};
 use cep::cm::{self, AcceptReply, CmHandler, ConnectRequest, ListenHandler};
 use cep::proto::Event;
 use cep::wire::RejectReason;
-use hca::provider::{Access, QpState, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use hca::verbs;
-use hca::RegisteredBuffer;
+use provider::RegisteredBuffer;
+use provider::{Access, QpState, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use qp::{post_recv, post_send, query_qp, CidState};
 
 mod cm_world;

@@ -10,7 +10,7 @@
 //! `fw_ver` is printed as `0.0.0` and `sys_image_guid` as the node GUID
 //! (what software HCAs such as rdma_rxe report).
 
-use hca::provider::{Device, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState, Provider};
+use provider::{Device, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState, Provider};
 
 /// The RoCEv2 provider with one device per address of `addrs` (`roce0`,
 /// `roce1`, ...; node GUIDs 0x0002_c903_00c0_0001 upwards), each with one

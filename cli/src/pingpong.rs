@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use al::{Al, Handle};
 use cep::cm::{self, AcceptReply, CmHandler, ConnectRequest, ListenHandler};
 use cep::proto::Event;
-use hca::provider::{Access, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use hca::verbs::{self, Cq, Mr, Pd};
-use hca::RegisteredBuffer;
+use provider::RegisteredBuffer;
+use provider::{Access, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 
 use crate::capture::FabricCapture;

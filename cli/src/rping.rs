@@ -24,10 +24,10 @@ use cep::cm::{self, AcceptReply, Cep, CmHandler, ListenHandler};
 use cep::ip::{self, IpConnect};
 use cep::proto::Event;
 use cep::wire::ip_cm::PortSpace;
-use hca::provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
-use hca::RegisteredBuffer;
 use ibal::roce::{DeviceConfig, PortConfig, RoceProvider};
+use provider::RegisteredBuffer;
+use provider::{Access, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcStatus};
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 
 use crate::pingpong_ip::{connect_and_answer, local_address_for, wait_event};

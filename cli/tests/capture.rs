@@ -7,11 +7,11 @@
 use std::path::PathBuf;
 
 use cep::wire::{self, CmMessage};
-use hca::GSI_QKEY;
 use ibal::verbs::erf;
 use ibal::verbs::packet::UdPacket;
 use ibal_cli::pingpong::{run, PingPongConfig};
 use ibal_testkit::devices::DEFAULT_LIDS;
+use provider::GSI_QKEY;
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("ibal-capture-{}-{name}.erf", std::process::id()))

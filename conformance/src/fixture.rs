@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use hca::{Device, Gid, Wc};
+use provider::{Device, Gid, Wc};
 
 /// One of the fixture's two devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

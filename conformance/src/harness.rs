@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use al::Error;
-use hca::{
+use provider::{
     Access, AvAttr, CqInit, Device, GrhAttr, Mtu, QpCaps, QpInit, QpModify, QpState, QpType,
     RecvWr, RegisteredBuffer, SendWr, Sge, SrqInit, UdDest, Wc, WcOpcode, WcStatus,
 };

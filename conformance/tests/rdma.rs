@@ -19,8 +19,8 @@
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use hca::{Device, LinkLayer, Provider};
 use ibal_conformance::{Endpoint, Fixture, Side};
+use provider::{Device, LinkLayer, Provider};
 use rdma_provider::{DeviceEvent, QpEvent, RdmaDevice, RdmaProvider};
 
 struct RdmaFixture {
@@ -38,7 +38,7 @@ fn pick_device(
     provider: &RdmaProvider,
     var: &str,
     default_first: bool,
-) -> Result<Option<hca::DeviceInfo>, String> {
+) -> Result<Option<provider::DeviceInfo>, String> {
     let wanted = std::env::var(var).ok();
     let listed = match provider.list() {
         Ok(l) => l,
@@ -165,8 +165,8 @@ const WAIT: Duration = Duration::from_secs(15);
 /// been polled, and a send's until its (or a later send's) completion.
 #[test]
 fn posted_bytes_are_leased_until_polled() {
-    use hca::{QpType, SendOp, SendWr, WcOpcode};
     use ibal_conformance::harness::{ok, pair, two, ALL};
+    use provider::{QpType, SendOp, SendWr, WcOpcode};
 
     let Some(f) = fixture("posted_bytes_are_leased_until_polled") else {
         return;
@@ -217,8 +217,8 @@ fn qp_hook() -> (rdma_provider::QpEventHook, mpsc::Receiver<QpEvent>) {
 /// error was dropped). The QP then goes back to RTS and still works.
 #[test]
 fn sq_drained_reaches_the_qps_own_hook() {
-    use hca::{QpModify, QpState, QpType, SendOp, SendWr, WcOpcode};
     use ibal_conformance::harness::{ok, pair, two, ALL};
+    use provider::{QpModify, QpState, QpType, SendOp, SendWr, WcOpcode};
 
     let Some(f) = fixture("sq_drained_reaches_the_qps_own_hook") else {
         return;
@@ -425,8 +425,8 @@ fn a_cm_hook_drops_a_device_and_an_id_without_waiting() {
 #[test]
 #[ignore]
 fn probe_async_events() {
-    use hca::{QpModify, QpState, QpType, SendOp, SendWr, Sge};
     use ibal_conformance::harness::{pair, two, ALL};
+    use provider::{QpModify, QpState, QpType, SendOp, SendWr, Sge};
 
     let Some(f) = fixture("probe_async_events") else {
         return;

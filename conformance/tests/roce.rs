@@ -7,8 +7,8 @@
 
 use std::net::SocketAddr;
 
-use hca::{Device, Provider};
 use ibal_conformance::{Endpoint, Fixture, Side};
+use provider::{Device, Provider};
 use roce_provider::{DeviceConfig, PortConfig, RoceDevice, RoceProvider};
 
 struct RoceFixture {

@@ -1,8 +1,8 @@
 //! The conformance suite against the soft provider: two soft HCAs on one
 //! fabric, opened through `SoftProvider`.
 
-use hca::Provider;
 use ibal_conformance::{Endpoint, Fixture, Side};
+use provider::Provider;
 use soft_provider::{Fabric, HcaConfig, SoftHca, SoftProvider};
 
 /// Two single-port soft HCAs (LIDs 1 and 2) on a fresh fabric.
@@ -50,7 +50,7 @@ impl Fixture for SoftFixture {
     }
 
     fn endpoint(&self, side: Side) -> Endpoint {
-        let port = hca::Device::query_port(self.device(side), 1).unwrap();
+        let port = provider::Device::query_port(self.device(side), 1).unwrap();
         Endpoint {
             port: 1,
             lid: (!self.gid_only).then_some(port.lid),

@@ -21,8 +21,8 @@
 
 use al::{Error, Result};
 
-use crate::buffer::{RawRegion, RegisteredBuffer};
-use crate::provider::{
+use provider::buffer::{RawRegion, RegisteredBuffer};
+use provider::{
     Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, PortAttr, Provider, QpAttr, QpInit,
     QpModify, RecvWr, SendWr, SrqInit, Wc,
 };

@@ -1,8 +1,5 @@
 //! The verbs object layer of ibal, above every provider.
 //!
-//! * [`provider`], [`qp_state`], [`buffer`]: the provider interface, from
-//!   the `provider` crate (re-exported under the paths it had when it lived
-//!   here).
 //! * [`any`]: the device enum the object layer drives, over every
 //!   built-in provider.
 //! * [`verbs`]: the verbs objects (CA, PD, CQ, MR, SRQ, AV) in the AL
@@ -15,11 +12,3 @@
 
 pub mod any;
 pub mod verbs;
-
-/// The provider interface (crate `provider`), under its old path.
-pub mod provider {
-    pub use ::provider::*;
-}
-pub use ::provider::{buffer, qp_state};
-pub use buffer::{RawRegion, RegisteredBuffer};
-pub use provider::*;

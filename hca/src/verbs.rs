@@ -30,8 +30,8 @@ use al::sync::Arc;
 use al::{create, post_callback, AlInstance, Error, Handle, Kind, Obj, Object, Result};
 
 use crate::any::AnyProvider;
-use crate::buffer::{RawRegion, RegisteredBuffer};
-use crate::provider::{
+use provider::buffer::{RawRegion, RegisteredBuffer};
+use provider::{
     Access, AsyncEvent, AvAttr, CqArm, CqInit, Device, DeviceAttr, PortAttr, RecvWr, SrqInit, Wc,
 };
 

@@ -20,8 +20,8 @@ use al::sync::Mutex;
 use al::{Al, AlConfig, ExecutorMode, Handle, Kind};
 use cep::cm::{self, AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ListenHandler};
 use cep::proto::{Event, SidrParams, SidrReplyParams};
-use hca::provider::{QpState, QpType};
 use hca::verbs::{self, Ca, Cq, Pd};
+use provider::{QpState, QpType};
 use qp::{create_qp, query_qp, CidState, Qp, QpCreate};
 use soft_provider::{Fabric, HcaConfig, SoftProvider};
 

@@ -7,11 +7,11 @@
 use loom::thread;
 
 use al::Error;
-use hca::provider::{
+use provider::RegisteredBuffer;
+use provider::{
     Access, AvAttr, CqInit, Mtu, QpCaps, QpInit, QpModify, QpState, QpType, RecvWr, SendOp, SendWr,
     Sge,
 };
-use hca::RegisteredBuffer;
 use soft_provider::{Fabric, HcaConfig, SoftHca, SoftQp};
 
 mod common;

@@ -20,8 +20,8 @@ use al::{Al, AlConfig, ExecutorMode, Handle, Kind};
 use cep::cm::{self, CmHandler, CmPort, ConnectRequest, ListenHandler};
 use cep::proto::Event;
 use cep::wire::RejectReason;
-use hca::provider::QpType;
 use hca::verbs::{self, Ca};
+use provider::QpType;
 use qp::{create_qp, QpCreate};
 use soft_provider::{Fabric, HcaConfig, SoftProvider};
 

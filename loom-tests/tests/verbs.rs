@@ -7,9 +7,9 @@ use loom::sync::Arc;
 use loom::thread;
 
 use al::{Al, AlConfig, Error, ExecutorMode, Handle, Object};
-use hca::provider::{Access, AvAttr, QpType, SrqInit};
 use hca::verbs;
-use hca::RegisteredBuffer;
+use provider::RegisteredBuffer;
+use provider::{Access, AvAttr, QpType, SrqInit};
 use qp::{create_qp, QpCreate};
 use soft_provider::{Fabric, HcaConfig, SoftProvider};
 

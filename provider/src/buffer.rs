@@ -87,7 +87,7 @@ pub use region::RawRegion;
 /// slice into memory the HCA is about to write:
 ///
 /// ```compile_fail
-/// use hca::RegisteredBuffer;
+/// use provider::RegisteredBuffer;
 /// let buf = RegisteredBuffer::new(64);
 /// let escaped: &mut [u8] = buf.with_mut(|b| b).unwrap();
 /// ```

@@ -7,7 +7,7 @@
 //! destroying the QP tombstones the slot and destroys the connection
 //! endpoint it held, by handle, exactly once.
 //!
-//! State transitions follow the IBTA table in [`hca::qp_state`]: an illegal
+//! State transitions follow the IBTA table in [`provider::qp_state`]: an illegal
 //! transition is `InvalidQpState`, a missing or unexpected attribute
 //! `InvalidParameter` naming it.
 
@@ -15,8 +15,8 @@ use std::fmt;
 
 use al::sync::Arc;
 use al::{create, destroy_raw, AlInstance, Handle, Kind, Obj, Object, Ref, Result};
-use hca::provider::{Device, QpAttr, QpCaps, QpInit, QpModify, QpType, RecvWr, SendWr};
 use hca::verbs::{Av, Cq, Dev, Pd, Srq};
+use provider::{Device, QpAttr, QpCaps, QpInit, QpModify, QpType, RecvWr, SendWr};
 use smallvec::SmallVec;
 
 use crate::cid::CidSlot;

@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc as StdArc;
 
 use al::{Al, Error, Handle, Kind};
-use hca::provider::{
+use hca::verbs::{self, Ca, Cq, Mr, Pd};
+use provider::RegisteredBuffer;
+use provider::{
     Access, AvAttr, CqArm, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit,
     Wc, WcStatus,
 };
-use hca::verbs::{self, Ca, Cq, Mr, Pd};
-use hca::RegisteredBuffer;
 use qp::{create_qp, modify_qp, post_recv, post_send, CidState, Qp, QpCreate};
 use soft_provider::{Fabric, HcaConfig, SoftProvider};
 

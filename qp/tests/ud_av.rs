@@ -3,12 +3,12 @@
 //! anything, so a bad one is a clear error and leaves the queues untouched.
 
 use al::{Al, Error, Handle, Kind};
-use hca::provider::{
+use hca::verbs::{self, Av, Ca, Cq, Pd};
+use provider::RegisteredBuffer;
+use provider::{
     Access, AvAttr, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, Wc, WcStatus,
     GRH_SIZE,
 };
-use hca::verbs::{self, Av, Ca, Cq, Pd};
-use hca::RegisteredBuffer;
 use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
 use soft_provider::{Fabric, HcaConfig, SoftProvider};
 

@@ -8,8 +8,8 @@ use futures_core::stream::{FusedStream, Stream};
 
 use al::sync::{Arc, Mutex};
 use al::{AlInstance, Error, Handle, Result};
-use hca::provider::{CqArm, Wc};
 use hca::verbs::{self, Ca, CompletionCallback, Cq};
+use provider::{CqArm, Wc};
 
 use super::wake::park;
 

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use al::{Al, Handle};
 use cep::cm::{self, ConnectRequest};
 use cep::wire::{self, CmMad, CmMessage, PathInfo, Rep, Req, Rtu, TransportType};
-use hca::provider::{
+use hca::verbs::{self, Av, Cq};
+use provider::RegisteredBuffer;
+use provider::{
     Access, AvAttr, GrhAttr, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest,
     Wc,
 };
-use hca::verbs::{self, Av, Cq};
-use hca::RegisteredBuffer;
 use qp::{create_qp, modify_qp, post_recv, post_send, Qp, QpCreate};
 
 use super::bench::Bench;

@@ -10,11 +10,11 @@ use cep::cm::{self, AcceptReply, CmDrive, CmHandler, CmPort, ConnectRequest, Lis
 use cep::ip::IpConnect;
 use cep::proto::Event;
 use cep::wire::ip_cm::PortSpace;
-use hca::provider::{QpCaps, QpType};
 use hca::verbs::{self, Ca, Cq, Pd};
 use ibal::roce::RoceProvider;
 use ibal::verbs::SoftProvider;
 use ibal_testkit::devices;
+use provider::{QpCaps, QpType};
 use qp::{create_qp, Qp, QpCreate};
 
 use super::config::{SERVICE_ID, UNLISTENED_SERVICE_ID, WAIT};

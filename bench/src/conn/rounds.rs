@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use al::Handle;
 use cep::cm::CmDrive;
-use hca::provider::Wc;
 use ibal_testkit::devices;
+use provider::Wc;
 use qp::Qp;
 
 use super::bare::{Route, UdPair};
@@ -75,7 +75,7 @@ pub(super) fn measure(
     let route = Route {
         lids: devices::DEFAULT_LIDS,
         gids: None,
-        path_mtu: hca::provider::Mtu::Mtu4096,
+        path_mtu: provider::Mtu::Mtu4096,
     };
     let ud = UdPair::open(&bench, route)?;
     let mut wc = [Wc::default()];

@@ -456,7 +456,7 @@ fn roce_route(bench: &Bench) -> BenchResult<Route> {
         return Err("the bench is not on RoCEv2 ports".into());
     };
     let mut gids = [[0u8; 16]; 2];
-    let mut path_mtu = hca::provider::Mtu::Mtu4096;
+    let mut path_mtu = provider::Mtu::Mtu4096;
     for (gid, ca) in gids.iter_mut().zip(cas) {
         let port = bench
             .al
@@ -510,7 +510,7 @@ fn measure(
         CmDrive::Poll => Some(UdPair::open(&bench, roce_route(&bench)?)?),
         CmDrive::Thread => None,
     };
-    let mut wc = [hca::provider::Wc::default()];
+    let mut wc = [provider::Wc::default()];
     if let Some(ud) = &ud {
         // Warm up the UD pair and check that the payload arrived whole.
         ud.round_trip(&bench.al, &mut wc)?;

@@ -144,7 +144,7 @@ pub(super) fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends,
         }
         #[cfg(feature = "rdma")]
         Target::Device(name) => {
-            use hca::provider::LinkLayer;
+            use provider::LinkLayer;
             let provider = ibal::rdma::RdmaProvider::new();
             let guid = ibal_testkit::devices::rdma_device_guid(&provider, name)?;
             let mut cas = Vec::new();

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use al::{Al, Handle};
-use hca::provider::{Access, AvAttr, Mtu, QpCaps, QpModify, QpState, QpType};
 use hca::verbs::{self, Cq, Pd};
-use hca::RegisteredBuffer;
 use ibal::verbs::SoftProvider;
+use provider::RegisteredBuffer;
+use provider::{Access, AvAttr, Mtu, QpCaps, QpModify, QpState, QpType};
 use qp::{create_qp, modify_qp, Qp, QpCreate};
 
 use ibal_testkit::devices;

@@ -6,8 +6,8 @@ use std::hint::black_box;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use hca::provider::{Access, RecvWr, SendOp, SendWr, Sge, Wc};
-use hca::RegisteredBuffer;
+use provider::RegisteredBuffer;
+use provider::{Access, RecvWr, SendOp, SendWr, Sge, Wc};
 use qp::{post_recv, post_send};
 
 use super::pair::{pattern, RcPair, MSG_SIZE, SEND_RATE_TARGET};
@@ -245,7 +245,7 @@ pub(super) fn time_sends_batched(
                 let k = hca::verbs::poll_cq(&pair.al, cq, &mut wc[..n - got])
                     .map_err(al_err("poll_cq"))?;
                 for w in &wc[..k] {
-                    if w.status != hca::provider::WcStatus::Success {
+                    if w.status != provider::WcStatus::Success {
                         return Err(format!(
                             "work request {} completed with {:?}",
                             w.wr_id, w.status

@@ -4,8 +4,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use hca::provider::{Access, SendOp, SendWr, Sge, Wc};
-use hca::RegisteredBuffer;
+use provider::RegisteredBuffer;
+use provider::{Access, SendOp, SendWr, Sge, Wc};
 use qp::post_send;
 
 use super::pair::{

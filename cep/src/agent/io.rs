@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use al::fast_hash::{id_map, IdMap};
 use al::{Error, Result};
-use hca::provider::{
+use provider::{
     Access, AvAttr, CompletionHook, CqArm, CqInit, Device, GrhAttr, QpCaps, QpInit, QpModify,
     QpState, QpType, RecvWr, RegisteredBuffer, SendOp, SendWr, Sge, UdDest, Wc, WcStatus, GRH_SIZE,
     GSI_QKEY, MAD_SIZE,

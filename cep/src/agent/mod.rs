@@ -49,7 +49,7 @@ use std::time::Instant;
 use al::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use al::sync::{Arc, Mutex};
 use al::{Error, Result};
-use hca::provider::Device;
+use provider::Device;
 
 use crate::proto::{
     ConnId, ConnectParams, Endpoint, EndpointConfig, Event, IdKey, LapParams, LocalPort, Nanos,

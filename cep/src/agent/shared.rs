@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use al::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
 use al::sync::{Arc, Mutex, MutexGuard};
 use al::{Error, Result};
-use hca::provider::Device;
+use provider::Device;
 
 use super::io::{self, Io};
 use super::types::{AgentConfig, Delivery, EventSink, PollOutcome};

@@ -6,7 +6,7 @@
 
 use al::sync::Arc;
 use al::{AlInstance, Error, Handle, Obj, Result};
-use hca::provider::{Access, QpState};
+use provider::{Access, QpState};
 use qp::cid as binding;
 use qp::Qp;
 

@@ -6,7 +6,7 @@
 //! and back that connect and accept make. No object and no agent here.
 
 use al::{Error, Obj, Result};
-use hca::provider::{Access, AvAttr, GrhAttr, Mtu, QpModify, QpState};
+use provider::{Access, AvAttr, GrhAttr, Mtu, QpModify, QpState};
 use qp::Qp;
 
 use crate::keyed::starting_psn;
@@ -97,7 +97,7 @@ pub fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> Qp
 ///
 /// ```
 /// # use cep::cm::LocalQpAttrs;
-/// # use hca::QpType;
+/// # use provider::QpType;
 /// let local = LocalQpAttrs::new(QpType::Rc, 0x1234, 0x42).srq(true);
 /// assert_eq!((local.qpn, local.starting_psn, local.srq), (0x1234, 0x42, true));
 /// ```
@@ -112,7 +112,7 @@ pub fn rts_attrs(sq_psn: u32, req: &Req, rnr_retry: u8, max_rd_atomic: u8) -> Qp
 pub struct LocalQpAttrs {
     /// RC or UC: the REQ's transport service type (a passive side's must
     /// match the REQ's).
-    pub qp_type: hca::QpType,
+    pub qp_type: provider::QpType,
     /// The QP number (24 bits; not 0 or 1).
     pub qpn: u32,
     /// The StartingPSN this side puts in its REQ or REP (24 bits): the
@@ -130,7 +130,7 @@ pub struct LocalQpAttrs {
 impl LocalQpAttrs {
     /// A `qp_type` (RC or UC) QP `qpn` that receives from `starting_psn`, with
     /// no SRQ and no end-to-end flow control.
-    pub fn new(qp_type: hca::QpType, qpn: u32, starting_psn: u32) -> Self {
+    pub fn new(qp_type: provider::QpType, qpn: u32, starting_psn: u32) -> Self {
         LocalQpAttrs {
             qp_type,
             qpn,
@@ -164,7 +164,7 @@ impl LocalQpAttrs {
 
     /// Refuse what the wire cannot carry (never masked).
     pub(super) fn checked(self, call: &str) -> Result<Self> {
-        if !matches!(self.qp_type, hca::QpType::Rc | hca::QpType::Uc) {
+        if !matches!(self.qp_type, provider::QpType::Rc | provider::QpType::Uc) {
             return Err(Error::invalid_parameter(format!(
                 "{call} needs an RC or UC QP, not {:?}",
                 self.qp_type
@@ -187,7 +187,7 @@ impl LocalQpAttrs {
 
     pub(super) fn transport(&self) -> TransportType {
         match self.qp_type {
-            hca::QpType::Uc => TransportType::Uc,
+            provider::QpType::Uc => TransportType::Uc,
             _ => TransportType::Rc,
         }
     }
@@ -237,7 +237,7 @@ pub struct ConnectionAttrs {
     /// side's peer is its `local_*` end).
     pub path: PathInfo,
     /// RC or UC.
-    pub qp_type: hca::QpType,
+    pub qp_type: provider::QpType,
     /// The peer's QP receives from an SRQ.
     pub peer_srq: bool,
     req: Req,
@@ -283,8 +283,8 @@ impl ConnectionAttrs {
             path_mtu: ibta_mtu(req.path_mtu),
             path: req.primary_path,
             qp_type: match req.transport_service_type {
-                TransportType::Uc => hca::QpType::Uc,
-                _ => hca::QpType::Rc,
+                TransportType::Uc => provider::QpType::Uc,
+                _ => provider::QpType::Rc,
             },
             peer_srq,
             req: *req,
@@ -327,10 +327,10 @@ impl ConnectionAttrs {
 }
 
 /// The QP type a REQ asks for must be the accepting QP's.
-pub(super) fn check_transport(req: &Req, qp_type: hca::QpType) -> Result<()> {
+pub(super) fn check_transport(req: &Req, qp_type: provider::QpType) -> Result<()> {
     let expected = match req.transport_service_type {
-        TransportType::Rc => hca::QpType::Rc,
-        TransportType::Uc => hca::QpType::Uc,
+        TransportType::Rc => provider::QpType::Rc,
+        TransportType::Uc => provider::QpType::Uc,
         other => {
             return Err(Error::invalid_state(format!(
                 "the request asks for {other:?}, which accept cannot serve"
@@ -371,7 +371,7 @@ pub fn qp_to_init(qp: &Obj<Qp>, port: u8, access: Access) -> Result<()> {
 /// librdmacm-backed CEPs (crate `cep-rdmacm`).
 ///
 /// [`accept`]: super::accept
-pub fn restore_qp(qp: &Obj<Qp>, before: &hca::provider::QpAttr) {
+pub fn restore_qp(qp: &Obj<Qp>, before: &provider::QpAttr) {
     if qp.query().is_ok_and(|now| now.state == before.state) {
         return;
     }

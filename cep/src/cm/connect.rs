@@ -5,9 +5,9 @@
 
 use al::sync::{Arc, Mutex};
 use al::{create, AlInstance, Error, Handle, Obj, Result};
-use hca::provider::Access;
-use hca::provider::Mtu;
 use hca::verbs::Ca;
+use provider::Access;
+use provider::Mtu;
 use qp::cid as binding;
 use qp::Qp;
 

@@ -9,7 +9,7 @@ use std::fmt;
 
 use al::sync::{Arc, Mutex};
 use al::{Error, Handle, Kind, Obj, Object, RawHandle, Result};
-use hca::provider::{QpModify, QpState};
+use provider::{QpModify, QpState};
 use qp::cid as binding;
 use qp::{CidState, Qp};
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use al::{Al, Handle};
 use cep::cm;
-use hca::provider::QpType;
 use hca::verbs::{self, Ca, Cq, Pd};
+use provider::QpType;
 use qp::{create_qp, Qp, QpCreate};
 use soft_provider::{Fabric, HcaConfig, SoftProvider};
 

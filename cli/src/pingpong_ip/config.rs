@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use hca::provider::Mtu;
+use provider::Mtu;
 
 /// The rdma_cm port a listener uses when none is given (librdmacm's
 /// examples use 7471).

@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use al::{Al, Handle};
-use hca::provider::{Access, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use hca::verbs::{self, Ca, Cq, Mr, Pd};
-use hca::RegisteredBuffer;
+use provider::RegisteredBuffer;
+use provider::{Access, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use qp::{create_qp, post_recv, post_send, Qp, QpCreate};
 
 use super::config::IpPingPongConfig;
@@ -250,7 +250,7 @@ impl Side {
     /// a loaded machine can delay), so that the connection is idle, with
     /// nothing unacknowledged, when `--hold` says so.
     fn settle(&self, al: &Al) {
-        let mut wc = [hca::provider::Wc::default(); 4];
+        let mut wc = [provider::Wc::default(); 4];
         if let Ok(n) = verbs::poll_cq(al, self.cq, &mut wc) {
             let mut early = self.early.borrow_mut();
             early.extend(
@@ -276,7 +276,7 @@ impl Side {
             early.swap_remove(at);
             return Ok(());
         }
-        let mut wc = [hca::provider::Wc::default(); 4];
+        let mut wc = [provider::Wc::default(); 4];
         loop {
             let n = verbs::poll_cq(al, self.cq, &mut wc).map_err(|e| e.to_string())?;
             // The first failure names the cause (flushes follow it).

@@ -81,7 +81,7 @@ pub(super) fn open_side(
     })?;
     let pd = ca.alloc_pd(al)?;
     let cq = ca.create_cq(al, cfg.rx_depth + 8)?;
-    let caps = hca::provider::QpCaps {
+    let caps = provider::QpCaps {
         max_send_wr: 4,
         max_recv_wr: cfg.rx_depth,
         max_send_sge: 1,
@@ -161,7 +161,7 @@ pub(super) fn connect_qp(
         sl: 0,
         src_path_bits: 0,
         static_rate: 0,
-        grh: Some(hca::provider::GrhAttr {
+        grh: Some(provider::GrhAttr {
             dgid: peer.gid,
             sgid_index: 0,
             flow_label: 0,

@@ -1,7 +1,7 @@
 //! UD and UC specifics: Q_Key checks, the GRH area, the MTU bound,
 //! unreliable drops.
 
-use hca::{
+use provider::{
     Device, GrhAttr, QpModify, QpState, QpType, SendOp, SendWr, WcOpcode, WcStatus, GRH_SIZE,
 };
 

@@ -2,7 +2,9 @@
 //! responder. Each ends with the IBV-style status, the requester's RC QP
 //! in ERR, and no byte moved anywhere.
 
-use hca::{Access, Device, QpModify, QpState, QpType, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use provider::{
+    Access, Device, QpModify, QpState, QpType, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 
 use crate::fixture::Fixture;
 use crate::harness::*;
@@ -94,7 +96,7 @@ pub fn stale_lkey_is_local_protection_error<F: Fixture>(f: &F) {
 pub fn lkey_of_another_pd_is_local_protection_error<F: Fixture>(f: &F) {
     let s = setup(f, ALL);
     let pd2 = s.a.dev.alloc_pd().unwrap();
-    let buf = hca::RegisteredBuffer::new(64);
+    let buf = provider::RegisteredBuffer::new(64);
     let mr = s.a.dev.register_mr(&pd2, &buf, 0, 64, 0, ALL).unwrap();
     let (lkey, _) = s.a.dev.mr_keys(&mr);
     s.post(
@@ -273,8 +275,8 @@ pub fn qp_access_and_misaligned_atomic_are_remote_invalid_request<F: Fixture>(f:
 pub fn rd_atomic_depths_of_0_are_none<F: Fixture>(f: &F) {
     let atomics = {
         let (a, b) = two(f);
-        a.dev.query().atomic_cap != hca::AtomicCap::None
-            && b.dev.query().atomic_cap != hca::AtomicCap::None
+        a.dev.query().atomic_cap != provider::AtomicCap::None
+            && b.dev.query().atomic_cap != provider::AtomicCap::None
     };
     // The READ, then (with atomics) compare-and-swap and fetch-and-add,
     // at `remote_addr` under `rkey`.

@@ -1,6 +1,8 @@
 //! Flush on error, SQD, RNR.
 
-use hca::{Device, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use provider::{
+    Device, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 
 use crate::fixture::Fixture;
 use crate::harness::*;
@@ -8,7 +10,7 @@ use crate::harness::*;
 /// Flushed completions carry the wr_id, the status and the QP number
 /// (IBTA and libibverbs leave the other fields undefined on error).
 #[track_caller]
-fn flushed<F: Fixture>(n: &Node<'_, F>, qp: &Qp<F>, wcs: &[hca::Wc], ids: &[u64]) {
+fn flushed<F: Fixture>(n: &Node<'_, F>, qp: &Qp<F>, wcs: &[provider::Wc], ids: &[u64]) {
     let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status, w.qp_num)).collect();
     let want: Vec<_> = ids
         .iter()

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use al::Error;
-use hca::{
+use provider::{
     Access, AsyncEvent, AvAttr, CqArm, CqInit, Device, GrhAttr, QpCaps, QpInit, QpType, RecvWr,
     RegisteredBuffer, SendOp, SendWr, SrqInit, Wc, WcOpcode,
 };
@@ -309,7 +309,7 @@ pub fn srq_shared_by_several_qps<F: Fixture>(f: &F) {
     a.connect(&qa2, &b, b.qpn(&qb2), &c);
     b.connect(&qb2, &a, a.qpn(&qa2), &c);
     let dst = b.mem(64, 0, ALL);
-    let post = |id: u64, sges: &[hca::Sge]| {
+    let post = |id: u64, sges: &[provider::Sge]| {
         b.dev
             .post_srq_recv(
                 &srq,
@@ -347,7 +347,7 @@ pub fn srq_shared_by_several_qps<F: Fixture>(f: &F) {
     assert_eq!(a.wait(&a.scq, 2).len(), 2);
     // An SRQ receive survives its QP's error: qb2 still gets it.
     post(9, &[dst.sge(0, 8)]).unwrap();
-    b.modify(&qb1, hca::QpModify::to(hca::QpState::Err))
+    b.modify(&qb1, provider::QpModify::to(provider::QpState::Err))
         .unwrap();
     b.assert_empty(&b.rcq, "SRQ receives are not flushed by a QP error");
     a.send(&qa2, SendWr::new(3, SendOp::Send, &[src.sge(0, 4)]));
@@ -410,7 +410,7 @@ pub fn av_create_and_bounds<F: Fixture>(f: &F) {
         invalid(a.modify(&qp, m));
         assert_eq!(
             a.state(&qp),
-            hca::QpState::Init,
+            provider::QpState::Init,
             "a refused modify changes nothing"
         );
     }

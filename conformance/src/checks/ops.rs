@@ -1,7 +1,7 @@
 //! Every work-request type on the QP types where it is legal, its refusal
 //! where it is not, gather/scatter lists, signaled and unsignaled sends.
 
-use hca::{AtomicCap, Device, QpState, QpType, SendOp, SendWr, WcOpcode, WcStatus};
+use provider::{AtomicCap, Device, QpState, QpType, SendOp, SendWr, WcOpcode, WcStatus};
 
 use crate::fixture::Fixture;
 use crate::harness::*;
@@ -282,8 +282,8 @@ pub fn ud_send_and_refusals<F: Fixture>(f: &F) {
     );
     ok(&a.wait_send(), 2, WcOpcode::Send, 256);
     let r = b.wait(&b.rcq, 2);
-    ok(&r[0], 1, WcOpcode::Recv, 100 + hca::GRH_SIZE as u32);
-    ok(&r[1], 2, WcOpcode::Recv, 256 + hca::GRH_SIZE as u32);
+    ok(&r[0], 1, WcOpcode::Recv, 100 + provider::GRH_SIZE as u32);
+    ok(&r[1], 2, WcOpcode::Recv, 256 + provider::GRH_SIZE as u32);
     for w in &r {
         assert_eq!((w.src_qp, w.qp_num), (a.qpn(&qa), b.qpn(&qb)));
         if let (Some(lid), false) = (a.ep.lid, w.grh) {
@@ -291,8 +291,8 @@ pub fn ud_send_and_refusals<F: Fixture>(f: &F) {
         }
     }
     assert_eq!((r[0].imm, r[1].imm), (None, Some(77)));
-    assert_eq!(bm.read(hca::GRH_SIZE, 100), pattern(100, 4));
-    assert_eq!(bm.read(1024 + hca::GRH_SIZE, 256), pattern(256, 4));
+    assert_eq!(bm.read(provider::GRH_SIZE, 100), pattern(100, 4));
+    assert_eq!(bm.read(1024 + provider::GRH_SIZE, 256), pattern(256, 4));
 
     let rk = 0x1234;
     for op in [
@@ -446,7 +446,7 @@ pub fn signaled_and_unsignaled_sends<F: Fixture>(f: &F) {
     ok(&a.wait_send(), 3, WcOpcode::RdmaWrite, 8);
 
     // An unsignaled failure completes.
-    let bad = [hca::Sge {
+    let bad = [provider::Sge {
         lkey: am.lkey ^ 0x80,
         ..sg[0]
     }];

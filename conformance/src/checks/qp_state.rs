@@ -3,7 +3,7 @@
 //! one requires and refuses, and the bounds on attribute values.
 
 use al::Error;
-use hca::{Access, Device, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus};
+use provider::{Access, Device, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus};
 
 use crate::fixture::Fixture;
 use crate::harness::*;

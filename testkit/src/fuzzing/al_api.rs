@@ -24,10 +24,10 @@ pub fn al_api(data: &[u8]) {
     use cep::cm::{self, AcceptReply, Cep, CmHandler, ConnectRequest, Listen, ListenHandler};
     use cep::proto::Event;
     use cep::wire::RejectReason;
-    use hca::provider::{Access, QpType};
     use hca::verbs::{self, Ca, Cq, Mr, Pd};
-    use hca::RegisteredBuffer;
     use ibal::verbs::{FaultConfig, SoftProvider};
+    use provider::RegisteredBuffer;
+    use provider::{Access, QpType};
     use qp::{create_qp, Qp, QpCreate};
 
     // The agents are process-wide (one per device port): one input at a time,

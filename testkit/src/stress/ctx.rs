@@ -11,9 +11,9 @@ use cep::proto::Event;
 use cep::proto::{SidrReplyParams, TimedOut};
 use cep::wire::RejectReason;
 use cep::wire::SidrStatus;
-use hca::provider::QpType;
 use hca::verbs::{Ca, Cq, Mr, Pd};
-use hca::QpState;
+use provider::QpState;
+use provider::QpType;
 use qp::CidState;
 use qp::{create_qp, Qp, QpCreate};
 

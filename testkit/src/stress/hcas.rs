@@ -119,7 +119,7 @@ impl AnyProvider for SharedRoce {
         if let Some(d) = open.get(&guid) {
             return Ok(d.clone().into());
         }
-        let d = hca::provider::Provider::open(&self.inner, guid)?;
+        let d = provider::Provider::open(&self.inner, guid)?;
         open.insert(guid, d.clone());
         Ok(d.into())
     }

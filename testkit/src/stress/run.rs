@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use al::{Al, Error, Kind};
 use cep::cm::{self};
 use hca::any::AnyProvider;
-use hca::provider::QpType;
 use hca::verbs::{self};
 use ibal::verbs::{Fabric, FaultConfig, SoftProvider};
+use provider::QpType;
 use qp::{create_qp, QpCreate};
 
 use super::checker::Checker;

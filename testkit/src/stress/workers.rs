@@ -11,9 +11,9 @@ use cep::cm::{self, AcceptReply, ConnectRequest};
 use cep::proto::{PeerAddr, SidrParams};
 use cep::wire::PrivateData;
 use cep::wire::RejectReason;
-use hca::provider::{Access, QpType};
 use hca::verbs::{self, Cq};
-use hca::RegisteredBuffer;
+use provider::RegisteredBuffer;
+use provider::{Access, QpType};
 use qp::{create_qp, QpCreate};
 
 use super::checker::{Checker, SidrState};
@@ -513,7 +513,7 @@ impl Worker {
             // is Ethernet's 1024 (the request's default, 4096, is refused).
             Some(gid) => ConnectRequest::new(service_id(target, k), 0)
                 .remote_gid(gid)
-                .path_mtu(hca::Mtu::Mtu1024),
+                .path_mtu(provider::Mtu::Mtu1024),
             None => ConnectRequest::new(service_id(target, k), lid(target)),
         };
         // Response waits of a few ms, so retries and timeouts happen often.
