@@ -446,3 +446,81 @@ pub struct QpAttr {
     /// RNR retry count.
     pub rnr_retry: u8,
 }
+
+impl QpModify {
+    /// Applies the attributes this modify carries to `a`, a QP's
+    /// attributes, with the path-migration rules every provider shares; the
+    /// values must have been checked first (`qp_state::check_transition`
+    /// and `check_modify_values`), and the state (`self.state`) is the
+    /// caller's to set.
+    pub fn apply_to(&self, a: &mut QpAttr) {
+        if let Some(v) = self.pkey_index {
+            a.pkey_index = v;
+        }
+        if let Some(v) = self.port {
+            a.port = v;
+        }
+        if let Some(v) = self.qkey {
+            a.qkey = v;
+        }
+        if let Some(v) = self.access {
+            a.access = v;
+        }
+        if let Some(v) = self.av {
+            a.av = Some(v);
+        }
+        if let Some(v) = self.alt_av {
+            a.alt_av = Some(v);
+        }
+        match self.path_mig_state {
+            // A loaded alternate path is armed at once (IBTA 17.2.8: REARM
+            // asks the CA to arm, ARMED says it did).
+            Some(MigState::Rearm | MigState::Armed) if a.alt_av.is_some() => {
+                a.path_mig_state = MigState::Armed;
+            }
+            Some(MigState::Rearm | MigState::Armed) => a.path_mig_state = MigState::Rearm,
+            // A migration the application asks for: the alternate path
+            // becomes the primary one, its port the QP's port, and no
+            // alternate is left until the next LAP loads one.
+            Some(MigState::Migrated) if a.path_mig_state == MigState::Armed => {
+                if let Some(alt) = a.alt_av.take() {
+                    a.av = Some(alt);
+                    a.port = alt.port;
+                }
+                a.path_mig_state = MigState::Migrated;
+            }
+            Some(MigState::Migrated) => a.path_mig_state = MigState::Migrated,
+            None => {}
+        }
+        if let Some(v) = self.path_mtu {
+            a.path_mtu = v;
+        }
+        if let Some(v) = self.dest_qpn {
+            a.dest_qpn = v;
+        }
+        if let Some(v) = self.rq_psn {
+            a.rq_psn = v;
+        }
+        if let Some(v) = self.sq_psn {
+            a.sq_psn = v;
+        }
+        if let Some(v) = self.max_dest_rd_atomic {
+            a.max_dest_rd_atomic = v;
+        }
+        if let Some(v) = self.max_rd_atomic {
+            a.max_rd_atomic = v;
+        }
+        if let Some(v) = self.min_rnr_timer {
+            a.min_rnr_timer = v;
+        }
+        if let Some(v) = self.timeout {
+            a.timeout = v;
+        }
+        if let Some(v) = self.retry_cnt {
+            a.retry_cnt = v;
+        }
+        if let Some(v) = self.rnr_retry {
+            a.rnr_retry = v;
+        }
+    }
+}

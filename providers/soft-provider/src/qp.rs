@@ -493,74 +493,11 @@ impl QpInner {
             _ => {}
         }
         let a = &mut sq.attr;
-        if let Some(v) = m.pkey_index {
-            a.pkey_index = v;
-        }
-        if let Some(v) = m.port {
-            a.port = v;
-        }
-        if let Some(v) = m.qkey {
-            a.qkey = v;
-        }
-        if let Some(v) = m.access {
-            a.access = v;
-        }
-        if let Some(v) = m.av {
-            a.av = Some(v);
-        }
-        if let Some(v) = m.alt_av {
-            a.alt_av = Some(v);
-        }
-        match m.path_mig_state {
-            // The soft HCA arms a loaded alternate path at once (IBTA
-            // 17.2.8: REARM asks the CA to arm, ARMED says it did).
-            Some(MigState::Rearm | MigState::Armed) if a.alt_av.is_some() => {
-                a.path_mig_state = MigState::Armed;
-            }
-            Some(MigState::Rearm | MigState::Armed) => a.path_mig_state = MigState::Rearm,
-            // A migration the application asks for: the alternate path
-            // becomes the primary one, its port the QP's port, and no
-            // alternate is left until the next LAP loads one.
-            Some(MigState::Migrated) if a.path_mig_state == MigState::Armed => {
-                if let Some(alt) = a.alt_av.take() {
-                    a.av = Some(alt);
-                    a.port = alt.port;
-                }
-                a.path_mig_state = MigState::Migrated;
-            }
-            Some(MigState::Migrated) => a.path_mig_state = MigState::Migrated,
-            None => {}
-        }
-        if let Some(v) = m.path_mtu {
-            a.path_mtu = v;
-        }
-        if let Some(v) = m.dest_qpn {
-            a.dest_qpn = v;
-        }
-        // (24-bit values: check_values refused anything larger.)
+        m.apply_to(a);
+        // The receive side's PSN lives with the receive queue (`query`
+        // reads it from there).
         if let Some(v) = m.rq_psn {
             rq.psn = v;
-        }
-        if let Some(v) = m.sq_psn {
-            a.sq_psn = v;
-        }
-        if let Some(v) = m.max_dest_rd_atomic {
-            a.max_dest_rd_atomic = v;
-        }
-        if let Some(v) = m.max_rd_atomic {
-            a.max_rd_atomic = v;
-        }
-        if let Some(v) = m.min_rnr_timer {
-            a.min_rnr_timer = v;
-        }
-        if let Some(v) = m.timeout {
-            a.timeout = v;
-        }
-        if let Some(v) = m.retry_cnt {
-            a.retry_cnt = v;
-        }
-        if let Some(v) = m.rnr_retry {
-            a.rnr_retry = v;
         }
         a.state = to;
         rq.state = to;

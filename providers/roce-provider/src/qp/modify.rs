@@ -6,9 +6,7 @@ use std::sync::atomic::Ordering;
 
 use al::{Error, Result};
 use provider::qp_state;
-use provider::{
-    MigState, QpAttr, QpModify, QpState, QpType, RecvWr, SendWr, UdDest, WcOpcode, WcStatus,
-};
+use provider::{QpAttr, QpModify, QpState, QpType, RecvWr, SendWr, UdDest, WcOpcode, WcStatus};
 use roce_transport::{Counters, Transport};
 
 use super::{fresh_attr, send_opcode, HeldSend, QpCore, QpInner};
@@ -57,7 +55,7 @@ impl QpInner {
             _ => {}
         }
         let mut a = core.attr;
-        apply(&mut a, m);
+        m.apply_to(&mut a);
         a.state = to;
         let cfg = self.config(&a);
         match core.t.as_mut() {
@@ -179,72 +177,5 @@ impl QpInner {
         }
         self.dev
             .with_limits(|l| provider::qp_state::check_modify_values(cur.port, m, l))
-    }
-}
-
-/// Apply the attributes of `m` to `a` (values already checked).
-fn apply(a: &mut QpAttr, m: &QpModify) {
-    if let Some(v) = m.pkey_index {
-        a.pkey_index = v;
-    }
-    if let Some(v) = m.port {
-        a.port = v;
-    }
-    if let Some(v) = m.qkey {
-        a.qkey = v;
-    }
-    if let Some(v) = m.access {
-        a.access = v;
-    }
-    if let Some(v) = m.av {
-        a.av = Some(v);
-    }
-    if let Some(v) = m.alt_av {
-        a.alt_av = Some(v);
-    }
-    match m.path_mig_state {
-        Some(MigState::Rearm | MigState::Armed) if a.alt_av.is_some() => {
-            a.path_mig_state = MigState::Armed;
-        }
-        Some(MigState::Rearm | MigState::Armed) => a.path_mig_state = MigState::Rearm,
-        Some(MigState::Migrated) if a.path_mig_state == MigState::Armed => {
-            if let Some(alt) = a.alt_av.take() {
-                a.av = Some(alt);
-                a.port = alt.port;
-            }
-            a.path_mig_state = MigState::Migrated;
-        }
-        Some(MigState::Migrated) => a.path_mig_state = MigState::Migrated,
-        None => {}
-    }
-    if let Some(v) = m.path_mtu {
-        a.path_mtu = v;
-    }
-    if let Some(v) = m.dest_qpn {
-        a.dest_qpn = v;
-    }
-    if let Some(v) = m.rq_psn {
-        a.rq_psn = v;
-    }
-    if let Some(v) = m.sq_psn {
-        a.sq_psn = v;
-    }
-    if let Some(v) = m.max_dest_rd_atomic {
-        a.max_dest_rd_atomic = v;
-    }
-    if let Some(v) = m.max_rd_atomic {
-        a.max_rd_atomic = v;
-    }
-    if let Some(v) = m.min_rnr_timer {
-        a.min_rnr_timer = v;
-    }
-    if let Some(v) = m.timeout {
-        a.timeout = v;
-    }
-    if let Some(v) = m.retry_cnt {
-        a.retry_cnt = v;
-    }
-    if let Some(v) = m.rnr_retry {
-        a.rnr_retry = v;
     }
 }
