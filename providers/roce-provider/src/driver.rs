@@ -134,7 +134,7 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
         let mut feeding = feed_lock.feeding(port);
-        let n = batch.recv(&port.socket, port.local.is_ipv6(), RX_BATCH, true);
+        let n = batch.recv(&port.socket, RX_BATCH, true);
         if stop.load(Ordering::Acquire) {
             break;
         }
@@ -279,7 +279,7 @@ fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration>
             let mut asked = poller_batch();
             let mut first: Option<Duration> = None;
             for _ in 0..DRAIN_BATCHES {
-                let n = batch.recv(&port.socket, port.local.is_ipv6(), asked, false);
+                let n = batch.recv(&port.socket, asked, false);
                 poller_took(asked, n);
                 if n == 0 {
                     break;
