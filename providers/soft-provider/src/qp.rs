@@ -361,20 +361,6 @@ impl QpInner {
         }
     }
 
-    /// Move to ERR (used after locks of other QPs were released).
-    fn enter_error_now(&self, d: &mut Deferred) {
-        let mut sq = self.sq.lock();
-        if matches!(sq.attr.state, QpState::Reset | QpState::Err) {
-            // The receive side may have gone to ERR alone; make it whole.
-            if sq.attr.state == QpState::Err {
-                let mut rq = self.rq.lock();
-                self.flush_rq_locked(&mut rq, d);
-            }
-            return;
-        }
-        self.error_locked(&mut sq, d);
-    }
-
     /// Post receives; `wake` is set when a sender held by an RNR NAK from
     /// this QP should look again (`FabricInner::wake_rnr_waiters`).
     pub(crate) fn post_recv(
@@ -547,8 +533,18 @@ fn fresh_attr(qpn: u32, qp_type: QpType, caps: QpCaps, sq_sig_all: bool, port: u
 }
 
 impl EnterError for QpInner {
+    /// Move to ERR (used after locks of other QPs were released).
     fn enter_error(&self, d: &mut Deferred) {
-        self.enter_error_now(d);
+        let mut sq = self.sq.lock();
+        if matches!(sq.attr.state, QpState::Reset | QpState::Err) {
+            // The receive side may have gone to ERR alone; make it whole.
+            if sq.attr.state == QpState::Err {
+                let mut rq = self.rq.lock();
+                self.flush_rq_locked(&mut rq, d);
+            }
+            return;
+        }
+        self.error_locked(&mut sq, d);
     }
 }
 
