@@ -10,14 +10,17 @@
 //! * [`flood`]: that ping-pong while a stranger floods the receiving port;
 //! * [`conn`]: CM connect latency and rate (soft fabric, or RoCEv2 over
 //!   UDP in [`conn::udp`]); `conn_rdma` (feature `rdma`) the same through librdmacm;
-//! * [`placement`]: pinning the polling threads to CPUs.
+//! * [`placement`]: pinning the polling threads to CPUs;
+//! * [`scale`]: N connections held: memory, idle cost, teardown.
 
 pub mod conn;
 #[cfg(feature = "rdma")]
 pub mod conn_rdma;
 pub mod flood;
 pub mod lookup;
+pub mod lookup_sizes;
 pub mod placement;
+pub mod scale;
 pub mod udp;
 pub mod verbs;
 

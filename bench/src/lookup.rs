@@ -33,7 +33,7 @@ impl BenchObject {
 }
 
 /// One contender's interface: build with objects, then resolve by key.
-trait Contender: Sync {
+pub(crate) trait Contender: Sync {
     fn name(&self) -> &'static str;
     /// Insert `n` objects from the calling thread; returns their keys.
     fn populate(&self, n: usize) -> Vec<u64>;
@@ -161,7 +161,7 @@ impl Contender for Arithmetic {
 }
 
 /// The name of the machine-ceiling baseline.
-const MACHINE_BASELINE: &str = "baseline: arithmetic, no memory";
+pub(crate) const MACHINE_BASELINE: &str = "baseline: arithmetic, no memory";
 
 /// Settings of one `perf lookup` run.
 #[derive(Clone, Debug)]
@@ -304,7 +304,7 @@ impl LookupReport {
     }
 }
 
-fn contenders() -> Vec<Box<dyn Contender>> {
+pub(crate) fn contenders() -> Vec<Box<dyn Contender>> {
     vec![
         Box::new(IbalTable(HandleTable::new(Kind::custom(19)))),
         Box::new(Sharded(sharded_slab::Slab::new())),

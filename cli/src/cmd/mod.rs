@@ -25,6 +25,7 @@ pub mod devinfo;
 pub mod overview;
 pub mod parse;
 pub mod perf;
+pub mod perf_scale;
 pub mod pingpong;
 pub mod qp_exchange;
 pub mod relay;

@@ -27,6 +27,15 @@ pub enum PerfCommand {
         /// Objects per thread (a power of two).
         #[arg(long, default_value_t = 1024)]
         objects: usize,
+        /// Instead: one thread at each of these numbers of live handles
+        /// (comma-separated, e.g. 1000,1000000), and each contender's growth
+        /// from the smallest to the largest.
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// With --sizes: cycle through the keys in a fixed shuffled order
+        /// instead of insertion order.
+        #[arg(long)]
+        random_order: bool,
         /// Rounds per point; the fastest is reported.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
@@ -149,6 +158,11 @@ pub enum PerfCommand {
         #[arg(long)]
         json: bool,
     },
+    /// N RC connections through the CM, held: connect rate by decile, memory per connection end, idle CPU, a ping-pong among N, teardown.
+    Scale(super::perf_scale::ScaleArgs),
+    /// The listening end of `perf scale --processes 2` (started by it; commands on stdin).
+    #[command(hide = true)]
+    ScaleListener(super::perf_scale::ListenerArgs),
 }
 
 /// `perf conn-rate --mode`.
@@ -163,6 +177,8 @@ pub enum ConnModeArg {
 pub fn run(bench: PerfCommand) -> Result<(), String> {
     use ibal_bench::udp as pu;
     match bench {
+        PerfCommand::Scale(args) => super::perf_scale::run(args),
+        PerfCommand::ScaleListener(args) => super::perf_scale::listener(args),
         PerfCommand::WriteBw {
             sizes,
             iters,
@@ -200,11 +216,30 @@ pub fn run(bench: PerfCommand) -> Result<(), String> {
             Ok(())
         }
         PerfCommand::Lookup {
+            ops,
+            rounds,
+            sizes,
+            random_order,
+            json,
+            ..
+        } if !sizes.is_empty() => {
+            let report =
+                ibal_bench::lookup_sizes::run_sizes(&ibal_bench::lookup_sizes::SizesConfig {
+                    sizes,
+                    ops,
+                    rounds,
+                    random_order,
+                })?;
+            print_report(json, report.to_json(), report.to_text());
+            Ok(())
+        }
+        PerfCommand::Lookup {
             threads,
             ops,
             objects,
             rounds,
             json,
+            ..
         } => {
             if threads == 0 || rounds == 0 || ops == 0 {
                 return Err("--threads, --ops and --rounds must be at least 1".into());
