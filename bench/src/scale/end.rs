@@ -130,6 +130,15 @@ impl End {
             .sum()
     }
 
+    /// MADs the end's CM agents have sent (retransmissions included).
+    pub(crate) fn mads_sent(&self) -> u64 {
+        self.ports
+            .iter()
+            .filter_map(|p| self.al.resolve(*p).ok())
+            .map(|p| p.stats().mads_sent)
+            .sum()
+    }
+
     /// Closes the AL: how long it took and what it left live.
     pub(crate) fn close(self) -> BenchResult<(Duration, Stats)> {
         let start = Instant::now();

@@ -36,6 +36,8 @@ pub struct PeerReport {
     pub live_objects: u64,
     /// Connections its CM agents hold.
     pub cm_connections: u64,
+    /// MADs its CM agents sent.
+    pub mads_sent: u64,
 }
 
 /// How the listening end's AL close went.
@@ -101,6 +103,7 @@ impl Peer {
                     first_error: kv.get("first_error").map(|e| e.replace('\u{1f}', " ")),
                     live_objects: num(&kv, "live_objects")?,
                     cm_connections: num(&kv, "cm_connections")?,
+                    mads_sent: num(&kv, "mads_sent")?,
                 })
             }
         }
@@ -159,13 +162,14 @@ pub(crate) fn local_report(passive: &Passive, own_process: bool) -> PeerReport {
         first_error: c.first_error.get().cloned(),
         live_objects: passive.end.stats().total_live() as u64,
         cm_connections: passive.end.cm_connections() as u64,
+        mads_sent: passive.end.mads_sent(),
     }
 }
 
 /// The `report` line of [`local_report`].
 pub(crate) fn report_line(r: &PeerReport) -> String {
     let mut line = format!(
-        "report rss={} cpu_ns={} accepted={} established={} disconnect_requests={} errors={} live_objects={} cm_connections={}",
+        "report rss={} cpu_ns={} accepted={} established={} disconnect_requests={} errors={} live_objects={} cm_connections={} mads_sent={}",
         r.rss,
         r.cpu.as_nanos(),
         r.accepted,
@@ -173,7 +177,8 @@ pub(crate) fn report_line(r: &PeerReport) -> String {
         r.disconnect_requests,
         r.errors,
         r.live_objects,
-        r.cm_connections
+        r.cm_connections,
+        r.mads_sent
     );
     if let Some(e) = &r.first_error {
         // One token: the line is split at spaces.

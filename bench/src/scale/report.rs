@@ -106,6 +106,11 @@ pub struct ScaleReport {
     pub kill: Option<KillReport>,
     pub peer_errors: u64,
     pub active_errors: u32,
+    /// MADs sent by (active, listener) up to every connection established
+    /// (3 per connection without loss: REQ, REP, RTU), and during the
+    /// disconnect (2: DREQ, DREP); more means retransmissions.
+    pub mads_connect: (u64, u64),
+    pub mads_teardown: Option<(u64, u64)>,
 }
 
 impl ScaleReport {
@@ -252,8 +257,20 @@ impl ScaleReport {
             self.established,
             self.ping_ratio()
         );
+        let _ = writeln!(
+            s,
+            "  CM MADs sent to establish all: active {}, listener {} (3 per connection without retransmission: {})",
+            self.mads_connect.0,
+            self.mads_connect.1,
+            3 * u64::from(self.established)
+        );
         if let Some(d) = self.disconnect {
-            let _ = writeln!(s, "  disconnect all: {:.2} s", d.as_secs_f64());
+            let (a, p) = self.mads_teardown.unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "  disconnect all: {:.2} s, MADs sent: active {a}, listener {p} (2 per connection without retransmission)",
+                d.as_secs_f64()
+            );
         }
         if let Some(k) = &self.kill {
             let st: Vec<String> = k
@@ -329,7 +346,8 @@ impl ScaleReport {
              \"idle_s\":{},\"idle_cpu_pct\":{},\"listener_idle_cpu_pct\":{},\
              \"ping_one_us\":{},\"ping_all_us\":{},\"ping_ratio\":{},\"disconnect_s\":{},\
              \"close_s\":{},\"left_live\":{},\"listener_close_s\":{},\"listener_left_live\":{},\
-             \"kill_s\":{},\"active_errors\":{},\"listener_errors\":{},\"clean\":{}}}",
+             \"kill_s\":{},\"active_errors\":{},\"listener_errors\":{},\"clean\":{},\
+             \"mads_connect\":[{},{}],\"mads_teardown\":[{},{}]}}",
             self.transport(),
             c.processes,
             c.connections,
@@ -362,7 +380,11 @@ impl ScaleReport {
             secs(self.kill.as_ref().map(|k| k.took)),
             self.active_errors,
             self.peer_errors,
-            self.clean()
+            self.clean(),
+            self.mads_connect.0,
+            self.mads_connect.1,
+            self.mads_teardown.map_or(0, |m| m.0),
+            self.mads_teardown.map_or(0, |m| m.1)
         )
     }
 }

@@ -95,7 +95,10 @@ pub fn run_scale(cfg: &ScaleConfig, exe: Option<&Path>) -> BenchResult<ScaleRepo
     let (cpu1, peer_cpu1) = (cpu_time(), peer.report()?.cpu);
     let ping_all_us = ping(&mut active, &mut peer, cfg.ping_iters)?;
 
+    let mads_connect = (active.end.mads_sent(), peer_after.mads_sent);
     let mut report = ScaleReport {
+        mads_connect,
+        mads_teardown: None,
         config: cfg.clone(),
         established: active.established(),
         connect_time,
@@ -128,6 +131,10 @@ pub fn run_scale(cfg: &ScaleConfig, exe: Option<&Path>) -> BenchResult<ScaleRepo
         report.disconnect = Some(active.disconnect_all()?);
         let after = peer.report()?;
         report.peer_errors = after.errors;
+        report.mads_teardown = Some((
+            active.end.mads_sent() - mads_connect.0,
+            after.mads_sent - mads_connect.1,
+        ));
         report.peer_close = Some(peer.close()?);
     }
     report.active_errors = active.errors();
