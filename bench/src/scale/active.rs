@@ -302,6 +302,17 @@ impl Active {
         Ok((start.elapsed(), statuses))
     }
 
+    /// The transport's retry bound of the first connection's QP: (retry
+    /// count + 1) local ACK timeouts (4.096 us x 2^timeout; IBTA 9.7.6.1.1).
+    pub(crate) fn retry_bound(&self) -> BenchResult<Duration> {
+        let qp = *self.qps.first().ok_or("no connection")?;
+        let a = qp
+            .query(self.end.al.instance())
+            .map_err(al_err("query_qp"))?;
+        let ack = Duration::from_nanos(4096u64 << a.timeout.min(31));
+        Ok(ack * (u32::from(a.retry_cnt) + 1))
+    }
+
     /// Errors the connections' handler saw.
     pub(crate) fn errors(&self) -> u32 {
         self.shared.errors.load(Ordering::Relaxed)

@@ -65,6 +65,8 @@ pub struct KillReport {
     pub took: Duration,
     /// Completion statuses of the SENDs, with their counts.
     pub statuses: Vec<(WcStatus, u64)>,
+    /// The transport's retry bound: (retry count + 1) ACK timeouts.
+    pub bound: Duration,
 }
 
 /// Everything one run measured.
@@ -280,9 +282,10 @@ impl ScaleReport {
                 .collect();
             let _ = writeln!(
                 s,
-                "  listener killed (-9): every SEND ended with an error in {:.2} s ({})",
+                "  listener killed (-9): every SEND ended with an error in {:.2} s ({}); retry bound {:.2} s",
                 k.took.as_secs_f64(),
-                st.join(", ")
+                st.join(", "),
+                k.bound.as_secs_f64()
             );
         }
         let _ = write!(
@@ -346,7 +349,7 @@ impl ScaleReport {
              \"idle_s\":{},\"idle_cpu_pct\":{},\"listener_idle_cpu_pct\":{},\
              \"ping_one_us\":{},\"ping_all_us\":{},\"ping_ratio\":{},\"disconnect_s\":{},\
              \"close_s\":{},\"left_live\":{},\"listener_close_s\":{},\"listener_left_live\":{},\
-             \"kill_s\":{},\"active_errors\":{},\"listener_errors\":{},\"clean\":{},\
+             \"kill_s\":{},\"kill_bound_s\":{},\"active_errors\":{},\"listener_errors\":{},\"clean\":{},\
              \"mads_connect\":[{},{}],\"mads_teardown\":[{},{}]}}",
             self.transport(),
             c.processes,
@@ -378,6 +381,7 @@ impl ScaleReport {
             secs(self.peer_close.as_ref().map(|c| c.took)),
             self.peer_close.as_ref().map_or(0, |c| c.left_live),
             secs(self.kill.as_ref().map(|k| k.took)),
+            secs(self.kill.as_ref().map(|k| k.bound)),
             self.active_errors,
             self.peer_errors,
             self.clean(),

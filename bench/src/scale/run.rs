@@ -124,9 +124,14 @@ pub fn run_scale(cfg: &ScaleConfig, exe: Option<&Path>) -> BenchResult<ScaleRepo
         active_errors: active.errors(),
     };
     if cfg.kill_listener {
+        let bound = active.retry_bound()?;
         peer.kill()?;
         let (took, statuses) = active.send_to_the_dead()?;
-        report.kill = Some(KillReport { took, statuses });
+        report.kill = Some(KillReport {
+            took,
+            statuses,
+            bound,
+        });
     } else {
         report.disconnect = Some(active.disconnect_all()?);
         let after = peer.report()?;
