@@ -21,6 +21,7 @@ pub mod children;
 pub mod error;
 pub mod executor;
 pub mod fast_hash;
+pub mod footprint;
 pub mod handle;
 pub mod instance;
 pub mod object;

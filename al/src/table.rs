@@ -109,6 +109,11 @@ impl<T> Slot<T> {
     }
 }
 
+/// Bytes of one slot of a table of `T` (the footprint of a live handle).
+pub(crate) fn slot_bytes<T>() -> usize {
+    std::mem::size_of::<Slot<T>>()
+}
+
 struct Allocator {
     slab: slab::Slab<()>,
     retired: usize,

@@ -242,6 +242,12 @@ macro_rules! providers {
                     _ => Err(foreign("QP")),
                 }
             }
+            fn qp_footprint(&self, qp: &AnyQp) -> usize {
+                match (self, qp) {
+                    $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyQp::$var(q)) => d.qp_footprint(q), )+
+                    _ => 0,
+                }
+            }
             fn destroy_qp(&self, qp: AnyQp) -> Result<()> {
                 match (self, qp) {
                     $( $( #[cfg($cfg)] )? (AnyDevice::$var(d), AnyQp::$var(q)) => d.destroy_qp(q), )+

@@ -182,6 +182,15 @@ pub trait Device: Send + Sync {
     fn modify_qp(&self, qp: &Self::Qp, m: &QpModify) -> Result<()>;
     /// Query a QP.
     fn query_qp(&self, qp: &Self::Qp) -> Result<QpAttr>;
+    /// Bytes of host memory the provider holds for `qp` (its state, queues
+    /// and table entries, as allocated), for sizing a deployment
+    /// (`docs/scale.md`). The default knows only the handle's own size; a
+    /// provider whose QP state lives elsewhere (a kernel, a NIC) counts
+    /// what it can see.
+    fn qp_footprint(&self, qp: &Self::Qp) -> usize {
+        let _ = qp;
+        std::mem::size_of::<Self::Qp>()
+    }
     /// Destroy a QP.
     fn destroy_qp(&self, qp: Self::Qp) -> Result<()>;
     /// Post send work requests, in order. On error the requests before the

@@ -106,6 +106,16 @@ impl Qp {
     pub fn query(&self) -> Result<QpAttr> {
         self.device().query_qp(&self.qp)
     }
+
+    /// Host bytes this QP costs: the access layer's object, slot and child
+    /// entry ([`al::footprint`]) and what its provider holds for it
+    /// (`Device::qp_footprint`), in that order.
+    pub fn footprint(&self) -> (al::footprint::Footprint, usize) {
+        (
+            al::footprint::footprint::<Qp>(),
+            self.device().qp_footprint(&self.qp),
+        )
+    }
 }
 
 impl fmt::Debug for Qp {

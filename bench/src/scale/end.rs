@@ -130,6 +130,16 @@ impl End {
             .sum()
     }
 
+    /// What `qp` costs the access layer and its provider (bytes).
+    pub(crate) fn qp_footprint(&self, qp: Handle<Qp>) -> BenchResult<(usize, usize)> {
+        let (object, provider) = self
+            .al
+            .resolve(qp)
+            .map_err(al_err("resolving a QP"))?
+            .footprint();
+        Ok((object.total(), provider))
+    }
+
     /// MADs the end's CM agents have sent (retransmissions included).
     pub(crate) fn mads_sent(&self) -> u64 {
         self.ports

@@ -67,6 +67,13 @@ impl Passive {
         })
     }
 
+    /// The footprint of its first accepted QP (every one is alike): (access
+    /// layer, provider) bytes.
+    pub(crate) fn qp_footprint(&self) -> BenchResult<(usize, usize)> {
+        let qp = *self.echo_qp.get().ok_or("no connection accepted yet")?;
+        self.end.qp_footprint(qp)
+    }
+
     /// What answers the ping-pong (once the first connection is accepted).
     pub(crate) fn echo(&self) -> BenchResult<Echo> {
         let qp = *self

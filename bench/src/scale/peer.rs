@@ -38,6 +38,8 @@ pub struct PeerReport {
     pub cm_connections: u64,
     /// MADs its CM agents sent.
     pub mads_sent: u64,
+    /// Its QPs' footprint: (access layer, provider) bytes each.
+    pub qp_footprint: (u64, u64),
 }
 
 /// How the listening end's AL close went.
@@ -104,6 +106,7 @@ impl Peer {
                     live_objects: num(&kv, "live_objects")?,
                     cm_connections: num(&kv, "cm_connections")?,
                     mads_sent: num(&kv, "mads_sent")?,
+                    qp_footprint: (num(&kv, "qp_al_bytes")?, num(&kv, "qp_provider_bytes")?),
                 })
             }
         }
@@ -163,13 +166,16 @@ pub(crate) fn local_report(passive: &Passive, own_process: bool) -> PeerReport {
         live_objects: passive.end.stats().total_live() as u64,
         cm_connections: passive.end.cm_connections() as u64,
         mads_sent: passive.end.mads_sent(),
+        qp_footprint: passive
+            .qp_footprint()
+            .map_or((0, 0), |(a, p)| (a as u64, p as u64)),
     }
 }
 
 /// The `report` line of [`local_report`].
 pub(crate) fn report_line(r: &PeerReport) -> String {
     let mut line = format!(
-        "report rss={} cpu_ns={} accepted={} established={} disconnect_requests={} errors={} live_objects={} cm_connections={} mads_sent={}",
+        "report rss={} cpu_ns={} accepted={} established={} disconnect_requests={} errors={} live_objects={} cm_connections={} mads_sent={} qp_al_bytes={} qp_provider_bytes={}",
         r.rss,
         r.cpu.as_nanos(),
         r.accepted,
@@ -178,7 +184,9 @@ pub(crate) fn report_line(r: &PeerReport) -> String {
         r.errors,
         r.live_objects,
         r.cm_connections,
-        r.mads_sent
+        r.mads_sent,
+        r.qp_footprint.0,
+        r.qp_footprint.1
     );
     if let Some(e) = &r.first_error {
         // One token: the line is split at spaces.

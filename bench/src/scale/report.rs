@@ -58,6 +58,31 @@ pub(crate) fn deciles(times: &[(u64, u64)], start: u64) -> Vec<Decile> {
     out
 }
 
+/// The library's own accounting of one connection end, bytes.
+#[derive(Debug, Clone)]
+pub struct Accounting {
+    /// A QP at the active end and at the listener: (access layer object,
+    /// slot and child entry; provider state and queues).
+    pub active_qp: (u64, u64),
+    pub listener_qp: (u64, u64),
+    /// A CEP (the same at both ends).
+    pub cep: cep::cm::CepFootprint,
+    /// The active end's per-connection CM handler (the benchmark's closure:
+    /// a consumer's per-connection context).
+    pub handler: u64,
+}
+
+impl Accounting {
+    /// (active, listener) bytes per connection end.
+    pub fn per_end(&self) -> (u64, u64) {
+        let cep = self.cep.total() as u64;
+        (
+            self.active_qp.0 + self.active_qp.1 + cep + self.handler,
+            self.listener_qp.0 + self.listener_qp.1 + cep,
+        )
+    }
+}
+
 /// The listener killed: how the survivor's connections ended.
 #[derive(Debug, Clone)]
 pub struct KillReport {
@@ -113,6 +138,8 @@ pub struct ScaleReport {
     /// disconnect (2: DREQ, DREP); more means retransmissions.
     pub mads_connect: (u64, u64),
     pub mads_teardown: Option<(u64, u64)>,
+    /// What the library says one connection end costs.
+    pub accounting: Accounting,
 }
 
 impl ScaleReport {
@@ -217,6 +244,31 @@ impl ScaleReport {
             } else {
                 ""
             }
+        );
+        let acc = &self.accounting;
+        let (ea, ep) = acc.per_end();
+        let o = &acc.cep.object;
+        let _ = writeln!(
+            s,
+            "  the library's accounting per connection end: QP {} B in the access layer + {} B in the provider (listener: {} + {}); \
+             CEP {} B (object {}, core {}, handle slot {}, child entry {}) + CM state {} B + route {} B; active handler {} B; \
+             total active {} B, listener {} B; resident memory not accounted: active {:.0} B, listener {:.0} B",
+            acc.active_qp.0,
+            acc.active_qp.1,
+            acc.listener_qp.0,
+            acc.listener_qp.1,
+            o.total(),
+            o.object,
+            o.core,
+            o.slot,
+            o.child_entry,
+            acc.cep.endpoint,
+            acc.cep.route,
+            acc.handler,
+            ea,
+            ep,
+            a - ea as f64,
+            p - ep as f64
         );
         let objs: Vec<String> = self
             .active_objects
@@ -350,7 +402,10 @@ impl ScaleReport {
              \"ping_one_us\":{},\"ping_all_us\":{},\"ping_ratio\":{},\"disconnect_s\":{},\
              \"close_s\":{},\"left_live\":{},\"listener_close_s\":{},\"listener_left_live\":{},\
              \"kill_s\":{},\"kill_bound_s\":{},\"active_errors\":{},\"listener_errors\":{},\"clean\":{},\
-             \"mads_connect\":[{},{}],\"mads_teardown\":[{},{}]}}",
+             \"mads_connect\":[{},{}],\"mads_teardown\":[{},{}],\
+             \"accounting\":{{\"active_qp_al\":{},\"active_qp_provider\":{},\"listener_qp_al\":{},\
+             \"listener_qp_provider\":{},\"cep_al\":{},\"cep_cm\":{},\"cep_route\":{},\"handler\":{},\
+             \"active_total\":{},\"listener_total\":{}}}}}",
             self.transport(),
             c.processes,
             c.connections,
@@ -388,7 +443,17 @@ impl ScaleReport {
             self.mads_connect.0,
             self.mads_connect.1,
             self.mads_teardown.map_or(0, |m| m.0),
-            self.mads_teardown.map_or(0, |m| m.1)
+            self.mads_teardown.map_or(0, |m| m.1),
+            self.accounting.active_qp.0,
+            self.accounting.active_qp.1,
+            self.accounting.listener_qp.0,
+            self.accounting.listener_qp.1,
+            self.accounting.cep.object.total(),
+            self.accounting.cep.endpoint,
+            self.accounting.cep.route,
+            self.accounting.handler,
+            self.accounting.per_end().0,
+            self.accounting.per_end().1
         )
     }
 }

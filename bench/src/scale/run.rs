@@ -12,7 +12,7 @@ use super::end::{roce_device, soft_provider, End, Net, ADDRS};
 use super::measure::{cpu_time, rss_bytes};
 use super::passive::Passive;
 use super::peer::{ChildPeer, Peer, PeerReport};
-use super::report::{deciles, KillReport, ScaleReport};
+use super::report::{deciles, Accounting, KillReport, ScaleReport};
 use crate::BenchResult;
 
 /// The provider of a run, kept until both ends have closed.
@@ -73,6 +73,9 @@ pub fn run_scale(cfg: &ScaleConfig, exe: Option<&Path>) -> BenchResult<ScaleRepo
     // The ping-pong's connection alone, and its round trip with N = 1
     // (a first short run warms both ends up).
     active.connect_upto(1, 1)?;
+    // The listener's QP answers once it is RTS, i.e. once its end has
+    // taken the RTU.
+    wait_for_peer(&mut peer, |r| r.established >= 1)?;
     ping(&mut active, &mut peer, cfg.ping_iters.div_ceil(10))?;
     let ping_one_us = ping(&mut active, &mut peer, cfg.ping_iters)?;
 
@@ -96,9 +99,18 @@ pub fn run_scale(cfg: &ScaleConfig, exe: Option<&Path>) -> BenchResult<ScaleRepo
     let ping_all_us = ping(&mut active, &mut peer, cfg.ping_iters)?;
 
     let mads_connect = (active.end.mads_sent(), peer_after.mads_sent);
+    let first_qp = *active.qps.first().ok_or("no connection")?;
+    let (qp_al, qp_provider) = active.end.qp_footprint(first_qp)?;
+    let accounting = Accounting {
+        active_qp: (qp_al as u64, qp_provider as u64),
+        listener_qp: peer_after.qp_footprint,
+        cep: cep::cm::cep_footprint(),
+        handler: al::footprint::arc_bytes::<(usize, u32)>() as u64,
+    };
     let mut report = ScaleReport {
         mads_connect,
         mads_teardown: None,
+        accounting,
         config: cfg.clone(),
         established: active.established(),
         connect_time,

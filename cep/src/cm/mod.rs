@@ -56,6 +56,7 @@ mod attrs;
 mod calls;
 mod connect;
 mod dispatch;
+mod footprint;
 mod listen;
 mod objects;
 mod port;
@@ -70,6 +71,7 @@ pub use attrs::{
 };
 pub use calls::{apr, connection_attrs, disconnect, disconnect_reply, lap, mra, reject, rtu};
 pub use connect::{connect, connect_unbound, ConnectRequest};
+pub use footprint::{cep_footprint, CepFootprint};
 pub use listen::listen;
 pub use objects::{Cep, CmHandler, Listen, ListenHandler};
 pub use port::{active_ports, CmDrive, PortCm};

@@ -69,6 +69,11 @@ pub(crate) struct IdSlab<T> {
     hints: Box<[u32]>,
 }
 
+/// Bytes of one slot of an [`IdSlab`] of `T` (one allocated id).
+pub(crate) fn slot_bytes<T>() -> usize {
+    std::mem::size_of::<Slot<T>>()
+}
+
 const fn compose(index: u32, modifier: u32) -> u32 {
     (index & INDEX_MASK) | (modifier << INDEX_BITS)
 }

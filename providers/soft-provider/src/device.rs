@@ -106,6 +106,9 @@ impl Device for SoftHca {
     fn query_qp(&self, qp: &SoftQp) -> Result<QpAttr> {
         Ok(qp.query())
     }
+    fn qp_footprint(&self, qp: &SoftQp) -> usize {
+        qp.footprint()
+    }
     fn destroy_qp(&self, qp: SoftQp) -> Result<()> {
         drop(qp);
         Ok(())

@@ -32,6 +32,28 @@ impl std::fmt::Debug for SoftQp {
 }
 
 impl SoftQp {
+    /// Bytes this QP holds (`Device::qp_footprint`): its state, its shared
+    /// receive queue, the queues' allocations and its entry in the HCA's
+    /// QP map.
+    pub(crate) fn footprint(&self) -> usize {
+        use al::footprint::{allocated, arc_bytes};
+        use std::mem::size_of;
+        let sq = {
+            let sq = self.inner.sq.lock();
+            sq.pending.capacity() * size_of::<crate::qp::PendingWr>()
+        };
+        let rq = {
+            let rq = self.inner.rq.lock();
+            rq.wrs.capacity() * size_of::<crate::queues::RecvEntry>()
+        };
+        let heap = |n: usize| if n == 0 { 0 } else { allocated(n) };
+        arc_bytes::<QpInner>()
+            + arc_bytes::<crate::queues::Posted<crate::qp::RecvQueue>>()
+            + heap(sq)
+            + heap(rq)
+            + (size_of::<(u32, Arc<QpInner>)>() + 1) * 8 / 7
+    }
+
     /// QP number (1 for a GSI QP).
     pub fn qpn(&self) -> u32 {
         self.inner.wire_qpn()

@@ -160,6 +160,15 @@ impl Endpoint {
         }
     }
 
+    /// Bytes an established connection costs the endpoint: its slot in the
+    /// id table and its entries in the remote-id and remote-QPN maps
+    /// (B-tree entries counted at a 2/3 node fill, the average of random
+    /// inserts). `docs/scale.md` sums it with the CEP object's.
+    pub fn connection_bytes() -> usize {
+        let entry = std::mem::size_of::<(RemoteKey, u32)>() * 3 / 2;
+        super::ids::slot_bytes::<Conn>() + 2 * entry
+    }
+
     /// The settings this endpoint was created with.
     pub fn config(&self) -> &EndpointConfig {
         &self.config
