@@ -383,6 +383,7 @@ impl<D: Device + 'static> CmAgent<D> {
             live_connections: c.ep.live_connections(),
             allocated_ids: c.ep.allocated_ids(),
             served_inline: c.served_inline,
+            resends: c.ep.resends(),
         };
         self.shared.unlock(guard);
         stats

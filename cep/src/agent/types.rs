@@ -2,7 +2,7 @@
 //! ([`EventSink`], [`Delivery`]), its settings ([`AgentConfig`]), its
 //! counters ([`AgentStats`]) and what one poll did ([`PollOutcome`]).
 
-use crate::proto::{ConnId, Event, IdKey, Nanos};
+use crate::proto::{ConnId, Event, IdKey, Nanos, Resends};
 
 /// Where events go: called once per event, in order, with no agent lock
 /// held. It may call any agent method, but must not own the agent: what it
@@ -109,6 +109,11 @@ pub struct AgentStats {
     /// Thread mode: rounds served inline by the thread that delivered a
     /// MAD, instead of by a woken agent thread.
     pub served_inline: u64,
+    /// Requests the endpoint sent again ([`Endpoint::resends`]): a burst
+    /// the port absorbed and answered in time costs none.
+    ///
+    /// [`Endpoint::resends`]: crate::proto::Endpoint::resends
+    pub resends: Resends,
 }
 
 impl AgentStats {

@@ -26,12 +26,25 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use super::ids::IdSlab;
 use crate::proto::{
     response_wait_nanos, timewait_nanos, ConnId, Disposition, EndpointConfig, Event, Nanos,
-    PeerAddr, State, Transmit,
+    PeerAddr, Resends, State, Transmit,
 };
 use crate::wire::CmMad;
 
 /// Key of the remote-id and remote-QPN tables: (remote value, remote CA GUID).
 type RemoteKey = (u32, u64);
+
+/// A listener: its CEP and its backlog, the requests (REQ or SIDR_REQ)
+/// it took that the user has not answered yet.
+#[derive(Clone, Copy, Debug)]
+struct Listener {
+    id: u32,
+    /// Most unanswered requests; one more is refused at once (REJ "no
+    /// resources", SIDR_REP "no QP") without a CEP.
+    backlog: u32,
+    /// Requests of this listener in REQ_RCVD, MRA_REQ_SENT or
+    /// SIDR_REQ_RCVD (their `Conn::listener` is `id`).
+    queued: u32,
+}
 
 /// One CEP.
 #[derive(Clone, Debug)]
@@ -75,6 +88,9 @@ struct Conn {
     /// Passive side: how long the request may wait for the user's answer
     /// (see `answer_deadline_nanos`).
     answer_wait: u64,
+    /// Passive side, until the user answers the request: the listener
+    /// whose backlog it counts in (0: none).
+    listener: u32,
 }
 
 impl Conn {
@@ -104,6 +120,7 @@ impl Conn {
             resend: None,
             last_reply: None,
             answer_wait: 0,
+            listener: 0,
         }
     }
 
@@ -120,7 +137,7 @@ pub struct Endpoint {
     config: EndpointConfig,
     conns: IdSlab<Conn>,
     /// Service id -> listener.
-    listeners: BTreeMap<u64, u32>,
+    listeners: BTreeMap<u64, Listener>,
     /// (remote comm id, remote CA GUID) -> local id. Entries live from the
     /// REQ (passive) or REP (active) until the id is freed.
     remote_ids: BTreeMap<RemoteKey, u32>,
@@ -139,6 +156,8 @@ pub struct Endpoint {
     /// MADs that named a connection but came from another address than its
     /// peer's (see `source_may_name`).
     not_from_peer: u64,
+    /// Requests sent again by their retry timer.
+    resends: Resends,
 }
 
 impl Endpoint {
@@ -156,6 +175,7 @@ impl Endpoint {
             events: VecDeque::new(),
             next_tid: config.first_tid,
             not_from_peer: 0,
+            resends: Resends::default(),
             config,
         }
     }
@@ -185,12 +205,13 @@ impl Endpoint {
         self.conns.get(conn.0).map(|c| c.state)
     }
 
-    /// Number of allocated CEPs that are not listeners.
+    /// Number of allocated CEPs that are not listeners. O(1): every
+    /// listener is in the listen table and every entry there is a listener
+    /// (`check_invariants`), so this is a difference of two lengths, not a
+    /// walk over the CEPs (the agent asks for it in every `stats()` and a
+    /// lingering agent thread after every round).
     pub fn live_connections(&self) -> usize {
-        self.conns
-            .iter()
-            .filter(|(_, c)| c.state != State::Listen)
-            .count()
+        self.conns.len() - self.listeners.len()
     }
 
     /// Number of allocated ids (listeners included).
@@ -205,6 +226,12 @@ impl Endpoint {
     /// and no answer but the stateless one a MAD naming nothing gets.
     pub fn not_from_peer(&self) -> u64 {
         self.not_from_peer
+    }
+
+    /// Requests sent again by their retry timer, by kind, and the most
+    /// resends any one request needed.
+    pub fn resends(&self) -> Resends {
+        self.resends
     }
 
     /// Every allocated CEP with its state, in id order of the slots.
@@ -281,6 +308,7 @@ impl Endpoint {
     /// Sends `mad` as the request this CEP retries, arming the retry timer
     /// with a fresh retry budget.
     fn send_request(&mut self, now: Nanos, id: u32, state: State, mad: CmMad) {
+        self.dequeue(id);
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
@@ -311,6 +339,26 @@ impl Endpoint {
         }
     }
 
+    /// A request left the states that wait for the user (answered,
+    /// rejected, timed out, destroyed): its listener's backlog has room for
+    /// one more. Called from every exit of those states: `send_request`
+    /// (REP), `enter_timewait` and `free`.
+    fn dequeue(&mut self, id: u32) {
+        let Some(c) = self.conns.get_mut(id) else {
+            return;
+        };
+        let listener = std::mem::take(&mut c.listener);
+        if listener == 0 {
+            return;
+        }
+        match self.listeners.get_mut(&c.service_id) {
+            // The listener may be gone, or replaced by a new one for the
+            // service: only its own requests count in its backlog.
+            Some(l) if l.id == listener => l.queued -= 1,
+            _ => {}
+        }
+    }
+
     fn register_remote(&mut self, id: u32, remote_id: RemoteKey, qpn: RemoteKey) {
         self.remote_ids.insert(remote_id, id);
         self.remote_qpns.insert(qpn, id);
@@ -323,6 +371,7 @@ impl Endpoint {
     /// Enters TIMEWAIT: the QP is no longer connected (its remote-QPN entry
     /// goes), the id stays reserved until the timer fires.
     fn enter_timewait(&mut self, now: Nanos, id: u32) {
+        self.dequeue(id);
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
@@ -340,6 +389,7 @@ impl Endpoint {
     /// Frees the id: removes the CEP from every table.
     fn free(&mut self, id: u32) {
         self.cancel_timer(id);
+        self.dequeue(id);
         let Some(c) = self.conns.remove(id) else {
             return;
         };

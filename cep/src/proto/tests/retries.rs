@@ -159,18 +159,22 @@ fn duplicate_req_never_makes_a_second_connection() {
     let now = sim.now;
     let b_ep = &mut sim.eps[1];
     assert_eq!(b_ep.handle_mad(now, addr(0), req), Disposition::Handled);
-    assert!(matches!(
-        b_ep.handle_mad(now, addr(0), req),
-        Disposition::Ignored(_)
-    ));
+    // In REQ_RCVD a duplicate REQ (the requester is retrying: the user is
+    // slow) gets an MRA covering the request's answer deadline.
+    assert_eq!(b_ep.handle_mad(now, addr(0), req), Disposition::Answered);
+    let held = b_ep.poll_transmit().unwrap();
+    assert_eq!(held.mad.message_kind(), "MRA");
     assert_eq!(b_ep.live_connections(), 1);
     let Some(Event::ConnectRequest { conn: b, .. }) = b_ep.poll_event() else {
         panic!()
     };
     assert_eq!(b_ep.poll_event(), None);
-    // In MRA_REQ_SENT a duplicate REQ repeats the MRA.
+    assert_eq!(b_ep.state(b), Some(State::MraReqSent));
+    // The user may still ask for its own time; a duplicate REQ then
+    // repeats the user's MRA.
     b_ep.send_mra(now, b, 18, &[]).unwrap();
     let mra = b_ep.poll_transmit().unwrap();
+    assert_ne!(mra.mad, held.mad);
     assert_eq!(b_ep.handle_mad(now, addr(0), req), Disposition::Answered);
     assert_eq!(b_ep.poll_transmit().unwrap().mad, mra.mad);
     // In REP_SENT it repeats the REP.
