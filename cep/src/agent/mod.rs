@@ -433,6 +433,12 @@ impl<D: Device + 'static> CmAgent<D> {
         })
     }
 
+    /// Sets how many unanswered requests `listener` holds before it refuses
+    /// more ([`Endpoint::set_backlog`](crate::proto::Endpoint::set_backlog)).
+    pub fn set_backlog(&self, listener: ConnId, backlog: u32) -> Result<()> {
+        self.shared.call(|ep, _| ep.set_backlog(listener, backlog))
+    }
+
     /// Stops listening.
     pub fn cancel_listen(&self, listener: ConnId) -> Result<()> {
         self.shared.call(|ep, _| ep.cancel_listen(listener))

@@ -52,11 +52,14 @@ impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             pkey_index: 0,
-            // The Linux MAD layer's QP1 queue sizes. A burst of REQs (many
-            // connects at once) lands in the receive queue before the agent
-            // runs; with 64 buffers a 64-connection burst plus the
-            // responses in flight overflowed it and cost CM retries.
-            recv_buffers: 512,
+            // A burst of MADs lands in QP1's receive queue while the agent
+            // is not running (its lock held by another thread, its thread
+            // not scheduled), and what finds no buffer is dropped unseen:
+            // 10,000 connects at once to one listen dropped 4,500-8,600
+            // MADs with 512 buffers (Linux's MAD layer default) and none
+            // with 4096 (tests/cm_burst.rs). 1.2 MB per port
+            // (docs/cm-agent.md, "Bursts").
+            recv_buffers: 4096,
             send_buffers: 128,
             id_key: None,
             max_ceps: None,
