@@ -171,7 +171,7 @@ impl Endpoint {
         if let Some(c) = self.conns.get_mut(conn.0) {
             c.local_qpn = rep.local_qpn;
             c.target_ack_delay = Some(rep.target_ack_delay);
-            c.last_reply = Some(mad);
+            c.last_reply = Some(Box::new(mad));
         }
         self.send_request(now, conn.0, State::RepSent, mad);
         Ok(())
@@ -262,7 +262,17 @@ impl Endpoint {
             private_data: PrivateData::new(private_data)?,
         };
         let mad = CmMad::new(c.tid, rtu);
-        self.send_reply(conn.0, mad);
+        if private_data.iter().all(|&b| b == 0) {
+            // Rebuilt from the ids if a duplicate REP asks for it again:
+            // an established connection keeps no copy.
+            self.send_for(conn.0, mad);
+            if let Some(c) = self.conns.get_mut(conn.0) {
+                c.last_reply = None;
+                c.plain_rtu = true;
+            }
+        } else {
+            self.send_reply(conn.0, mad);
+        }
         self.become_established(conn.0);
         Ok(())
     }

@@ -81,10 +81,18 @@ struct Conn {
     retries_left: u8,
     /// Deadline of the one timer this CEP may have.
     timer: Option<Nanos>,
-    /// The request being retried by the timer.
-    resend: Option<CmMad>,
+    /// The request being retried by the timer. Boxed, as `last_reply`: a
+    /// MAD is 264 bytes and most CEPs (established, idle) hold neither, so
+    /// inline they were 528 of the 720 bytes of every CEP.
+    resend: Option<Box<CmMad>>,
     /// The last answer sent, repeated when a duplicate request arrives.
-    last_reply: Option<CmMad>,
+    /// Not kept where nothing can ask for it again: the passive side's REP
+    /// once the connection is established, an RTU without private data
+    /// (`plain_rtu` rebuilds it).
+    last_reply: Option<Box<CmMad>>,
+    /// Active side: the RTU sent had no private data, so a duplicate REP
+    /// is answered with one rebuilt from the ids instead of a stored copy.
+    plain_rtu: bool,
     /// Passive side: how long the request may wait for the user's answer
     /// (see `answer_deadline_nanos`).
     answer_wait: u64,
@@ -119,6 +127,7 @@ impl Conn {
             timer: None,
             resend: None,
             last_reply: None,
+            plain_rtu: false,
             answer_wait: 0,
             listener: 0,
         }
@@ -313,7 +322,7 @@ impl Endpoint {
             return;
         };
         c.state = state;
-        c.resend = Some(mad);
+        c.resend = Some(Box::new(mad));
         c.retries_left = c.max_retries;
         let at = now.saturating_add(c.response_wait());
         self.set_timer(id, at);
@@ -323,14 +332,30 @@ impl Endpoint {
     /// Sends `mad` as an answer that duplicates of the request repeat.
     fn send_reply(&mut self, id: u32, mad: CmMad) {
         if let Some(c) = self.conns.get_mut(id) {
-            c.last_reply = Some(mad);
+            c.last_reply = Some(Box::new(mad));
+            c.plain_rtu = false;
         }
         self.send_for(id, mad);
     }
 
     /// Resends the last answer if it is of the given kind.
     fn resend_reply(&mut self, id: u32, kind: &str) -> Disposition {
-        match self.conns.get(id).and_then(|c| c.last_reply) {
+        let Some(c) = self.conns.get(id) else {
+            return Disposition::Ignored("duplicate request, nothing to repeat");
+        };
+        let mad = match c.last_reply.as_deref() {
+            Some(mad) => Some(*mad),
+            None if c.plain_rtu => Some(CmMad::new(
+                c.tid,
+                crate::wire::Rtu {
+                    local_comm_id: c.id,
+                    remote_comm_id: c.remote_comm_id,
+                    private_data: crate::wire::PrivateData::zeroed(),
+                },
+            )),
+            None => None,
+        };
+        match mad {
             Some(mad) if mad.message_kind() == kind => {
                 self.send_for(id, mad);
                 Disposition::Answered
@@ -417,7 +442,31 @@ impl Endpoint {
         if let Some(c) = self.conns.get_mut(id) {
             c.resend = None;
             c.state = State::Established;
+            // The passive side's REP: a duplicate REQ is ignored from now
+            // on, so nothing will ask for it again.
+            if c.last_reply
+                .as_ref()
+                .is_some_and(|m| m.message_kind() == "REP")
+            {
+                c.last_reply = None;
+            }
         }
         self.emit(Event::Established { conn: ConnId(id) });
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// Every CEP of a port is one `Conn` in the slab: 720 bytes while the
+    /// request being retried and the last answer were stored inline (two
+    /// 264-byte MADs), 208 with them boxed and kept only while something
+    /// can ask for them.
+    #[test]
+    fn a_cep_stays_small() {
+        assert!(
+            std::mem::size_of::<super::Conn>() <= 208,
+            "Conn is {} bytes",
+            std::mem::size_of::<super::Conn>()
+        );
     }
 }

@@ -28,7 +28,7 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(id) else {
             return true;
         };
-        let Some(mad) = c.resend else {
+        let Some(mad) = c.resend.as_deref().copied() else {
             return false;
         };
         if c.retries_left == 0 {

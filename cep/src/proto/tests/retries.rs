@@ -247,3 +247,36 @@ fn mra_for_rep() {
     assert_eq!(sim.eps[1].state(b), Some(State::Established));
     sim.finish();
 }
+
+/// An RTU without private data is not kept: a duplicate REP (the passive
+/// side missed the RTU) gets one rebuilt from the ids, the same bytes.
+#[test]
+fn a_plain_rtu_is_rebuilt_for_a_duplicate_rep() {
+    let mut sim = Sim::new(1);
+    sim.eps[1].listen(SVC).unwrap();
+    let a = sim.eps[0]
+        .connect(sim.now, connect_params(1, SVC, 0x11))
+        .unwrap();
+    let mut plain = |_: usize, ep: &mut Endpoint, now: Nanos, ev: &Event| match ev {
+        Event::ReplyReceived { conn, .. } => ep.send_rtu(*conn, &[]).unwrap(),
+        _ => auto(0, ep, now, ev),
+    };
+    sim.run(&mut plain);
+    assert_eq!(sim.eps[0].state(a), Some(State::Established));
+    let rtu = sim.last_sent(0).unwrap();
+    assert_eq!(rtu.message_kind(), "RTU");
+    let rep = sim
+        .sent
+        .iter()
+        .find(|(_, s, m)| *s == 1 && m.message_kind() == "REP")
+        .map(|(_, _, m)| *m)
+        .unwrap();
+    let now = sim.now;
+    assert_eq!(
+        sim.eps[0].handle_mad(now, addr(1), rep),
+        Disposition::Answered
+    );
+    let again = sim.eps[0].poll_transmit().unwrap().mad;
+    assert_eq!(again.encode().unwrap(), rtu.encode().unwrap());
+    sim.finish();
+}
