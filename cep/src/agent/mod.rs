@@ -138,6 +138,7 @@ impl<D: Device + 'static> CmAgent<D> {
                 backlog: VecDeque::new(),
                 thread_wakes_at: None,
                 served_inline: 0,
+                thread_rounds: 0,
                 received: Vec::new(),
                 threaded: false,
             }),
@@ -383,6 +384,7 @@ impl<D: Device + 'static> CmAgent<D> {
             live_connections: c.ep.live_connections(),
             allocated_ids: c.ep.allocated_ids(),
             served_inline: c.served_inline,
+            thread_rounds: c.thread_rounds,
             resends: c.ep.resends(),
         };
         self.shared.unlock(guard);

@@ -112,6 +112,10 @@ pub struct AgentStats {
     /// Thread mode: rounds served inline by the thread that delivered a
     /// MAD, instead of by a woken agent thread.
     pub served_inline: u64,
+    /// Thread mode: rounds the agent thread ran (woken by a kick or its
+    /// next deadline). With nothing armed it sleeps until kicked: an idle
+    /// agent adds none.
+    pub thread_rounds: u64,
     /// Requests the endpoint sent again ([`Endpoint::resends`]): a burst
     /// the port absorbed and answered in time costs none.
     ///
