@@ -55,7 +55,7 @@ impl Default for AgentConfig {
             // A burst of MADs lands in QP1's receive queue while the agent
             // is not running (its lock held by another thread, its thread
             // not scheduled), and what finds no buffer is dropped unseen:
-            // 10,000 connects at once to one listen dropped 4,500-8,600
+            // 10,000 connects at once to one listen dropped 100-8,600
             // MADs with 512 buffers (Linux's MAD layer default) and none
             // with 4096 (tests/cm_burst.rs). 1.2 MB per port
             // (docs/cm-agent.md, "Bursts").
