@@ -17,7 +17,7 @@
 //!
 //! The listen's backlog is a tenth of the burst, so the accept loop falls
 //! behind and the listen refuses the excess; how many are refused depends
-//! on the scheduling (0 to a third in the runs so far).
+//! on the scheduling (none to half in the runs so far).
 //!
 //! 10,000 connects, the count, by default: both tests together
 //! take 2-6 s in a debug build on the 2-vCPU machine.
