@@ -356,13 +356,13 @@ pub mod cm {
     pub use cep::cm::{
         accept, accept_attrs, accept_unbound, active_ports, apr, attach_ca, attach_ca_with,
         connect, connect_unbound, connection_attrs, disconnect, disconnect_reply, lap, listen, mra,
-        poll, reject, rtr_attrs, rts_attrs, rtu, sidr_reply, sidr_request, AcceptReply, Cep,
-        CmDrive, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen, ListenHandler,
-        LocalQpAttrs, PathEnd,
+        poll, reject, rtr_attrs, rts_attrs, rtu, set_backlog, sidr_reply, sidr_request,
+        AcceptReply, Cep, CmDrive, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen,
+        ListenHandler, LocalQpAttrs, PathEnd,
     };
     pub use cep::proto::{
-        ConnId, DisconnectCause, Event, LapParams, PeerAddr, RejectOrigin, SidrParams,
-        SidrReplyParams, State, TimedOut,
+        ConnId, DisconnectCause, Event, LapParams, PeerAddr, RejectOrigin, Resends, SidrParams,
+        SidrReplyParams, State, TimedOut, DEFAULT_BACKLOG,
     };
     pub use cep::wire;
 

@@ -109,6 +109,17 @@ fn connect_and_disconnect_in_thread_mode() {
         b.stats()
     );
 
+    // Nothing armed: the agent threads sleep until kicked, with no
+    // periodic wake-up.
+    let rounds = |s: cep::agent::AgentStats| s.thread_rounds;
+    let before = (rounds(a.stats()), rounds(b.stats()));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        (rounds(a.stats()), rounds(b.stats())),
+        before,
+        "idle agents woke"
+    );
+
     let t = Instant::now();
     a.shutdown();
     b.shutdown();

@@ -138,6 +138,7 @@ impl<D: Device + 'static> CmAgent<D> {
                 backlog: VecDeque::new(),
                 thread_wakes_at: None,
                 served_inline: 0,
+                thread_rounds: 0,
                 received: Vec::new(),
                 threaded: false,
             }),
@@ -383,6 +384,8 @@ impl<D: Device + 'static> CmAgent<D> {
             live_connections: c.ep.live_connections(),
             allocated_ids: c.ep.allocated_ids(),
             served_inline: c.served_inline,
+            thread_rounds: c.thread_rounds,
+            resends: c.ep.resends(),
         };
         self.shared.unlock(guard);
         stats
@@ -430,6 +433,12 @@ impl<D: Device + 'static> CmAgent<D> {
             publish(id);
             Ok(id)
         })
+    }
+
+    /// Sets how many unanswered requests `listener` holds before it refuses
+    /// more ([`Endpoint::set_backlog`](crate::proto::Endpoint::set_backlog)).
+    pub fn set_backlog(&self, listener: ConnId, backlog: u32) -> Result<()> {
+        self.shared.call(|ep, _| ep.set_backlog(listener, backlog))
     }
 
     /// Stops listening.

@@ -55,6 +55,8 @@ pub(super) struct Core<D: Device> {
     pub(super) thread_wakes_at: Option<Nanos>,
     /// Rounds run by `serve_inline` (`AgentStats::served_inline`).
     pub(super) served_inline: u64,
+    /// Rounds run by the agent thread (`AgentStats::thread_rounds`).
+    pub(super) thread_rounds: u64,
     /// MADs taken from QP1 in the current round; kept between rounds so a
     /// round allocates nothing.
     pub(super) received: Vec<io::Received>,
@@ -332,6 +334,7 @@ impl<D: Device> Shared<D> {
         out.next_timeout = core.ep.next_timeout();
         let threaded = core.threaded;
         let kick = if agent_thread {
+            core.thread_rounds += 1;
             core.thread_wakes_at = Some(out.next_timeout.unwrap_or(Nanos(u64::MAX)));
             false
         } else {

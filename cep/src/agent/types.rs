@@ -2,7 +2,7 @@
 //! ([`EventSink`], [`Delivery`]), its settings ([`AgentConfig`]), its
 //! counters ([`AgentStats`]) and what one poll did ([`PollOutcome`]).
 
-use crate::proto::{ConnId, Event, IdKey, Nanos};
+use crate::proto::{ConnId, Event, IdKey, Nanos, Resends};
 
 /// Where events go: called once per event, in order, with no agent lock
 /// held. It may call any agent method, but must not own the agent: what it
@@ -52,11 +52,14 @@ impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             pkey_index: 0,
-            // The Linux MAD layer's QP1 queue sizes. A burst of REQs (many
-            // connects at once) lands in the receive queue before the agent
-            // runs; with 64 buffers a 64-connection burst plus the
-            // responses in flight overflowed it and cost CM retries.
-            recv_buffers: 512,
+            // A burst of MADs lands in QP1's receive queue while the agent
+            // is not running (its lock held by another thread, its thread
+            // not scheduled), and what finds no buffer is dropped unseen:
+            // 10,000 connects at once to one listen dropped 100-8,600
+            // MADs with 512 buffers (Linux's MAD layer default) and none
+            // with 4096 (tests/cm_burst.rs). 1.2 MB per port
+            // (docs/cm-agent.md, "Bursts").
+            recv_buffers: 4096,
             send_buffers: 128,
             id_key: None,
             max_ceps: None,
@@ -109,6 +112,15 @@ pub struct AgentStats {
     /// Thread mode: rounds served inline by the thread that delivered a
     /// MAD, instead of by a woken agent thread.
     pub served_inline: u64,
+    /// Thread mode: rounds the agent thread ran (woken by a kick or its
+    /// next deadline). With nothing armed it sleeps until kicked: an idle
+    /// agent adds none.
+    pub thread_rounds: u64,
+    /// Requests the endpoint sent again ([`Endpoint::resends`]): a burst
+    /// the port absorbed and answered in time costs none.
+    ///
+    /// [`Endpoint::resends`]: crate::proto::Endpoint::resends
+    pub resends: Resends,
 }
 
 impl AgentStats {

@@ -57,6 +57,22 @@ pub fn listen(
     }
 }
 
+/// Sets how many requests `listen` holds that nobody has answered yet
+/// (accepted, rejected or destroyed; a request waiting in a handler's own
+/// queue counts) before its port refuses new ones with REJ "no resources"
+/// (reason 3), at once. At least 1; [`DEFAULT_BACKLOG`] until set.
+/// `docs/cm-protocol.md`, "Bursts".
+///
+/// [`DEFAULT_BACKLOG`]: crate::proto::DEFAULT_BACKLOG
+pub fn set_backlog(al: &Arc<AlInstance>, listen: Handle<Listen>, backlog: u32) -> Result<()> {
+    let l = al.resolve_live(listen)?;
+    let conn = *l.conn.lock();
+    match conn {
+        Some(id) => l.port.0.agent.set_backlog(id, backlog),
+        None => Err(Error::invalid_state("the listen has not started")),
+    }
+}
+
 /// Start the agent's listener, its route published before any REQ can be
 /// matched to it.
 fn start_listen(

@@ -72,7 +72,7 @@ pub use attrs::{
 pub use calls::{apr, connection_attrs, disconnect, disconnect_reply, lap, mra, reject, rtu};
 pub use connect::{connect, connect_unbound, ConnectRequest};
 pub use footprint::{cep_footprint, CepFootprint};
-pub use listen::listen;
+pub use listen::{listen, set_backlog};
 pub use objects::{Cep, CmHandler, Listen, ListenHandler};
 pub use port::{active_ports, CmDrive, PortCm};
 pub use sidr::{sidr_reply, sidr_request};

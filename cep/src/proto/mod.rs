@@ -470,6 +470,36 @@ impl Event {
     }
 }
 
+/// Requests an [`Endpoint`] sent again because their answer did not come
+/// within the response wait (or an MRA's wait ran out), by kind. A burst
+/// the passive side absorbs costs none; a REQ it dropped, or a request
+/// its consumer is slow to answer, costs one each (then an MRA holds the
+/// requester: `docs/cm-protocol.md`, "Bursts").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resends {
+    /// REQs sent again.
+    pub req: u64,
+    /// REPs sent again.
+    pub rep: u64,
+    /// DREQs, LAPs and SIDR_REQs sent again.
+    pub other: u64,
+    /// The most times any one request was sent again.
+    pub most_for_one_request: u8,
+}
+
+impl Resends {
+    /// One more resend of a request in `state` (its retry state), the
+    /// `used`-th of that request.
+    pub(crate) fn count(&mut self, state: State, used: u8) {
+        match state {
+            State::ReqSent => self.req += 1,
+            State::RepSent => self.rep += 1,
+            _ => self.other += 1,
+        }
+        self.most_for_one_request = self.most_for_one_request.max(used);
+    }
+}
+
 /// What [`Endpoint::handle_mad`] did with a MAD. Informational: the
 /// observable effects are the transmits and events it queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -690,6 +720,14 @@ pub const fn answer_deadline_nanos(
 ) -> u64 {
     response_wait_nanos(packet_life_time, response_timeout).saturating_mul(max_retries as u64 + 2)
 }
+
+/// How many requests a listener holds unanswered before it refuses more
+/// ([`Endpoint::set_backlog`]): TCP's `somaxconn` on Linux. Each costs a
+/// CEP (a few hundred bytes here, a CEP object and its event above) until
+/// the user answers it; with the default timers a consumer accepting 5,000
+/// requests a second answers a full backlog in under a second, well inside
+/// a request's answer deadline (about 2 s).
+pub const DEFAULT_BACKLOG: u32 = 4096;
 
 /// How long a received SIDR_REQ may wait for `sidr_reply`. A SIDR_REQ
 /// carries no timeouts, so this is the deadline of a REQ with the

@@ -4,10 +4,10 @@
 //! that what it would send encodes before anything changes.
 
 use super::outgoing::{info_area, unsupported_req};
-use super::{Conn, Endpoint};
+use super::{Conn, Endpoint, Listener};
 use crate::proto::{
     response_wait_nanos, ConnId, ConnectParams, LapParams, Nanos, PeerAddr, ProtoError, SidrParams,
-    SidrReplyParams, State,
+    SidrReplyParams, State, DEFAULT_BACKLOG,
 };
 use crate::wire::{
     ApStatus, Apr, CmMad, CmMessage, Lap, MessageMraed, MessageRejected, Mra, PrivateData,
@@ -58,8 +58,45 @@ impl Endpoint {
             c.service_id = service_id;
             c
         })?;
-        self.listeners.insert(service_id, id);
+        let listener = Listener {
+            id,
+            backlog: DEFAULT_BACKLOG,
+            queued: 0,
+        };
+        self.listeners.insert(service_id, listener);
         Ok(ConnId(id))
+    }
+
+    /// Sets how many requests `listener` holds that the user has not
+    /// answered yet (accept, reject, MRA does not count, destroy) before it
+    /// refuses new ones: a REQ over the backlog gets REJ "no resources"
+    /// (reason 3) and a SIDR_REQ a SIDR_REP "no QP", at once and without a
+    /// CEP. At least 1; [`DEFAULT_BACKLOG`] until set. Lowering it below
+    /// the requests already held refuses only new ones.
+    ///
+    /// [`DEFAULT_BACKLOG`]: crate::proto::DEFAULT_BACKLOG
+    pub fn set_backlog(&mut self, listener: ConnId, backlog: u32) -> Result<(), ProtoError> {
+        if backlog == 0 {
+            return Err(ProtoError::InvalidParam(
+                "a listen's backlog must be at least 1",
+            ));
+        }
+        let c = self.user_conn(listener)?;
+        if c.state != State::Listen {
+            return Err(wrong_state(c, "set_backlog"));
+        }
+        let service_id = c.service_id;
+        if let Some(l) = self.listeners.get_mut(&service_id) {
+            l.backlog = backlog;
+        }
+        Ok(())
+    }
+
+    /// The requests `listener` holds unanswered, and its backlog.
+    pub fn backlog(&self, listener: ConnId) -> Option<(u32, u32)> {
+        let c = self.conns.get(listener.0)?;
+        let l = self.listeners.get(&c.service_id)?;
+        (l.id == listener.0).then_some((l.queued, l.backlog))
     }
 
     /// Stops a listener and frees its id
@@ -134,7 +171,7 @@ impl Endpoint {
         if let Some(c) = self.conns.get_mut(conn.0) {
             c.local_qpn = rep.local_qpn;
             c.target_ack_delay = Some(rep.target_ack_delay);
-            c.last_reply = Some(mad);
+            c.last_reply = Some(Box::new(mad));
         }
         self.send_request(now, conn.0, State::RepSent, mad);
         Ok(())
@@ -179,7 +216,10 @@ impl Endpoint {
     ) -> Result<(), ProtoError> {
         let c = self.user_conn(conn)?;
         let (message, next) = match c.state {
-            State::ReqRcvd => (MessageMraed::Req, State::MraReqSent),
+            // MRA_REQ_SENT too: the CM may have sent one on its own (a
+            // duplicate REQ, see `hold_requester`); the user's asks for
+            // its own time.
+            State::ReqRcvd | State::MraReqSent => (MessageMraed::Req, State::MraReqSent),
             State::RepRcvd => (MessageMraed::Rep, State::MraRepSent),
             State::LapRcvd => (MessageMraed::Lap, State::MraLapSent),
             _ => return Err(wrong_state(c, "send_mra")),
@@ -222,7 +262,17 @@ impl Endpoint {
             private_data: PrivateData::new(private_data)?,
         };
         let mad = CmMad::new(c.tid, rtu);
-        self.send_reply(conn.0, mad);
+        if private_data.iter().all(|&b| b == 0) {
+            // Rebuilt from the ids if a duplicate REP asks for it again:
+            // an established connection keeps no copy.
+            self.send_for(conn.0, mad);
+            if let Some(c) = self.conns.get_mut(conn.0) {
+                c.last_reply = None;
+                c.plain_rtu = true;
+            }
+        } else {
+            self.send_reply(conn.0, mad);
+        }
         self.become_established(conn.0);
         Ok(())
     }

@@ -11,8 +11,20 @@ impl Endpoint {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.conns.check()?;
         let mut armed = 0usize;
+        // Listener id -> requests counting in its backlog.
+        let mut queued = std::collections::BTreeMap::<u32, u32>::new();
         for (id, c) in self.conns.iter() {
             let name = ConnId(id);
+            let waits_for_user = matches!(
+                c.state,
+                State::ReqRcvd | State::MraReqSent | State::SidrReqRcvd
+            );
+            if c.listener != 0 {
+                if !waits_for_user || c.destroyed {
+                    return Err(format!("{name}: in {} but queued", c.state));
+                }
+                *queued.entry(c.listener).or_default() += 1;
+            }
             if c.id != id {
                 return Err(format!("{name}: stored id {:#x}", c.id));
             }
@@ -31,7 +43,9 @@ impl Endpoint {
             if (c.state == State::Timewait) != self.timewait.contains(&id) {
                 return Err(format!("{name}: {} vs timewait list", c.state));
             }
-            if (c.state == State::Listen) != (self.listeners.get(&c.service_id) == Some(&id)) {
+            if (c.state == State::Listen)
+                != (self.listeners.get(&c.service_id).map(|l| l.id) == Some(id))
+            {
                 return Err(format!("{name}: {} vs listen table", c.state));
             }
             if let Some(k) = c.remote_key {
@@ -78,12 +92,22 @@ impl Endpoint {
                 self.timers.len()
             ));
         }
-        for (&sid, &id) in &self.listeners {
+        for (&sid, l) in &self.listeners {
+            let id = l.id;
             match self.conns.get(id) {
                 Some(c) if c.state == State::Listen && c.service_id == sid => {}
                 _ => return Err(format!("listen entry {sid:#x} -> {id:#x} is stale")),
             }
+            let held = queued.remove(&id).unwrap_or(0);
+            if l.queued != held {
+                return Err(format!(
+                    "listener {id:#x} counts {} queued requests but holds {held}",
+                    l.queued
+                ));
+            }
         }
+        // What is left counts for listeners that are gone: harmless (their
+        // requests live on), but nothing counts them.
         for (k, &id) in &self.remote_ids {
             match self.conns.get(id) {
                 Some(c) if c.remote_key == Some(*k) => {}

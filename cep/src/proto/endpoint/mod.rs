@@ -26,12 +26,25 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use super::ids::IdSlab;
 use crate::proto::{
     response_wait_nanos, timewait_nanos, ConnId, Disposition, EndpointConfig, Event, Nanos,
-    PeerAddr, State, Transmit,
+    PeerAddr, Resends, State, Transmit,
 };
 use crate::wire::CmMad;
 
 /// Key of the remote-id and remote-QPN tables: (remote value, remote CA GUID).
 type RemoteKey = (u32, u64);
+
+/// A listener: its CEP and its backlog, the requests (REQ or SIDR_REQ)
+/// it took that the user has not answered yet.
+#[derive(Clone, Copy, Debug)]
+struct Listener {
+    id: u32,
+    /// Most unanswered requests; one more is refused at once (REJ "no
+    /// resources", SIDR_REP "no QP") without a CEP.
+    backlog: u32,
+    /// Requests of this listener in REQ_RCVD, MRA_REQ_SENT or
+    /// SIDR_REQ_RCVD (their `Conn::listener` is `id`).
+    queued: u32,
+}
 
 /// One CEP.
 #[derive(Clone, Debug)]
@@ -68,13 +81,24 @@ struct Conn {
     retries_left: u8,
     /// Deadline of the one timer this CEP may have.
     timer: Option<Nanos>,
-    /// The request being retried by the timer.
-    resend: Option<CmMad>,
+    /// The request being retried by the timer. Boxed, as `last_reply`: a
+    /// MAD is 264 bytes and most CEPs (established, idle) hold neither, so
+    /// inline they were 528 of the 720 bytes of every CEP.
+    resend: Option<Box<CmMad>>,
     /// The last answer sent, repeated when a duplicate request arrives.
-    last_reply: Option<CmMad>,
+    /// Not kept where nothing can ask for it again: the passive side's REP
+    /// once the connection is established, an RTU without private data
+    /// (`plain_rtu` rebuilds it).
+    last_reply: Option<Box<CmMad>>,
+    /// Active side: the RTU sent had no private data, so a duplicate REP
+    /// is answered with one rebuilt from the ids instead of a stored copy.
+    plain_rtu: bool,
     /// Passive side: how long the request may wait for the user's answer
     /// (see `answer_deadline_nanos`).
     answer_wait: u64,
+    /// Passive side, until the user answers the request: the listener
+    /// whose backlog it counts in (0: none).
+    listener: u32,
 }
 
 impl Conn {
@@ -103,7 +127,9 @@ impl Conn {
             timer: None,
             resend: None,
             last_reply: None,
+            plain_rtu: false,
             answer_wait: 0,
+            listener: 0,
         }
     }
 
@@ -120,7 +146,7 @@ pub struct Endpoint {
     config: EndpointConfig,
     conns: IdSlab<Conn>,
     /// Service id -> listener.
-    listeners: BTreeMap<u64, u32>,
+    listeners: BTreeMap<u64, Listener>,
     /// (remote comm id, remote CA GUID) -> local id. Entries live from the
     /// REQ (passive) or REP (active) until the id is freed.
     remote_ids: BTreeMap<RemoteKey, u32>,
@@ -139,6 +165,8 @@ pub struct Endpoint {
     /// MADs that named a connection but came from another address than its
     /// peer's (see `source_may_name`).
     not_from_peer: u64,
+    /// Requests sent again by their retry timer.
+    resends: Resends,
 }
 
 impl Endpoint {
@@ -156,6 +184,7 @@ impl Endpoint {
             events: VecDeque::new(),
             next_tid: config.first_tid,
             not_from_peer: 0,
+            resends: Resends::default(),
             config,
         }
     }
@@ -194,12 +223,13 @@ impl Endpoint {
         self.conns.get(conn.0).map(|c| c.state)
     }
 
-    /// Number of allocated CEPs that are not listeners.
+    /// Number of allocated CEPs that are not listeners. O(1): every
+    /// listener is in the listen table and every entry there is a listener
+    /// (`check_invariants`), so this is a difference of two lengths, not a
+    /// walk over the CEPs (the agent asks for it in every `stats()` and a
+    /// lingering agent thread after every round).
     pub fn live_connections(&self) -> usize {
-        self.conns
-            .iter()
-            .filter(|(_, c)| c.state != State::Listen)
-            .count()
+        self.conns.len() - self.listeners.len()
     }
 
     /// Number of allocated ids (listeners included).
@@ -214,6 +244,12 @@ impl Endpoint {
     /// and no answer but the stateless one a MAD naming nothing gets.
     pub fn not_from_peer(&self) -> u64 {
         self.not_from_peer
+    }
+
+    /// Requests sent again by their retry timer, by kind, and the most
+    /// resends any one request needed.
+    pub fn resends(&self) -> Resends {
+        self.resends
     }
 
     /// Every allocated CEP with its state, in id order of the slots.
@@ -290,11 +326,12 @@ impl Endpoint {
     /// Sends `mad` as the request this CEP retries, arming the retry timer
     /// with a fresh retry budget.
     fn send_request(&mut self, now: Nanos, id: u32, state: State, mad: CmMad) {
+        self.dequeue(id);
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
         c.state = state;
-        c.resend = Some(mad);
+        c.resend = Some(Box::new(mad));
         c.retries_left = c.max_retries;
         let at = now.saturating_add(c.response_wait());
         self.set_timer(id, at);
@@ -304,19 +341,55 @@ impl Endpoint {
     /// Sends `mad` as an answer that duplicates of the request repeat.
     fn send_reply(&mut self, id: u32, mad: CmMad) {
         if let Some(c) = self.conns.get_mut(id) {
-            c.last_reply = Some(mad);
+            c.last_reply = Some(Box::new(mad));
+            c.plain_rtu = false;
         }
         self.send_for(id, mad);
     }
 
     /// Resends the last answer if it is of the given kind.
     fn resend_reply(&mut self, id: u32, kind: &str) -> Disposition {
-        match self.conns.get(id).and_then(|c| c.last_reply) {
+        let Some(c) = self.conns.get(id) else {
+            return Disposition::Ignored("duplicate request, nothing to repeat");
+        };
+        let mad = match c.last_reply.as_deref() {
+            Some(mad) => Some(*mad),
+            None if c.plain_rtu => Some(CmMad::new(
+                c.tid,
+                crate::wire::Rtu {
+                    local_comm_id: c.id,
+                    remote_comm_id: c.remote_comm_id,
+                    private_data: crate::wire::PrivateData::zeroed(),
+                },
+            )),
+            None => None,
+        };
+        match mad {
             Some(mad) if mad.message_kind() == kind => {
                 self.send_for(id, mad);
                 Disposition::Answered
             }
             _ => Disposition::Ignored("duplicate request, nothing to repeat"),
+        }
+    }
+
+    /// A request left the states that wait for the user (answered,
+    /// rejected, timed out, destroyed): its listener's backlog has room for
+    /// one more. Called from every exit of those states: `send_request`
+    /// (REP), `enter_timewait` and `free`.
+    fn dequeue(&mut self, id: u32) {
+        let Some(c) = self.conns.get_mut(id) else {
+            return;
+        };
+        let listener = std::mem::take(&mut c.listener);
+        if listener == 0 {
+            return;
+        }
+        match self.listeners.get_mut(&c.service_id) {
+            // The listener may be gone, or replaced by a new one for the
+            // service: only its own requests count in its backlog.
+            Some(l) if l.id == listener => l.queued -= 1,
+            _ => {}
         }
     }
 
@@ -332,6 +405,7 @@ impl Endpoint {
     /// Enters TIMEWAIT: the QP is no longer connected (its remote-QPN entry
     /// goes), the id stays reserved until the timer fires.
     fn enter_timewait(&mut self, now: Nanos, id: u32) {
+        self.dequeue(id);
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
@@ -349,6 +423,7 @@ impl Endpoint {
     /// Frees the id: removes the CEP from every table.
     fn free(&mut self, id: u32) {
         self.cancel_timer(id);
+        self.dequeue(id);
         let Some(c) = self.conns.remove(id) else {
             return;
         };
@@ -376,7 +451,31 @@ impl Endpoint {
         if let Some(c) = self.conns.get_mut(id) {
             c.resend = None;
             c.state = State::Established;
+            // The passive side's REP: a duplicate REQ is ignored from now
+            // on, so nothing will ask for it again.
+            if c.last_reply
+                .as_ref()
+                .is_some_and(|m| m.message_kind() == "REP")
+            {
+                c.last_reply = None;
+            }
         }
         self.emit(Event::Established { conn: ConnId(id) });
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// Every CEP of a port is one `Conn` in the slab: 720 bytes while the
+    /// request being retried and the last answer were stored inline (two
+    /// 264-byte MADs), 208 with them boxed and kept only while something
+    /// can ask for them.
+    #[test]
+    fn a_cep_stays_small() {
+        assert!(
+            std::mem::size_of::<super::Conn>() <= 208,
+            "Conn is {} bytes",
+            std::mem::size_of::<super::Conn>()
+        );
     }
 }

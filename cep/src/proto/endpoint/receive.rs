@@ -16,6 +16,14 @@ use crate::wire::{
     PrivateData, Rej, RejectReason, Rep, Req, Rtu, SidrRep, SidrReq, SidrStatus,
 };
 
+/// The smallest CM timeout code whose time (4.096 us x 2^t) is at least
+/// `nanos` (31 at most).
+fn covering_timeout(nanos: u64) -> u8 {
+    (0..31u8)
+        .find(|&t| crate::wire::cm_timeout_to_nanos(t) >= nanos)
+        .unwrap_or(31)
+}
+
 impl Endpoint {
     /// Processes one received MAD. Never panics; every message in every
     /// state is either handled, answered or ignored.
@@ -97,12 +105,20 @@ impl Endpoint {
                 self.not_from_peer += 1;
                 return Disposition::Ignored("REQ names a connection of another port");
             }
-            return self.on_dup_req(id, from, tid, &req);
+            return self.on_dup_req(now, id, from, tid, &req);
         }
         let Some(&listener) = self.listeners.get(&req.service_id) else {
             self.stateless_rej(from, tid, &req, RejectReason::InvalidServiceId);
             return Disposition::Answered;
         };
+        if listener.queued >= listener.backlog {
+            // The consumer is this far behind: refuse at once, with the
+            // reason IBTA gives for a passive side out of resources, rather
+            // than hold more than it can answer in time (the requester
+            // would retry, then time out).
+            self.stateless_rej(from, tid, &req, RejectReason::NoResources);
+            return Disposition::Answered;
+        }
         if let Some(reason) = unsupported_req(&req) {
             self.stateless_rej(from, tid, &req, reason);
             return Disposition::Answered;
@@ -136,12 +152,14 @@ impl Endpoint {
                 packet_life_time_from_ack_timeout(req.primary_path.local_ack_timeout);
             c.peer_response_timeout = req.local_cm_response_timeout;
             c.max_retries = req.max_cm_retries;
+            c.listener = listener.id;
             c
         });
         let Some(id) = made else {
             self.stateless_rej(from, tid, &req, RejectReason::NoResources);
             return Disposition::Answered;
         };
+        self.queue_on(req.service_id);
         self.register_remote(id, remote_key, qpn_key);
         let plt = packet_life_time_from_ack_timeout(req.primary_path.local_ack_timeout);
         let deadline =
@@ -152,7 +170,7 @@ impl Endpoint {
         self.set_timer(id, now.saturating_add(deadline));
         self.emit(Event::ConnectRequest {
             conn: ConnId(id),
-            listener: ConnId(listener),
+            listener: ConnId(listener.id),
             peer: from,
             req: Box::new(req),
         });
@@ -178,11 +196,53 @@ impl Endpoint {
         None
     }
 
-    fn on_dup_req(&mut self, id: u32, from: PeerAddr, tid: u64, req: &Req) -> Disposition {
+    /// One more request counts in the backlog of the listener for
+    /// `service_id` (the one that just took it).
+    fn queue_on(&mut self, service_id: u64) {
+        if let Some(l) = self.listeners.get_mut(&service_id) {
+            l.queued += 1;
+        }
+    }
+
+    /// A REQ came again while its request waits for the user: the
+    /// requester's response wait ran out and it will keep resending every
+    /// wait until its retries are spent (a retry storm when thousands of
+    /// requests wait behind a slow consumer). Answer with an MRA whose
+    /// service timeout covers what is left of this request's answer
+    /// deadline, so the requester waits quietly until then; duplicates that
+    /// still come get the same MRA again (MRA_REQ_SENT). The deadline does
+    /// not move: the user did not ask for more time.
+    fn hold_requester(&mut self, now: Nanos, id: u32) -> Disposition {
+        let Some(c) = self.conns.get(id) else {
+            return Disposition::Ignored("duplicate REQ for a vanished CEP");
+        };
+        let left = c.timer.map_or(0, |t| t.0.saturating_sub(now.0));
+        let mra = Mra {
+            local_comm_id: c.id,
+            remote_comm_id: c.remote_comm_id,
+            message_mraed: MessageMraed::Req,
+            service_timeout: covering_timeout(left),
+            private_data: PrivateData::zeroed(),
+        };
+        let mad = CmMad::new(c.tid, mra);
+        self.set_state(id, State::MraReqSent);
+        self.send_reply(id, mad);
+        Disposition::Answered
+    }
+
+    fn on_dup_req(
+        &mut self,
+        now: Nanos,
+        id: u32,
+        from: PeerAddr,
+        tid: u64,
+        req: &Req,
+    ) -> Disposition {
         let Some(state) = self.state(ConnId(id)) else {
             return Disposition::Ignored("duplicate REQ for a vanished CEP");
         };
         match state {
+            State::ReqRcvd => self.hold_requester(now, id),
             State::MraReqSent => self.resend_reply(id, "MRA"),
             State::RepSent | State::MraRepRcvd => self.resend_reply(id, "REP"),
             State::Timewait => {
@@ -582,25 +642,32 @@ impl Endpoint {
             self.send(from, None, CmMad::new(tid, rep));
             return Disposition::Answered;
         };
-        let made = self.conns.insert_with(|id| {
-            let mut c = Conn::new(id, State::SidrReqRcvd, from);
-            c.service_id = req.service_id;
-            c.remote_comm_id = req.request_id;
-            c.tid = tid;
-            c.sidr_key = Some(key);
-            c.answer_wait = SIDR_ANSWER_DEADLINE_NANOS;
-            c
-        });
+        let made = if listener.queued >= listener.backlog {
+            // Over the backlog: answered as when no id is free.
+            None
+        } else {
+            self.conns.insert_with(|id| {
+                let mut c = Conn::new(id, State::SidrReqRcvd, from);
+                c.service_id = req.service_id;
+                c.remote_comm_id = req.request_id;
+                c.tid = tid;
+                c.sidr_key = Some(key);
+                c.answer_wait = SIDR_ANSWER_DEADLINE_NANOS;
+                c.listener = listener.id;
+                c
+            })
+        };
         let Some(id) = made else {
             let rep = stateless(SidrStatus::NoQp);
             self.send(from, None, CmMad::new(tid, rep));
             return Disposition::Answered;
         };
+        self.queue_on(req.service_id);
         self.sidr_remote.insert(key, id);
         self.set_timer(id, now.saturating_add(SIDR_ANSWER_DEADLINE_NANOS));
         self.emit(Event::SidrRequest {
             conn: ConnId(id),
-            listener: ConnId(listener),
+            listener: ConnId(listener.id),
             peer: from,
             req: Box::new(req),
         });

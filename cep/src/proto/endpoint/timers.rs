@@ -28,7 +28,7 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(id) else {
             return true;
         };
-        let Some(mad) = c.resend else {
+        let Some(mad) = c.resend.as_deref().copied() else {
             return false;
         };
         if c.retries_left == 0 {
@@ -36,7 +36,9 @@ impl Endpoint {
         }
         c.retries_left -= 1;
         c.state = state;
+        let used = c.max_retries - c.retries_left;
         let at = now.saturating_add(c.response_wait());
+        self.resends.count(state, used);
         self.set_timer(id, at);
         self.send_for(id, mad);
         true

@@ -475,6 +475,7 @@ fn errors_display() {
     assert!(std::error::Error::source(&w).is_some());
 }
 
+mod burst;
 mod connect;
 mod destroy;
 mod lap;

@@ -159,18 +159,22 @@ fn duplicate_req_never_makes_a_second_connection() {
     let now = sim.now;
     let b_ep = &mut sim.eps[1];
     assert_eq!(b_ep.handle_mad(now, addr(0), req), Disposition::Handled);
-    assert!(matches!(
-        b_ep.handle_mad(now, addr(0), req),
-        Disposition::Ignored(_)
-    ));
+    // In REQ_RCVD a duplicate REQ (the requester is retrying: the user is
+    // slow) gets an MRA covering the request's answer deadline.
+    assert_eq!(b_ep.handle_mad(now, addr(0), req), Disposition::Answered);
+    let held = b_ep.poll_transmit().unwrap();
+    assert_eq!(held.mad.message_kind(), "MRA");
     assert_eq!(b_ep.live_connections(), 1);
     let Some(Event::ConnectRequest { conn: b, .. }) = b_ep.poll_event() else {
         panic!()
     };
     assert_eq!(b_ep.poll_event(), None);
-    // In MRA_REQ_SENT a duplicate REQ repeats the MRA.
+    assert_eq!(b_ep.state(b), Some(State::MraReqSent));
+    // The user may still ask for its own time; a duplicate REQ then
+    // repeats the user's MRA.
     b_ep.send_mra(now, b, 18, &[]).unwrap();
     let mra = b_ep.poll_transmit().unwrap();
+    assert_ne!(mra.mad, held.mad);
     assert_eq!(b_ep.handle_mad(now, addr(0), req), Disposition::Answered);
     assert_eq!(b_ep.poll_transmit().unwrap().mad, mra.mad);
     // In REP_SENT it repeats the REP.
@@ -241,5 +245,38 @@ fn mra_for_rep() {
     sim.eps[0].send_rtu(a, &[]).unwrap();
     sim.pump(&mut noop);
     assert_eq!(sim.eps[1].state(b), Some(State::Established));
+    sim.finish();
+}
+
+/// An RTU without private data is not kept: a duplicate REP (the passive
+/// side missed the RTU) gets one rebuilt from the ids, the same bytes.
+#[test]
+fn a_plain_rtu_is_rebuilt_for_a_duplicate_rep() {
+    let mut sim = Sim::new(1);
+    sim.eps[1].listen(SVC).unwrap();
+    let a = sim.eps[0]
+        .connect(sim.now, connect_params(1, SVC, 0x11))
+        .unwrap();
+    let mut plain = |_: usize, ep: &mut Endpoint, now: Nanos, ev: &Event| match ev {
+        Event::ReplyReceived { conn, .. } => ep.send_rtu(*conn, &[]).unwrap(),
+        _ => auto(0, ep, now, ev),
+    };
+    sim.run(&mut plain);
+    assert_eq!(sim.eps[0].state(a), Some(State::Established));
+    let rtu = sim.last_sent(0).unwrap();
+    assert_eq!(rtu.message_kind(), "RTU");
+    let rep = sim
+        .sent
+        .iter()
+        .find(|(_, s, m)| *s == 1 && m.message_kind() == "REP")
+        .map(|(_, _, m)| *m)
+        .unwrap();
+    let now = sim.now;
+    assert_eq!(
+        sim.eps[0].handle_mad(now, addr(1), rep),
+        Disposition::Answered
+    );
+    let again = sim.eps[0].poll_transmit().unwrap().mad;
+    assert_eq!(again.encode().unwrap(), rtu.encode().unwrap());
     sim.finish();
 }
