@@ -181,7 +181,8 @@ fn every_size_limit_is_accepted_at_its_value_and_refused_above() {
         max_recv_sge: 1,
     };
     let srq = |max_wr, max_sge| d.create_srq(&pd, SrqInit { max_wr, max_sge }).map(|_| ());
-    let cases: Vec<(&str, Box<dyn Fn(u32) -> al::Result<()> + '_>, u32)> = vec![
+    type Make<'a> = Box<dyn Fn(u32) -> al::Result<()> + 'a>;
+    let cases: Vec<(&str, Make<'_>, u32)> = vec![
         (
             "max_qp_wr",
             Box::new(|n| {
