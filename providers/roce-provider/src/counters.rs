@@ -106,6 +106,10 @@ counters!(
     /// 1.6 ms at a time) because an application busy-polled the device's
     /// CQs and takes the datagrams itself.
     rx_thread_naps,
+    /// Returns of the port's receive thread from its blocking receive
+    /// (with datagrams, or woken by the device's close). It blocks with no
+    /// timeout: on an idle port this stays 0.
+    rx_thread_wakeups,
     /// Responses the requester ignored (stale, unexpected, malformed).
     rx_ignored_responses,
     /// NAKs sent other than RNR (includes remote access errors: bad

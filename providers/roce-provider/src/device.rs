@@ -199,6 +199,12 @@ impl RoceDevice {
         self.shared.port(port).map(|p| p.counters.snapshot())
     }
 
+    /// The timer thread's counters: wake-ups, heap entries examined,
+    /// timeouts run, and the heap now.
+    pub fn timer_stats(&self) -> crate::TimerStats {
+        self.shared.timers.stats()
+    }
+
     /// QPs that exist now.
     pub fn qp_count(&self) -> usize {
         self.shared.qps.read().len()

@@ -55,3 +55,4 @@ pub use device::RoceDevice;
 pub use objects::{RoceAv, RoceCq, RoceMr, RocePd, RoceQp, RoceSrq};
 pub use roce_provider::RoceProvider;
 pub use shutdown::CloseWatch;
+pub use timers::TimerStats;

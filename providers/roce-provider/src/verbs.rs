@@ -156,6 +156,7 @@ impl RoceDevice {
             ))),
             rq: Posted::new(),
             deadline: AtomicU64::new(NO_DEADLINE),
+            queued: AtomicU64::new(NO_DEADLINE),
             filter: al::sync::ArcCell::new(al::sync::Arc::new(crate::qp::filter_of(
                 &self.shared,
                 qpn,

@@ -130,12 +130,14 @@ impl QpInner {
         });
         // Every writer holds the QP's lock, so the value read is the last
         // one written; an unchanged deadline (a drive after a SEND taken,
-        // most drives) was published and announced to the timer thread
-        // by the drive that set it: no store (a locked exchange) again.
+        // most drives) was published and covered in the timer heap by the
+        // drive that set it: no store (a locked exchange) again. A later
+        // one (a retransmit timer moved by a packet sent) is covered by
+        // the entry already there: one load, no lock (`Timers::arm`).
         if self.deadline.load(Ordering::Relaxed) != deadline {
             self.deadline.store(deadline, Ordering::SeqCst);
             if deadline != NO_DEADLINE {
-                self.dev.timers.armed(deadline);
+                self.dev.timers.arm(self.key, &self.queued, deadline);
             }
         }
         if t.state() == QpState::Err && !matches!(attr.state, QpState::Err | QpState::Reset) {

@@ -123,6 +123,9 @@ pub(crate) struct QpInner {
     pub(crate) rq: Arc<Posted>,
     /// The transport's next deadline, nanoseconds from the device's base.
     pub(crate) deadline: AtomicU64,
+    /// The deadline of the timer heap's entry this QP counts on
+    /// (`timers::Timers`; written under the heap's lock).
+    pub(crate) queued: AtomicU64,
     /// What the receive stage checks this QP's packets against (type,
     /// port, state, keys, the connection's addresses): replaced whenever
     /// those change, read without the QP's lock, so a datagram the stage
@@ -341,5 +344,16 @@ impl QpInner {
         }
         self.rq.close();
         self.deadline.store(NO_DEADLINE, Ordering::SeqCst);
+        self.dev.timers.forget(&self.queued);
+    }
+}
+
+impl crate::timers::Armed for QpInner {
+    fn queued(&self) -> &AtomicU64 {
+        &self.queued
+    }
+
+    fn deadline(&self) -> u64 {
+        self.deadline.load(Ordering::SeqCst)
     }
 }
