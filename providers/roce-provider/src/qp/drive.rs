@@ -65,7 +65,6 @@ impl QpInner {
             t,
             held,
             responding,
-            seen,
             route,
             mrs_seen,
         } = core;
@@ -121,9 +120,9 @@ impl QpInner {
             }
         }
         if let Some(port) = port {
-            let c = t.counters();
-            port.counters.add_transport(seen, &c);
-            *seen = c;
+            // What the transport counted since the last drive (taken, so
+            // the QP keeps no copy of the last snapshot to diff against).
+            port.counters.add_transport(&t.take_counters());
         }
         let deadline = t.poll_timeout().map_or(NO_DEADLINE, |x| {
             x.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
@@ -143,7 +142,7 @@ impl QpInner {
         if t.state() == QpState::Err && !matches!(attr.state, QpState::Err | QpState::Reset) {
             attr.state = QpState::Err;
             self.publish_filter(attr);
-            for h in held.drain(..) {
+            for h in held.drain() {
                 if h.leased {
                     self.dev.mrs.release(&h.sg);
                 }
