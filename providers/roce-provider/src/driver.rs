@@ -51,8 +51,10 @@ pub(crate) fn run_timers(dev: Arc<Dev>, stop: Arc<AtomicBool>) {
         timers.take_due(now, find, &mut due);
         for q in due.drain(..) {
             if q.deadline.load(Ordering::SeqCst) <= now {
-                q.on_timer();
+                // Counted first: what the timeout completes may be seen
+                // (and the counter read) before `on_timer` returns.
                 timers.note_fired();
+                q.on_timer();
             }
             // Whatever the drive published (or left as it was), the QP's
             // deadline is covered by an entry again.
