@@ -250,7 +250,8 @@ pub mod roce {
     //! there are no LIDs (connect with `ConnectRequest::new(service, 0)
     //! .remote_gid(gid)`). See `docs/roce-provider.md`.
     pub use roce_provider::{
-        gid_of, ip_of, DeviceConfig, PortConfig, PortCounters, RoceDevice, RoceProvider, ROCE_PORT,
+        gid_of, ip_of, DeviceConfig, PortConfig, PortCounters, RoceDevice, RoceLimits,
+        RoceProvider, ROCE_PORT,
     };
 
     pub mod wire {

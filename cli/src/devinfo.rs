@@ -10,12 +10,23 @@
 //! `fw_ver` is printed as `0.0.0` and `sys_image_guid` as the node GUID
 //! (what software HCAs such as rdma_rxe report).
 
-use provider::{Device, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState, Provider};
+use provider::{
+    AtomicCap, Device, DeviceAttr, DeviceInfo, LinkLayer, PortAttr, PortState, Provider,
+};
 
 /// The RoCEv2 provider with one device per address of `addrs` (`roce0`,
 /// `roce1`, ...; node GUIDs 0x0002_c903_00c0_0001 upwards), each with one
-/// port bound to that IP address and UDP port (0: any free port).
+/// port bound to that IP address and UDP port (0: any free port), and the
+/// default limits.
 pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> ibal::roce::RoceProvider {
+    roce_provider_with(addrs, ibal::roce::RoceLimits::default())
+}
+
+/// [`roce_provider`] with these limits on every device.
+pub fn roce_provider_with(
+    addrs: &[std::net::SocketAddr],
+    limits: ibal::roce::RoceLimits,
+) -> ibal::roce::RoceProvider {
     let devices = addrs
         .iter()
         .enumerate()
@@ -25,6 +36,7 @@ pub fn roce_provider(addrs: &[std::net::SocketAddr]) -> ibal::roce::RoceProvider
                 0x0002_c903_00c0_0001 + ((i as u64) << 16),
                 vec![ibal::roce::PortConfig::new(addr)],
             )
+            .limits(limits)
         })
         .collect();
     ibal::roce::RoceProvider::new(devices)
@@ -174,6 +186,37 @@ fn link_layer(l: LinkLayer) -> &'static str {
     }
 }
 
+/// The device's limits as `ibv_devinfo -v` names them, in its order:
+/// what a deployment sizes against (`docs/roce-provider.md`, "Limits").
+/// `max_ah` is the provider interface's `max_av`; `atomic_cap` is
+/// `ibv_atomic_cap`'s name.
+pub fn device_limits(a: &DeviceAttr) -> Vec<(&'static str, u64)> {
+    vec![
+        ("max_mr_size", a.max_mr_size),
+        ("max_qp", a.max_qp.into()),
+        ("max_qp_wr", a.max_qp_wr.into()),
+        ("max_sge", a.max_sge.into()),
+        ("max_cq", a.max_cq.into()),
+        ("max_cqe", a.max_cqe.into()),
+        ("max_mr", a.max_mr.into()),
+        ("max_pd", a.max_pd.into()),
+        ("max_qp_rd_atom", a.max_qp_rd_atomic.into()),
+        ("max_qp_init_rd_atom", a.max_qp_init_rd_atomic.into()),
+        ("max_ah", a.max_av.into()),
+        ("max_srq", a.max_srq.into()),
+        ("max_srq_wr", a.max_srq_wr.into()),
+        ("max_msg_sz", a.max_msg_size.into()),
+    ]
+}
+
+fn atomic_cap(c: AtomicCap) -> &'static str {
+    match c {
+        AtomicCap::None => "ATOMIC_NONE (0)",
+        AtomicCap::Hca => "ATOMIC_HCA (1)",
+        AtomicCap::Global => "ATOMIC_GLOB (2)",
+    }
+}
+
 /// The transport every device of the provider interface has.
 const TRANSPORT: &str = "InfiniBand";
 /// Printed for `fw_ver`: the provider interface has no firmware version.
@@ -201,6 +244,15 @@ impl DevinfoReport {
             s.push_str(&format!("\tvendor_part_id:\t\t\t{}\n", a.vendor_part_id));
             s.push_str(&format!("\thw_ver:\t\t\t\t{:#x}\n", a.hw_ver));
             s.push_str(&format!("\tphys_port_cnt:\t\t\t{}\n", a.num_ports));
+            for (name, value) in device_limits(a) {
+                // Values start at column 40, as the fixed lines' do.
+                let tabs = "\t".repeat(5usize.saturating_sub((9 + name.len()) / 8).max(1));
+                s.push_str(&format!("\t{name}:{tabs}{value}\n"));
+            }
+            s.push_str(&format!(
+                "\tatomic_cap:\t\t\t{}\n",
+                atomic_cap(a.atomic_cap)
+            ));
             for p in &d.ports {
                 let (state, code) = port_state(p.state);
                 s.push_str(&format!("\t\tport:\t{}\n", p.port_num));
@@ -253,14 +305,17 @@ impl DevinfoReport {
             s.push_str(&format!(
                 "{{\"hca_id\":\"{}\",\"transport\":\"{TRANSPORT}\",\"fw_ver\":\"{FW_VER}\",\
                  \"node_guid\":\"{}\",\"sys_image_guid\":\"{}\",\"vendor_id\":{},\
-                 \"vendor_part_id\":{},\"hw_ver\":{},\"phys_port_cnt\":{},\"ports\":[",
+                 \"vendor_part_id\":{},\"hw_ver\":{},\"phys_port_cnt\":{},\"limits\":{},\
+                 \"atomic_cap\":\"{}\",\"ports\":[",
                 json_escape(&d.info.name),
                 format_guid(a.node_guid),
                 format_guid(a.node_guid),
                 a.vendor_id,
                 a.vendor_part_id,
                 a.hw_ver,
-                a.num_ports
+                a.num_ports,
+                counters_json(&device_limits(a)),
+                atomic_cap(a.atomic_cap)
             ));
             for (j, p) in d.ports.iter().enumerate() {
                 if j > 0 {
@@ -370,12 +425,37 @@ mod tests {
             text.contains("GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2"),
             "{text}"
         );
+        let max_qp = report.devices[0].attr.max_qp;
         let json = reports_to_json(&[query_all(&default_provider()).unwrap(), report]);
         assert!(
             json.starts_with("{\"providers\":[{\"provider\":\"soft\""),
             "{json}"
         );
         assert!(json.contains("\"provider\":\"roce\""), "{json}");
+        // The device's limits, text and JSON (issue 28: sizing needs them).
+        assert_eq!(max_qp, ibal::roce::RoceLimits::default().max_qp);
+        assert!(
+            text.contains(&format!("\tmax_qp:\t\t\t\t{max_qp}\n")),
+            "{text}"
+        );
+        assert!(text.contains("\tmax_qp_init_rd_atom:\t\t16\n"), "{text}");
+        assert!(
+            text.contains("\tatomic_cap:\t\t\tATOMIC_HCA (1)\n"),
+            "{text}"
+        );
+        assert!(
+            json.contains(&format!(
+                "\"limits\":{{\"max_mr_size\":4294967295,\"max_qp\":{max_qp},"
+            )),
+            "{json}"
+        );
+        let raised = ibal::roce::RoceLimits {
+            max_qp: 200_000,
+            ..Default::default()
+        };
+        let provider = roce_provider_with(&["127.0.0.1:0".parse().unwrap()], raised);
+        let text = query_roce(&provider).unwrap().to_text();
+        assert!(text.contains("\tmax_qp:\t\t\t\t200000\n"), "{text}");
         // The RoCEv2 port's counters, every drop reason by name.
         assert!(json.contains("\"counters\":{\"rx_datagrams\":0"), "{json}");
         assert!(json.contains("\"rx_wrong_source\":0"), "{json}");

@@ -67,6 +67,8 @@ pub struct RpingConfig {
     pub validate: bool,
     /// How long to wait for the peer at any step.
     pub timeout: Duration,
+    /// Our RoCEv2 device's `max_qp` (default: `RoceLimits`').
+    pub max_qp: Option<u32>,
 }
 
 impl RpingConfig {
@@ -84,6 +86,7 @@ impl RpingConfig {
             verbose: false,
             validate: false,
             timeout: Duration::from_secs(30),
+            max_qp: None,
         }
     }
 }
@@ -366,7 +369,11 @@ pub fn run(cfg: &RpingConfig, print: &mut dyn FnMut(&str)) -> Result<RpingReport
     let port = PortConfig::new(local)
         .peer_udp_port(cfg.peer_udp_port)
         .mtu(Mtu::Mtu1024);
-    let provider = RoceProvider::new(vec![DeviceConfig::new("roce0", guid, vec![port])]);
+    let mut device = DeviceConfig::new("roce0", guid, vec![port]);
+    if let Some(n) = cfg.max_qp {
+        device.limits.max_qp = n;
+    }
+    let provider = RoceProvider::new(vec![device]);
     let al = Al::open().map_err(|e| e.to_string())?;
     let result = (|| -> Result<(u32, SocketAddr), String> {
         let ca = verbs::open_ca(al.instance(), &provider, guid)

@@ -231,6 +231,31 @@ fn devinfo_lists_the_roce_ports_asked_for() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not an IP address"));
 }
 
+/// `--max-qp` raises the RoCEv2 devices' `max_qp`, which devinfo prints
+/// (text and JSON) among the device's limits; past 2^24 - 2 it is refused.
+#[test]
+fn devinfo_prints_the_roce_limits_and_max_qp_raises_one() {
+    let out = devinfo_ok(&["--roce", "127.0.0.5", "--max-qp", "300000"]);
+    let roce = &out[out.find("hca_id:\troce0").expect("the RoCE device")..];
+    assert!(roce.contains("\tmax_qp:\t\t\t\t300000\n"), "{out}");
+    for field in [
+        "max_cq:",
+        "max_mr:",
+        "max_pd:",
+        "max_srq:",
+        "max_ah:",
+        "max_qp_wr:",
+    ] {
+        assert!(roce.contains(field), "{field}: {out}");
+    }
+    let json = devinfo_ok(&["--json", "--roce", "127.0.0.5", "--max-qp", "300000"]);
+    assert!(json.contains("\"max_qp\":300000,"), "{json}");
+    let bad = ibal(&["devinfo", "--max-qp", "16777215"]);
+    assert!(!bad.status.success());
+    let why = String::from_utf8_lossy(&bad.stderr);
+    assert!(why.contains("max_qp 16777215 is above 16777214"), "{why}");
+}
+
 #[test]
 fn devinfo_json_is_one_object_with_both_guids() {
     let out = devinfo_ok(&["--json"]);

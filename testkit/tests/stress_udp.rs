@@ -6,13 +6,14 @@
 
 use ibal_testkit::stress::{run_on, StressConfig, Transport};
 
-fn check(static_listens: bool, seed: u64) {
+fn check(static_listens: bool, seed: u64, max_qp: Option<u32>) {
     let cfg = StressConfig {
         seconds: 2.0,
         threads: 2,
         seed,
         hcas: 2,
         static_listens,
+        max_qp,
         ..StressConfig::default()
     };
     let report = run_on(&cfg, Transport::Udp).expect("the stress run starts");
@@ -26,6 +27,19 @@ fn check(static_listens: bool, seed: u64) {
             .unwrap_or(0)
     };
     assert!(ok("connect") > 0, "no connect:\n{}", report.to_text());
+    if max_qp.is_some() {
+        // The devices' max_qp (`--max-qp`) was met, and the run still
+        // ends with nothing live.
+        let refused = report
+            .ops
+            .get("create_qp")
+            .and_then(|o| o.get("InsufficientResources"));
+        assert!(
+            refused.is_some_and(|&n| n > 0),
+            "max_qp never met:\n{}",
+            report.to_text()
+        );
+    }
     assert!(ok("close_al") > 0, "no AL closed:\n{}", report.to_text());
     let ev = |k: &str| report.events.get(k).copied().unwrap_or(0);
     assert!(
@@ -46,8 +60,8 @@ fn check(static_listens: bool, seed: u64) {
 /// ports, but two runs at once would double the load on a shared machine.
 #[test]
 fn a_short_udp_stress_run_leaks_nothing() {
-    check(false, 21);
-    check(true, 22);
+    check(false, 21, Some(24));
+    check(true, 22, None);
 }
 
 #[test]
@@ -64,4 +78,10 @@ fn udp_refuses_the_soft_fabric_faults_and_limits() {
     };
     let e = run_on(&limited, Transport::Udp).unwrap_err();
     assert!(e.contains("--max-objects"), "{e}");
+    let soft_max_qp = StressConfig {
+        max_qp: Some(8),
+        ..StressConfig::default()
+    };
+    let e = run_on(&soft_max_qp, Transport::Soft).unwrap_err();
+    assert!(e.contains("--max-qp"), "{e}");
 }

@@ -17,12 +17,15 @@ pub struct DevinfoArgs {
     /// default: one on 127.0.0.1.
     #[arg(long, value_name = "IP[:UDP_PORT]")]
     roce: Vec<String>,
+    /// The RoCEv2 devices' `max_qp` [default: 1048576; at most 16777214].
+    #[arg(long, value_name = "N")]
+    max_qp: Option<u32>,
 }
 
 impl DevinfoArgs {
     /// Lists the devices; the exit status is `ibv_devinfo`'s.
     pub fn run(self) -> Result<ExitCode, String> {
-        devinfo(self.json, &self.roce)
+        devinfo(self.json, &self.roce, self.max_qp)
     }
 }
 
@@ -31,8 +34,8 @@ impl DevinfoArgs {
 #[cfg(feature = "rdma")]
 const NO_RDMA_DEVICES_EXIT: u8 = 255;
 
-fn devinfo(json: bool, roce: &[String]) -> Result<ExitCode, String> {
-    use ibal_cli::devinfo::{query_all, query_roce, reports_to_json, roce_provider};
+fn devinfo(json: bool, roce: &[String], max_qp: Option<u32>) -> Result<ExitCode, String> {
+    use ibal_cli::devinfo::{query_all, query_roce, reports_to_json, roce_provider_with};
     use ibal_testkit::devices::default_provider;
     let addrs = if roce.is_empty() {
         vec!["127.0.0.1:0".parse().expect("a literal address")]
@@ -42,7 +45,11 @@ fn devinfo(json: bool, roce: &[String]) -> Result<ExitCode, String> {
             .collect::<Result<Vec<_>, _>>()?
     };
     let soft = query_all(&default_provider()).map_err(|e| e.to_string())?;
-    let roce = query_roce(&roce_provider(&addrs))
+    let mut limits = ibal::roce::RoceLimits::default();
+    if let Some(n) = max_qp {
+        limits.max_qp = n;
+    }
+    let roce = query_roce(&roce_provider_with(&addrs, limits))
         .map_err(|e| format!("cannot open a RoCEv2 port on {addrs:?}: {e}"))?;
     #[allow(unused_mut)]
     let mut text = format!("{}{}", soft.to_text(), roce.to_text());

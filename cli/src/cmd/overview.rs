@@ -37,7 +37,8 @@ pub fn run() -> Result<(), String> {
     out!("                                                the same job between two processes or hosts over RoCEv2 (rdma_cm addressing)");
     out!("  ibal pingpong --device NAME --listen IP[:PORT] | --connect IP[:PORT]");
     out!("                                                the same job on an RDMA device through librdmacm (build with --features rdma)");
-    out!("  ibal devinfo [--json]                         devices and ports of the embedded soft fabric (like ibv_devinfo)");
+    out!("  ibal devinfo [--roce IP[:PORT]]... [--max-qp N] [--json]");
+    out!("                                                devices, limits and ports of the soft fabric and RoCEv2 (like ibv_devinfo -v)");
     out!("  ibal perf lookup [--threads N] [--json]       handle resolve cost vs sharded-slab and locked maps");
     out!("  ibal perf write-bw [--sizes 64K,1M] [--json]  RC RDMA WRITE bandwidth vs copy_from_slice");
     out!("  ibal perf send-rate [--msgs N] [--json]       64-byte RC SEND message rate vs std::sync::mpsc");

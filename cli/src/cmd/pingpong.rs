@@ -63,6 +63,9 @@ pub struct PingpongArgs {
     /// QP number of our device's first QP [default: random].
     #[arg(long, value_name = "QPN")]
     first_qpn: Option<u32>,
+    /// Our RoCEv2 device's `max_qp` [default: 1048576; at most 16777214].
+    #[arg(long, value_name = "N")]
+    max_qp: Option<u32>,
     /// With --listen/--connect: run on this RDMA device (`rxe0`,
     /// `mlx5_0`), connected through librdmacm, instead of our RoCEv2
     /// port (needs a build with the rdma feature).
@@ -91,8 +94,16 @@ impl PingpongArgs {
             hold,
             guid,
             first_qpn,
+            max_qp,
             device,
         } = self;
+        if max_qp.is_some() && (device.is_some() || (listen.is_none() && connect.is_none())) {
+            return Err(
+                "--max-qp sets our RoCEv2 device's limit (--listen/--connect); an RDMA \
+                 device's limits are its own, and --loopback runs on the soft fabric"
+                    .to_string(),
+            );
+        }
         if listen.is_none() && connect.is_none() && device.is_none() {
             return pingpong(loopback, iterations, size, json, capture);
         }
@@ -119,6 +130,7 @@ impl PingpongArgs {
         cfg.hold = std::time::Duration::from_secs_f64(hold);
         cfg.guid = guid;
         cfg.first_qpn = first_qpn;
+        cfg.max_qp = max_qp;
         cfg.device = device;
         cfg.iterations = iterations;
         cfg.size = size;

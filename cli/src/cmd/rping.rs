@@ -44,6 +44,9 @@ pub struct RpingArgs {
     /// Seconds to wait for the peer at any step.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
+    /// Our RoCEv2 device's `max_qp` [default: 1048576; at most 16777214].
+    #[arg(long, value_name = "N")]
+    max_qp: Option<u32>,
 }
 
 impl RpingArgs {
@@ -62,6 +65,7 @@ impl RpingArgs {
             udp_port,
             peer_udp_port,
             timeout,
+            max_qp,
         } = self;
         let mut cfg = ibal_cli::rping::RpingConfig::new(server, addr);
         cfg.port = port;
@@ -72,6 +76,7 @@ impl RpingArgs {
         cfg.validate = validate;
         cfg.udp_port = udp_port;
         cfg.peer_udp_port = peer_udp_port;
+        cfg.max_qp = max_qp;
         cfg.timeout = std::time::Duration::from_secs(timeout.max(1));
         ibal_cli::rping::run(&cfg, &mut |line| out!("{line}")).map(|r| {
             if !verbose {

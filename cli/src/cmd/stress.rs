@@ -41,6 +41,10 @@ pub struct StressArgs {
     /// the run keeps hitting the device limits (and exhausts them on purpose).
     #[arg(long)]
     max_objects: Option<u32>,
+    /// `--transport udp`: every RoCEv2 device's `max_qp` [default:
+    /// 1048576].
+    #[arg(long, value_name = "N")]
+    max_qp: Option<u32>,
     /// Print one JSON object instead of the summary table.
     #[arg(long)]
     json: bool,
@@ -61,6 +65,7 @@ impl StressArgs {
             transport,
             static_listens,
             max_objects,
+            max_qp,
             json,
         } = self;
         ibal_testkit::stress::main_on(
@@ -75,6 +80,7 @@ impl StressArgs {
                 hcas: hcas.unwrap_or(if transport == "udp" { 2 } else { 4 }),
                 static_listens,
                 max_objects,
+                max_qp,
             },
             if transport == "udp" {
                 ibal_testkit::stress::Transport::Udp

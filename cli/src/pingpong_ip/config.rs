@@ -49,6 +49,8 @@ pub struct IpPingPongConfig {
     pub guid: Option<u64>,
     /// Our device's first QPN (default: random).
     pub first_qpn: Option<u32>,
+    /// Our RoCEv2 device's `max_qp` (default: `RoceLimits`').
+    pub max_qp: Option<u32>,
     /// Run on this RDMA device (libibverbs name, `rxe0`, `mlx5_0`) with
     /// librdmacm-backed CEPs instead of our RoCEv2 port (feature `rdma`;
     /// `rdma`).
@@ -71,6 +73,7 @@ impl IpPingPongConfig {
             hold: Duration::ZERO,
             guid: None,
             first_qpn: None,
+            max_qp: None,
             device: None,
         }
     }

@@ -46,6 +46,9 @@ pub(super) fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
         .mtu(cfg.mtu);
     let mut device = DeviceConfig::new("roce0", guid, vec![port]);
     device.first_qpn = cfg.first_qpn;
+    if let Some(n) = cfg.max_qp {
+        device.limits.max_qp = n;
+    }
     let provider = RoceProvider::new(vec![device]);
     let al = Al::open().map_err(|e| e.to_string())?;
     let result = (|| -> Result<(Vec<ConnectionReport>, CounterList), String> {

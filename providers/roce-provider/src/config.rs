@@ -95,6 +95,9 @@ pub struct DeviceConfig {
     /// predecessor. Set it to reproduce what a NIC restarted with the same
     /// GUID can do, reusing a QPN a peer still holds (stale connections).
     pub first_qpn: Option<u32>,
+    /// The object counts and sizes the device advertises
+    /// ([`DeviceAttr`](provider::DeviceAttr)) and enforces.
+    pub limits: RoceLimits,
 }
 
 impl DeviceConfig {
@@ -105,13 +108,111 @@ impl DeviceConfig {
             node_guid,
             ports,
             first_qpn: None,
+            limits: RoceLimits::default(),
         }
+    }
+
+    /// Sets [`DeviceConfig::limits`].
+    pub fn limits(mut self, limits: RoceLimits) -> DeviceConfig {
+        self.limits = limits;
+        self
     }
 
     /// Sets [`DeviceConfig::first_qpn`] (only its low 24 bits count).
     pub fn first_qpn(mut self, qpn: u32) -> DeviceConfig {
         self.first_qpn = Some(qpn);
         self
+    }
+}
+
+/// What a RoCEv2 device advertises in its
+/// [`DeviceAttr`](provider::DeviceAttr) and enforces: creating one object
+/// more than a `max_*` count allows fails with `InsufficientResources`
+/// naming the limit (destroying one frees its place); a size above a
+/// `max_*` size is `InvalidParameter`.
+///
+/// Nothing is allocated in proportion to a limit: an object costs memory
+/// only while it exists, so the defaults are set for a server holding
+/// many connections, not for a demo (`docs/roce-provider.md`, "Limits").
+/// A value outside the range its field names fails the device's open
+/// with `InvalidParameter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoceLimits {
+    /// QPs, GSI QPs included; at most [`RoceLimits::MAX_QP`] (QP numbers
+    /// are 24 bits and 0 and 1 are the special QPs'). Default 2^20: a
+    /// million connection ends, while at most 1/16 of the QP numbers are
+    /// in use, so a new QP finds a free number at the first or second
+    /// try and a number is not soon handed out again (a peer may still
+    /// send to the old QP).
+    pub max_qp: u32,
+    /// Work requests per QP queue; at most [`RoceLimits::MAX_QP_WR`] (the
+    /// transport's queue bound). Default 2^14.
+    pub max_qp_wr: u32,
+    /// Scatter/gather entries per work request; at most
+    /// [`RoceLimits::MAX_SGE`] (the transport's bound). Default 32.
+    pub max_sge: u32,
+    /// CQs. Default 2^20 (one per connection end, and room).
+    pub max_cq: u32,
+    /// Entries per CQ (a CQ allocates the capacity it is created with,
+    /// not this). Default 2^22, what large NICs offer.
+    pub max_cqe: u32,
+    /// MRs; at most [`RoceLimits::MAX_MR`]: keys are random 32-bit
+    /// numbers, and at most one in 256 in use keeps a guessed key
+    /// unlikely to name an MR and a fresh key found at the first try.
+    /// Default 2^20.
+    pub max_mr: u32,
+    /// PDs. Default 2^20.
+    pub max_pd: u32,
+    /// SRQs. Default 2^16.
+    pub max_srq: u32,
+    /// Work requests per SRQ. Default 2^16.
+    pub max_srq_wr: u32,
+    /// AVs. Default 2^20 (a UD peer each).
+    pub max_av: u32,
+}
+
+impl RoceLimits {
+    /// Largest `max_qp`: every 24-bit QP number but 0 and 1.
+    pub const MAX_QP: u32 = (1 << 24) - 2;
+    /// Largest `max_qp_wr`.
+    pub const MAX_QP_WR: u32 = 1 << 16;
+    /// Largest `max_sge`.
+    pub const MAX_SGE: u32 = 64;
+    /// Largest `max_mr`.
+    pub const MAX_MR: u32 = 1 << 24;
+
+    /// `InvalidParameter` naming the first field above its bound.
+    pub(crate) fn check(&self) -> al::Result<()> {
+        for (name, value, max) in [
+            ("max_qp", self.max_qp, Self::MAX_QP),
+            ("max_qp_wr", self.max_qp_wr, Self::MAX_QP_WR),
+            ("max_sge", self.max_sge, Self::MAX_SGE),
+            ("max_mr", self.max_mr, Self::MAX_MR),
+        ] {
+            if value > max {
+                return Err(al::Error::invalid_parameter(format!(
+                    "limits: {name} {value} is above {max}, the most a RoCEv2 device can have"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for RoceLimits {
+    fn default() -> Self {
+        RoceLimits {
+            max_qp: 1 << 20,
+            max_qp_wr: 1 << 14,
+            max_sge: 32,
+            max_cq: 1 << 20,
+            max_cqe: 1 << 22,
+            max_mr: 1 << 20,
+            max_pd: 1 << 20,
+            max_srq: 1 << 16,
+            max_srq_wr: 1 << 16,
+            max_av: 1 << 20,
+        }
     }
 }
 

@@ -106,6 +106,10 @@ counters!(
     /// 1.6 ms at a time) because an application busy-polled the device's
     /// CQs and takes the datagrams itself.
     rx_thread_naps,
+    /// Returns of the port's receive thread from its blocking receive
+    /// (with datagrams, or woken by the device's close). It blocks with no
+    /// timeout: on an idle port this stays 0.
+    rx_thread_wakeups,
     /// Responses the requester ignored (stale, unexpected, malformed).
     rx_ignored_responses,
     /// NAKs sent other than RNR (includes remote access errors: bad
@@ -148,37 +152,21 @@ impl AtomicCounters {
         }
     }
 
-    /// Add the difference of two transport counter snapshots.
-    pub(crate) fn add_transport(
-        &self,
-        before: &roce_transport::Counters,
-        after: &roce_transport::Counters,
-    ) {
-        let d = |a: u64, b: u64| b.saturating_sub(a);
-        self.add(&self.rx_bad_opcode, d(before.bad_opcode, after.bad_opcode));
-        self.add(&self.rx_bad_pkey, d(before.bad_pkey, after.bad_pkey));
-        self.add(&self.rx_bad_qkey, d(before.bad_qkey, after.bad_qkey));
-        self.add(
-            &self.rx_out_of_sequence,
-            d(before.out_of_sequence, after.out_of_sequence),
-        );
-        self.add(&self.rx_duplicates, d(before.duplicates, after.duplicates));
-        self.add(
-            &self.rnr_naks_sent,
-            d(before.rnr_naks_sent, after.rnr_naks_sent),
-        );
-        self.add(&self.naks_sent, d(before.naks_sent, after.naks_sent));
-        self.add(&self.rx_no_receive, d(before.no_receive, after.no_receive));
-        self.add(
-            &self.rx_ignored_responses,
-            d(before.ignored_responses, after.ignored_responses),
-        );
-        self.add(&self.retries, d(before.retries, after.retries));
-        self.add(&self.rnr_retries, d(before.rnr_retries, after.rnr_retries));
-        self.add(
-            &self.resources_busy,
-            d(before.resources_busy, after.resources_busy),
-        );
+    /// Add what a transport counted since its counters were last taken
+    /// (`Transport::take_counters`).
+    pub(crate) fn add_transport(&self, gained: &roce_transport::Counters) {
+        self.add(&self.rx_bad_opcode, gained.bad_opcode);
+        self.add(&self.rx_bad_pkey, gained.bad_pkey);
+        self.add(&self.rx_bad_qkey, gained.bad_qkey);
+        self.add(&self.rx_out_of_sequence, gained.out_of_sequence);
+        self.add(&self.rx_duplicates, gained.duplicates);
+        self.add(&self.rnr_naks_sent, gained.rnr_naks_sent);
+        self.add(&self.naks_sent, gained.naks_sent);
+        self.add(&self.rx_no_receive, gained.no_receive);
+        self.add(&self.rx_ignored_responses, gained.ignored_responses);
+        self.add(&self.retries, gained.retries);
+        self.add(&self.rnr_retries, gained.rnr_retries);
+        self.add(&self.resources_busy, gained.resources_busy);
     }
 }
 

@@ -87,6 +87,8 @@ impl RoceDevice {
                 cfg.ports.len()
             )));
         }
+        cfg.limits.check()?;
+        let l = &cfg.limits;
         let mut ports = Vec::with_capacity(cfg.ports.len());
         for (i, pc) in cfg.ports.iter().enumerate() {
             ports.push(PortShared::bind(i as u8 + 1, pc, cfg.node_guid)?);
@@ -98,17 +100,17 @@ impl RoceDevice {
             vendor_part_id: 0,
             hw_ver: 0,
             num_ports: ports.len() as u8,
-            max_qp: 16 * 1024,
-            max_qp_wr: 16 * 1024,
-            max_sge: 32,
-            max_cq: 16 * 1024,
-            max_cqe: 64 * 1024,
-            max_mr: 64 * 1024,
+            max_qp: l.max_qp,
+            max_qp_wr: l.max_qp_wr,
+            max_sge: l.max_sge,
+            max_cq: l.max_cq,
+            max_cqe: l.max_cqe,
+            max_mr: l.max_mr,
             max_mr_size: u64::from(u32::MAX),
-            max_pd: 16 * 1024,
-            max_srq: 4 * 1024,
-            max_srq_wr: 16 * 1024,
-            max_av: 64 * 1024,
+            max_pd: l.max_pd,
+            max_srq: l.max_srq,
+            max_srq_wr: l.max_srq_wr,
+            max_av: l.max_av,
             max_qp_rd_atomic: 16,
             max_qp_init_rd_atomic: 16,
             atomic_cap: AtomicCap::Hca,
@@ -195,6 +197,12 @@ impl RoceDevice {
     /// reason.
     pub fn port_counters(&self, port: u8) -> Option<PortCounters> {
         self.shared.port(port).map(|p| p.counters.snapshot())
+    }
+
+    /// The timer thread's counters: wake-ups, heap entries examined,
+    /// timeouts run, and the heap now.
+    pub fn timer_stats(&self) -> crate::TimerStats {
+        self.shared.timers.stats()
     }
 
     /// QPs that exist now.

@@ -1,15 +1,15 @@
 //! The driver: one receive thread per port and one timer thread per
 //! device.
 //!
-//! * A receive thread blocks in `recv_from`, checks and decodes each
-//!   datagram and hands it to the QP its BTH names. Its read timeout is
-//!   long (`port::RECV_TIMEOUT`); closing the device wakes it with an empty
-//!   datagram to its own socket.
+//! * A receive thread blocks in `recvmmsg`, checks and decodes each
+//!   datagram and hands it to the QP its BTH names. It blocks with no
+//!   timeout: an idle device's receive threads never wake; closing the
+//!   device wakes them with an empty datagram to their own sockets.
 //! * The timer thread sleeps (`park_timeout`, microsecond precision) until
-//!   the earliest transport deadline of the device's QPs, runs the
-//!   transports whose deadline passed, and sleeps again. A QP that sets a
-//!   deadline earlier than the one the thread sleeps towards wakes it
-//!   (`Timers::armed`).
+//!   the earliest entry of the timer heap (`timers`), runs the transports
+//!   whose deadline passed, and sleeps again; with nothing armed it parks
+//!   with no timeout. A QP that sets a deadline earlier than the one the
+//!   thread sleeps towards wakes it (`Timers::arm`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,9 +22,6 @@ use crate::held_acks::holding_acks;
 use crate::mmsg::RecvBatch;
 use crate::qp::{Dev, QpInner, GSI_KEY};
 use crate::timers::NO_DEADLINE;
-
-/// Longest sleep of the timer thread with no deadline at all.
-const IDLE_SLEEP: Duration = Duration::from_millis(100);
 
 /// Shortest sleep of the timer thread (a deadline already passed again
 /// right after its timer ran must not make the thread spin).
@@ -39,33 +36,40 @@ fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
 }
 
-/// The timer thread of a device until `stop` is set.
+/// The timer thread of a device until `stop` is set: each round takes
+/// the timer heap's due entries (work in proportion to them, not to the
+/// QPs), runs the timeouts that are due, arms the QPs again at their
+/// deadlines, and sleeps until the earliest entry, or until woken if none.
 pub(crate) fn run_timers(dev: Arc<Dev>, stop: Arc<AtomicBool>) {
     let timers = &dev.timers;
+    let find = |key: u32| dev.qps.read().get(&key).cloned();
+    let mut due: Vec<Arc<QpInner>> = Vec::new();
     while !stop.load(Ordering::Acquire) {
+        // Working: any arming from here on wakes the next sleep at once.
         timers.plan(NO_DEADLINE);
         let now = nanos(dev.now());
-        let armed: Vec<Arc<QpInner>> = dev
-            .qps
-            .read()
-            .values()
-            .filter(|q| q.deadline.load(Ordering::SeqCst) != NO_DEADLINE)
-            .cloned()
-            .collect();
-        let mut next = NO_DEADLINE;
-        for q in armed {
+        timers.take_due(now, find, &mut due);
+        for q in due.drain(..) {
             if q.deadline.load(Ordering::SeqCst) <= now {
+                // Counted first: what the timeout completes may be seen
+                // (and the counter read) before `on_timer` returns.
+                timers.note_fired();
                 q.on_timer();
             }
-            next = next.min(q.deadline.load(Ordering::SeqCst));
+            // Whatever the drive published (or left as it was), the QP's
+            // deadline is covered by an entry again.
+            timers.rearm(q.key, &*q);
         }
+        timers.compact(find);
+        let next = timers.next();
         timers.plan(next);
-        let sleep = if next == NO_DEADLINE {
-            IDLE_SLEEP
+        if next == NO_DEADLINE {
+            std::thread::park();
         } else {
-            Duration::from_nanos(next.saturating_sub(nanos(dev.now()))).clamp(MIN_SLEEP, IDLE_SLEEP)
-        };
-        std::thread::park_timeout(sleep);
+            let left = Duration::from_nanos(next.saturating_sub(nanos(dev.now())));
+            std::thread::park_timeout(left.max(MIN_SLEEP));
+        }
+        timers.note_wakeup();
     }
 }
 
@@ -103,6 +107,13 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
     let mut batch = RecvBatch::new(RX_BATCH, RX_BUF);
     let mut reached: Vec<Arc<QpInner>> = Vec::with_capacity(RX_BATCH);
     let mut nap = NAP_FIRST;
+    // Block with no timeout (the socket was bound with a read timeout,
+    // `port::RECV_TIMEOUT`, which woke every idle device's receive threads
+    // ten times a second for nothing): the device's close wakes the thread
+    // with a datagram (`shutdown::signal_stop`), and the ACKs pollers hold
+    // are sent before the thread blocks (below). If the timeout cannot be
+    // lifted the thread still works, waking at the timeout's pace.
+    let _ = port.socket.set_read_timeout(None);
     loop {
         // While an application polls the device's CQs, the pollers take
         // the datagrams (`progress`); a receive thread blocked in the
@@ -134,7 +145,13 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
         let mut feeding = feed_lock.feeding(port);
+        // A poller may have held an ACK after the flush above, before this
+        // thread had the lock; none can while it has it (only the port's
+        // feeder holds ACKs). Sent now, nothing is held while the thread
+        // blocks, so no wake-up is ever needed to send it.
+        port.flush_held();
         let n = batch.recv(&port.socket, RX_BATCH, true);
+        port.counters.add(&port.counters.rx_thread_wakeups, 1);
         if stop.load(Ordering::Acquire) {
             break;
         }

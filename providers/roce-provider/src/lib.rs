@@ -49,9 +49,10 @@ mod timers;
 mod tx_batch;
 mod verbs;
 
-pub use config::{gid_of, ip_of, DeviceConfig, PortConfig, ROCE_PORT};
+pub use config::{gid_of, ip_of, DeviceConfig, PortConfig, RoceLimits, ROCE_PORT};
 pub use counters::PortCounters;
 pub use device::RoceDevice;
 pub use objects::{RoceAv, RoceCq, RoceMr, RocePd, RoceQp, RoceSrq};
 pub use roce_provider::RoceProvider;
 pub use shutdown::CloseWatch;
+pub use timers::TimerStats;

@@ -141,8 +141,14 @@ pub(crate) fn signal_stop(shared: &Dev, stop: &AtomicBool) {
     stop.store(true, Ordering::Release);
     shared.timers.wake();
     for p in &shared.ports {
-        // Wake the receive thread: an empty datagram to its own socket.
-        let _ = p.socket.send_to(&[], p.local);
+        // Wake the receive thread (it blocks with no timeout): an empty
+        // datagram to its own socket; should that fail (no buffer), a
+        // shutdown of the socket's receive side, which ends a blocked
+        // receive on Linux (the call itself reports ENOTCONN on an
+        // unconnected socket, after doing it).
+        if p.socket.send_to(&[], p.local).is_err() {
+            let _ = socket2::SockRef::from(&p.socket).shutdown(std::net::Shutdown::Read);
+        }
     }
 }
 

@@ -104,6 +104,22 @@ impl RoceDevice {
         Ok(())
     }
 
+    fn max_qp_reached(&self) -> Error {
+        Error::insufficient_resources(format!(
+            "max_qp reached: the device allows {} QPs",
+            self.shared.attr.max_qp
+        ))
+    }
+
+    /// Refuses a QP past `max_qp` before a QP number is looked for (the
+    /// insert checks again, under the map's lock).
+    fn check_qp_count(&self) -> Result<()> {
+        if self.shared.qps.read().len() >= self.shared.attr.max_qp as usize {
+            return Err(self.max_qp_reached());
+        }
+        Ok(())
+    }
+
     fn make_qp(
         &self,
         pd: &RocePd,
@@ -140,6 +156,7 @@ impl RoceDevice {
             ))),
             rq: Posted::new(),
             deadline: AtomicU64::new(NO_DEADLINE),
+            queued: AtomicU64::new(NO_DEADLINE),
             filter: al::sync::ArcCell::new(al::sync::Arc::new(crate::qp::filter_of(
                 &self.shared,
                 qpn,
@@ -148,10 +165,7 @@ impl RoceDevice {
         });
         self.shared.qps.change(|qps| {
             if qps.len() >= self.shared.attr.max_qp as usize {
-                return Err(Error::insufficient_resources(format!(
-                    "max_qp reached: the device allows {} QPs",
-                    self.shared.attr.max_qp
-                )));
+                return Err(self.max_qp_reached());
             }
             if qps.contains_key(&key) {
                 return Err(Error::busy(format!("port {port} already has a GSI QP")));
@@ -198,7 +212,7 @@ impl Device for RoceDevice {
         let max = self.shared.attr.max_cqe;
         if init.capacity == 0 || init.capacity > max {
             return Err(Error::invalid_parameter(format!(
-                "CQ capacity {} must be 1..={max}",
+                "CQ capacity {} must be 1..={max} (max_cqe)",
                 init.capacity
             )));
         }
@@ -287,7 +301,7 @@ impl Device for RoceDevice {
         let a = &self.shared.attr;
         if init.max_wr == 0 || init.max_wr > a.max_srq_wr || init.max_sge > a.max_sge {
             return Err(Error::invalid_parameter(format!(
-                "SRQ sizes {init:?} out of range (max_wr 1..={}, max_sge <= {})",
+                "SRQ sizes {init:?} out of range (max_wr 1..={} (max_srq_wr), max_sge <= {})",
                 a.max_srq_wr, a.max_sge
             )));
         }
@@ -358,12 +372,14 @@ impl Device for RoceDevice {
             ));
         }
         self.check_caps(init)?;
-        let qpn = loop {
-            let n = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & QPN_MASK;
-            if n > 1 && !self.shared.qps.read().contains_key(&n) {
-                break n;
-            }
-        };
+        self.check_qp_count()?;
+        // At most max_qp (<= 2^24 - 2) numbers are in use, so a free one
+        // exists; the tries are bounded all the same (creators racing past
+        // the count check could take the last ones).
+        let qpn = (0..=QPN_MASK)
+            .map(|_| self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & QPN_MASK)
+            .find(|&n| n > 1 && !self.shared.qps.read().contains_key(&n))
+            .ok_or_else(|| Error::insufficient_resources("max_qp reached: no free QP number"))?;
         self.make_qp(pd, qpn, qpn, init.qp_type, 0, init)
     }
 

@@ -114,10 +114,16 @@ fn polls_made_on_a_receive_thread_never_make_it_step_aside() {
 fn an_application_busy_polling_makes_the_receive_thread_step_aside() {
     // The other side of the rule above (and proof that the counter
     // counts): an application thread spinning on an empty CQ of B.
+    // The receive thread blocks in its socket with no timeout, so it
+    // sees the polling when a datagram wakes it: one (any: an empty one,
+    // dropped as truncated) every 20 ms while the thread has not napped.
     let (_a, b) = devices();
     let c = cq(&b);
+    let poke = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = b.local_addr(1).unwrap();
     let before = naps(&b);
     let end = Instant::now() + Duration::from_secs(10);
+    let mut poked = Instant::now();
     let mut wc = [Wc::default(); 1];
     while naps(&b) == before {
         assert!(
@@ -125,6 +131,10 @@ fn an_application_busy_polling_makes_the_receive_thread_step_aside() {
             "B's receive thread never stepped aside"
         );
         assert_eq!(b.poll_cq(&c, &mut wc).unwrap(), 0);
+        if poked.elapsed() > Duration::from_millis(20) {
+            poke.send_to(&[], to).unwrap();
+            poked = Instant::now();
+        }
         std::thread::yield_now();
     }
     // And it takes the socket back once the polling stops.

@@ -154,8 +154,10 @@ pub(crate) struct SendSide<R> {
     /// and one for the `Arc`, and their frees: ~400 instructions a
     /// message, as much as its ICRC).
     pub small: Vec<Arc<Vec<u8>>>,
-    /// The empty message of READs, atomics and leased sends, shared.
-    pub empty: Arc<Vec<u8>>,
+    /// The empty message of READs, atomics and leased sends, shared;
+    /// made by the first of them (most QPs never send one: 40 bytes of
+    /// heap each saved).
+    pub empty: Option<Arc<Vec<u8>>>,
     /// Gather lists of leased requests that left the queue, for the
     /// provider to release ([`Transport::poll_released`]).
     pub released: VecDeque<Vec<Sge>>,
@@ -217,7 +219,7 @@ impl<R: Clone> Transport<R> {
                 rnr_until: None,
                 spare: Vec::new(),
                 small: Vec::new(),
-                empty: Arc::default(),
+                empty: None,
                 released: VecDeque::new(),
             },
             resp: Responder::new(&cfg),
@@ -241,6 +243,13 @@ impl<R: Clone> Transport<R> {
     /// Drop and NAK counters.
     pub fn counters(&self) -> Counters {
         self.counters
+    }
+
+    /// The counters since the last take (or since the transport was
+    /// made), which start again from 0: a provider that adds them to its
+    /// own after every drive keeps no copy of the last ones.
+    pub fn take_counters(&mut self) -> Counters {
+        std::mem::take(&mut self.counters)
     }
 
     /// The PSN the next new message will start at.
@@ -316,7 +325,8 @@ impl<R: Clone> Transport<R> {
             route,
             remote_qpn,
             remote_qkey,
-            data: data.unwrap_or_else(|| Arc::clone(&self.sq.empty)),
+            data: data
+                .unwrap_or_else(|| Arc::clone(self.sq.empty.get_or_insert_with(Arc::default))),
             len,
             first_psn: self.sq.next_psn,
             npkts: 1,
@@ -585,13 +595,20 @@ impl<R: Clone> Transport<R> {
         Ok(Arc::new(v))
     }
 
+    /// How many completed sends' buffers of a kind are kept: `most`, or
+    /// the send queue's depth if smaller (no more sends than that can be
+    /// waiting for one at a time; a 4-deep QP keeps 4, not 8).
+    fn kept(&self, most: usize) -> usize {
+        most.min(self.cfg.max_send_wr as usize)
+    }
+
     /// Keeps the message buffer of a completed send for the next posts,
     /// if no packet still holds it and the bounds allow.
     pub(crate) fn recycle(&mut self, mut data: Arc<Vec<u8>>) {
         if data.capacity() < SPARE_MIN {
             // The shared empty message never qualifies: the transport
             // holds it too.
-            if self.sq.small.len() < SMALL_COUNT && Arc::get_mut(&mut data).is_some() {
+            if self.sq.small.len() < self.kept(SMALL_COUNT) && Arc::get_mut(&mut data).is_some() {
                 self.sq.small.push(data);
             }
             return;
@@ -600,7 +617,7 @@ impl<R: Clone> Transport<R> {
             return;
         };
         if (SPARE_MIN..=SPARE_MAX).contains(&v.capacity()) {
-            if self.sq.spare.len() >= SPARE_COUNT {
+            if self.sq.spare.len() >= self.kept(SPARE_COUNT) {
                 // Keep the largest: they serve every size below them.
                 match self
                     .sq

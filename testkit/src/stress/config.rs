@@ -32,6 +32,9 @@ pub struct StressConfig {
     /// SRQs, AVs and MRs: creations keep meeting `InsufficientResources`
     /// and the workers exhaust the PDs on purpose.
     pub max_objects: Option<u32>,
+    /// `Transport::Udp`: every RoCEv2 device's `max_qp` (its GSI QP
+    /// included; default: `RoceLimits`'). Soft HCAs: `max_objects`.
+    pub max_qp: Option<u32>,
 }
 
 impl Default for StressConfig {
@@ -47,6 +50,7 @@ impl Default for StressConfig {
             hcas: 4,
             static_listens: false,
             max_objects: None,
+            max_qp: None,
         }
     }
 }

@@ -55,7 +55,7 @@ pub enum Transport {
     /// RoCEv2 ports of one [`RoceProvider`] on loopback: HCA `i` is a
     /// device with one port on 127.0.0.(i + 1), ephemeral UDP port; every
     /// CM MAD and packet goes through the kernel's UDP. No fault injection
-    /// (the fabric's faults are soft-only), no device limits.
+    /// (the fabric's faults are soft-only), no device limits but `max_qp`.
     Udp,
 }
 
@@ -92,12 +92,17 @@ pub struct SharedRoce {
 }
 
 impl SharedRoce {
-    /// `n` devices ([`node_guid`]) with one port each on [`udp_addr`].
-    pub fn new(n: usize) -> SharedRoce {
+    /// `n` devices ([`node_guid`]) with one port each on [`udp_addr`],
+    /// each allowing `max_qp` QPs when given.
+    pub fn new(n: usize, max_qp: Option<u32>) -> SharedRoce {
         let devices = (0..n)
             .map(|i| {
                 let port = PortConfig::new(std::net::SocketAddr::new(udp_addr(i), 0));
-                DeviceConfig::new(format!("stress-roce{i}"), node_guid(i), vec![port])
+                let mut d = DeviceConfig::new(format!("stress-roce{i}"), node_guid(i), vec![port]);
+                if let Some(m) = max_qp {
+                    d.limits.max_qp = m;
+                }
+                d
             })
             .collect();
         SharedRoce {

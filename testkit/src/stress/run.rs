@@ -281,10 +281,15 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
         }
         if cfg.max_objects.is_some() {
             return Err(
-                "--transport udp: --max-objects limits soft HCAs only (RoCE devices have fixed limits)"
+                "--transport udp: --max-objects limits soft HCAs only (RoCE devices: --max-qp)"
                     .into(),
             );
         }
+    } else if cfg.max_qp.is_some() {
+        return Err(
+            "--max-qp sets the RoCEv2 devices' limit (--transport udp); soft HCAs: --max-objects"
+                .into(),
+        );
     }
     for (name, p) in [
         ("--drop", cfg.drop),
@@ -313,7 +318,8 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
         delay: cfg.delay,
         max_delay: 3,
     }));
-    let roce = (transport == Transport::Udp).then(|| Arc::new(SharedRoce::new(cfg.hcas)));
+    let roce =
+        (transport == Transport::Udp).then(|| Arc::new(SharedRoce::new(cfg.hcas, cfg.max_qp)));
     let provider: AnyShared = match &roce {
         Some(r) => r.clone(),
         None => Arc::new(SoftProvider::new(fabric.clone())),

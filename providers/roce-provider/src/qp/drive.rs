@@ -65,7 +65,6 @@ impl QpInner {
             t,
             held,
             responding,
-            seen,
             route,
             mrs_seen,
         } = core;
@@ -121,27 +120,29 @@ impl QpInner {
             }
         }
         if let Some(port) = port {
-            let c = t.counters();
-            port.counters.add_transport(seen, &c);
-            *seen = c;
+            // What the transport counted since the last drive (taken, so
+            // the QP keeps no copy of the last snapshot to diff against).
+            port.counters.add_transport(&t.take_counters());
         }
         let deadline = t.poll_timeout().map_or(NO_DEADLINE, |x| {
             x.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
         });
         // Every writer holds the QP's lock, so the value read is the last
         // one written; an unchanged deadline (a drive after a SEND taken,
-        // most drives) was published and announced to the timer thread
-        // by the drive that set it: no store (a locked exchange) again.
+        // most drives) was published and covered in the timer heap by the
+        // drive that set it: no store (a locked exchange) again. A later
+        // one (a retransmit timer moved by a packet sent) is covered by
+        // the entry already there: one load, no lock (`Timers::arm`).
         if self.deadline.load(Ordering::Relaxed) != deadline {
             self.deadline.store(deadline, Ordering::SeqCst);
             if deadline != NO_DEADLINE {
-                self.dev.timers.armed(deadline);
+                self.dev.timers.arm(self.key, &self.queued, deadline);
             }
         }
         if t.state() == QpState::Err && !matches!(attr.state, QpState::Err | QpState::Reset) {
             attr.state = QpState::Err;
             self.publish_filter(attr);
-            for h in held.drain(..) {
+            for h in held.drain() {
                 if h.leased {
                     self.dev.mrs.release(&h.sg);
                 }

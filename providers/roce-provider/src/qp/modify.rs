@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use al::{Error, Result};
 use provider::qp_state;
 use provider::{QpAttr, QpModify, QpState, QpType, RecvWr, SendWr, UdDest, WcOpcode, WcStatus};
-use roce_transport::{Counters, Transport};
+use roce_transport::Transport;
 
 use super::{fresh_attr, send_opcode, HeldSend, QpCore, QpInner};
 use crate::cq::Deferred;
@@ -73,7 +73,6 @@ impl QpInner {
                     }
                 }
                 core.t = Some(t);
-                core.seen = Counters::default();
             }
             None => {}
             Some(t) => t
@@ -83,7 +82,7 @@ impl QpInner {
         core.attr = a;
         if to == QpState::Rts && !core.held.is_empty() {
             // Back from SQD: the held sends go, in order.
-            let held: Vec<HeldSend> = core.held.drain(..).collect();
+            let held: Vec<HeldSend> = core.held.drain().collect();
             for h in held {
                 if h.leased {
                     self.dev.mrs.release(&h.sg);
@@ -119,7 +118,7 @@ impl QpInner {
         self.release_leases(core);
         core.t = None;
         self.release_responding(core);
-        for h in core.held.drain(..) {
+        for h in core.held.drain() {
             if h.leased {
                 self.dev.mrs.release(&h.sg);
             }
@@ -160,7 +159,7 @@ impl QpInner {
     }
 
     fn flush_held(&self, core: &mut QpCore, d: &mut Deferred) {
-        for h in core.held.drain(..) {
+        for h in core.held.drain() {
             if h.leased {
                 self.dev.mrs.release(&h.sg);
             }
