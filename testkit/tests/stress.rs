@@ -18,6 +18,7 @@ fn config(static_listens: bool, max_objects: Option<u32>) -> StressConfig {
         hcas: 4,
         static_listens,
         max_objects,
+        ..StressConfig::default()
     }
 }
 

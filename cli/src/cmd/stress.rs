@@ -41,6 +41,12 @@ pub struct StressArgs {
     /// the run keeps hitting the device limits (and exhausts them on purpose).
     #[arg(long)]
     max_objects: Option<u32>,
+    /// Before the workers start, make this many RC connections through the
+    /// CM between the HCAs (an AL and listens of their own, at most 256
+    /// connects in flight) and hold them while the workers churn; each
+    /// must still be established at the end (docs/stress.md, "Population").
+    #[arg(long, default_value_t = 0)]
+    population: u32,
     /// Print one JSON object instead of the summary table.
     #[arg(long)]
     json: bool,
@@ -61,6 +67,7 @@ impl StressArgs {
             transport,
             static_listens,
             max_objects,
+            population,
             json,
         } = self;
         ibal_testkit::stress::main_on(
@@ -75,6 +82,8 @@ impl StressArgs {
                 hcas: hcas.unwrap_or(if transport == "udp" { 2 } else { 4 }),
                 static_listens,
                 max_objects,
+                population,
+                disturb_population: 0,
             },
             if transport == "udp" {
                 ibal_testkit::stress::Transport::Udp

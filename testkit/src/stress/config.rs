@@ -32,6 +32,15 @@ pub struct StressConfig {
     /// SRQs, AVs and MRs: creations keep meeting `InsufficientResources`
     /// and the workers exhaust the PDs on purpose.
     pub max_objects: Option<u32>,
+    /// RC connections a population AL of its own makes before the workers
+    /// start and holds while they churn (`population`); each must still
+    /// be established at the end. 0: none.
+    pub population: u32,
+    /// A self-test of the population check: halfway through the run, the
+    /// run itself disconnects this many held connections (alternately
+    /// from the active and the passive side), and the end check must
+    /// report each as disturbed. 0 in every real run.
+    pub disturb_population: u32,
 }
 
 impl Default for StressConfig {
@@ -47,6 +56,8 @@ impl Default for StressConfig {
             hcas: 4,
             static_listens: false,
             max_objects: None,
+            population: 0,
+            disturb_population: 0,
         }
     }
 }

@@ -50,6 +50,7 @@ mod config;
 mod ctx;
 mod hcas;
 mod ops;
+mod population;
 mod report;
 mod rng;
 mod run;
@@ -62,6 +63,7 @@ pub use hcas::{
     SERVICES_PER_HCA,
 };
 pub use ops::{error_name, says_cep_gone, Op};
+pub use population::{population_service, PopulationReport, IN_FLIGHT, QUEUE_DEPTH, STALL_LIMIT};
 pub use report::StressReport;
 pub use rng::{mix, XorShift};
 pub use run::{main, main_on, run, run_on};
