@@ -542,3 +542,49 @@ fn device_runs_say_plainly_when_they_cannot_run() {
         );
     }
 }
+
+/// `ibal stress --population N`: the population's figures are in the
+/// summary and the JSON (size, establish and disconnect time, held).
+#[test]
+fn stress_population_is_reported() {
+    let args = [
+        "stress",
+        "--seconds",
+        "0.5",
+        "--threads",
+        "1",
+        "--population",
+        "40",
+    ];
+    let text = ok(&args);
+    assert!(
+        text.contains("population: 40 of 40 RC connections established in")
+            && text.contains("population: 40 held through the churn")
+            && text.contains("population: 40 disconnected in"),
+        "{text}"
+    );
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = ok(&json_args);
+    let keys = one_json_object(&out);
+    has_keys(
+        &keys,
+        &[
+            "population",
+            "size",
+            "established",
+            "establish_s",
+            "held",
+            "disturbed",
+            "disconnect_s",
+            "close_s",
+        ],
+    );
+    assert!(
+        out.contains("\"population\":{\"size\":40,\"established\":40,"),
+        "{out}"
+    );
+    // Without the flag the key is there, null.
+    let none = ok(&["stress", "--seconds", "0.2", "--threads", "1", "--json"]);
+    assert!(none.contains("\"population\":null"), "{none}");
+}

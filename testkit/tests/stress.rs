@@ -19,6 +19,7 @@ fn config(static_listens: bool, max_objects: Option<u32>) -> StressConfig {
         static_listens,
         max_objects,
         max_qp: None,
+        ..StressConfig::default()
     }
 }
 

@@ -45,12 +45,13 @@ pub(crate) fn soft_provider(connections: u32) -> BenchResult<SoftProvider> {
 /// A RoCEv2 device on `ip` (ephemeral UDP port) whose limits take
 /// `connections` QPs.
 pub(crate) fn roce_device(idx: usize, ip: IpAddr, connections: u32) -> DeviceConfig {
-    let _ = qps_for(connections);
-    DeviceConfig::new(
+    let mut cfg = DeviceConfig::new(
         format!("scale{idx}"),
         GUIDS[idx],
         vec![PortConfig::new(SocketAddr::new(ip, 0))],
-    )
+    );
+    cfg.limits.max_qp = cfg.limits.max_qp.max(qps_for(connections));
+    cfg
 }
 
 /// The provider an end opens its CA on.

@@ -45,6 +45,12 @@ pub struct StressArgs {
     /// 1048576].
     #[arg(long, value_name = "N")]
     max_qp: Option<u32>,
+    /// Before the workers start, make this many RC connections through the
+    /// CM between the HCAs (an AL and listens of their own, at most 256
+    /// connects in flight) and hold them while the workers churn; each
+    /// must still be established at the end (docs/stress.md, "Population").
+    #[arg(long, default_value_t = 0)]
+    population: u32,
     /// Print one JSON object instead of the summary table.
     #[arg(long)]
     json: bool,
@@ -66,6 +72,7 @@ impl StressArgs {
             static_listens,
             max_objects,
             max_qp,
+            population,
             json,
         } = self;
         ibal_testkit::stress::main_on(
@@ -81,6 +88,8 @@ impl StressArgs {
                 static_listens,
                 max_objects,
                 max_qp,
+                population,
+                disturb_population: 0,
             },
             if transport == "udp" {
                 ibal_testkit::stress::Transport::Udp

@@ -35,6 +35,15 @@ pub struct StressConfig {
     /// `Transport::Udp`: every RoCEv2 device's `max_qp` (its GSI QP
     /// included; default: `RoceLimits`'). Soft HCAs: `max_objects`.
     pub max_qp: Option<u32>,
+    /// RC connections a population AL of its own makes before the workers
+    /// start and holds while they churn (`population`); each must still
+    /// be established at the end. 0: none.
+    pub population: u32,
+    /// A self-test of the population check: halfway through the run, the
+    /// run itself disconnects this many held connections (alternately
+    /// from the active and the passive side), and the end check must
+    /// report each as disturbed. 0 in every real run.
+    pub disturb_population: u32,
 }
 
 impl Default for StressConfig {
@@ -51,6 +60,8 @@ impl Default for StressConfig {
             static_listens: false,
             max_objects: None,
             max_qp: None,
+            population: 0,
+            disturb_population: 0,
         }
     }
 }

@@ -32,12 +32,15 @@
 //!   outlived its `Released`;
 //! * a QP's CID slot stayed bound to a CEP that is gone;
 //! * a CM port still routed anything but the static listens, or held a
-//!   connection or a comm id, once every worker AL was closed.
+//!   connection or a comm id, once every worker AL was closed;
+//! * with [`StressConfig::population`], a held connection the churn
+//!   disturbed (not ESTABLISHED with RTS QPs on both sides at the end, or
+//!   an ending event while held), or one that never came up or went down.
 //!
 //! `docs/stress.md` has the details and a recorded run.
 //!
 //! Files: `ops` (the calls and the errors each documents), `checker` (shared
-//! run state and checks), `ctx` (one AL's objects and its CM handlers),
+//! run state and checks), `population` (the held connections), `ctx` (one AL's objects and its CM handlers),
 //! `workers` (the random actions), `report` (the summary), `run` (setup,
 //! the end of the run and its leak checks).
 //!
@@ -50,6 +53,7 @@ mod config;
 mod ctx;
 mod hcas;
 mod ops;
+mod population;
 mod report;
 mod rng;
 mod run;
@@ -62,6 +66,7 @@ pub use hcas::{
     SERVICES_PER_HCA,
 };
 pub use ops::{error_name, says_cep_gone, Op};
+pub use population::{population_service, PopulationReport, IN_FLIGHT, QUEUE_DEPTH, STALL_LIMIT};
 pub use report::StressReport;
 pub use rng::{mix, XorShift};
 pub use run::{main, main_on, run, run_on};

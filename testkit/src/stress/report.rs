@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use super::config::StressConfig;
 use super::hcas::Transport;
+use super::population::PopulationReport;
 
 /// What a run did and found.
 #[derive(Clone, Debug)]
@@ -19,6 +20,8 @@ pub struct StressReport {
     pub events: BTreeMap<&'static str, u64>,
     /// Per object kind: (created, live after close), summed over every AL.
     pub objects: Vec<(&'static str, usize, usize)>,
+    /// The held population (`StressConfig::population` > 0).
+    pub population: Option<PopulationReport>,
     pub als_opened: u64,
     pub als_closed: u64,
     pub destroy_callbacks: u64,
@@ -103,6 +106,10 @@ impl StressReport {
         for line in &self.usage {
             out.push_str(&format!("  HCA at the end: {line}\n"));
         }
+        if let Some(p) = &self.population {
+            out.push('\n');
+            out.push_str(&p.to_text());
+        }
         out.push_str("\n  object kind       created  live after close\n");
         for (k, created, live) in &self.objects {
             out.push_str(&format!("  {k:<14} {created:>10}  {live:>8}\n"));
@@ -180,7 +187,7 @@ impl StressReport {
             .collect();
         let f = &self.fabric;
         format!(
-            "{{\"job\":\"stress\",\"transport\":\"{}\",\"ok\":{},\"seconds\":{:.3},\"threads\":{},\"hcas\":{},\"seed\":{},\"drop\":{},\"dup\":{},\"reorder\":{},\"delay\":{},\"ops\":{{{}}},\"events\":{{{}}},\"objects\":{{{}}},\"live_after_close\":{},\"als_opened\":{},\"als_closed\":{},\"destroy_callbacks\":{},\"destroy_callbacks_twice\":{},\"destroy_callbacks_never\":{},\"callback_panics\":{},\"fabric\":{{\"delivered\":{},\"dropped\":{},\"duplicated\":{},\"reordered\":{},\"delayed\":{},\"ticks\":{}}},\"active_ports_after\":{},\"probes\":{{{}}},\"ports\":[{}],\"usage\":[{}],\"stuck_workers\":[{}],\"failure_count\":{},\"failures\":[{}]}}",
+            "{{\"job\":\"stress\",\"transport\":\"{}\",\"ok\":{},\"seconds\":{:.3},\"threads\":{},\"hcas\":{},\"seed\":{},\"drop\":{},\"dup\":{},\"reorder\":{},\"delay\":{},\"ops\":{{{}}},\"events\":{{{}}},\"objects\":{{{}}},\"population\":{},\"live_after_close\":{},\"als_opened\":{},\"als_closed\":{},\"destroy_callbacks\":{},\"destroy_callbacks_twice\":{},\"destroy_callbacks_never\":{},\"callback_panics\":{},\"fabric\":{{\"delivered\":{},\"dropped\":{},\"duplicated\":{},\"reordered\":{},\"delayed\":{},\"ticks\":{}}},\"active_ports_after\":{},\"probes\":{{{}}},\"ports\":[{}],\"usage\":[{}],\"stuck_workers\":[{}],\"failure_count\":{},\"failures\":[{}]}}",
             self.transport.name(),
             self.ok(),
             self.elapsed_s,
@@ -194,6 +201,9 @@ impl StressReport {
             ops.join(","),
             events.join(","),
             objects.join(","),
+            self.population
+                .as_ref()
+                .map_or("null".to_string(), |p| p.to_json(esc)),
             self.live_total(),
             self.als_opened,
             self.als_closed,

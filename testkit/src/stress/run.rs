@@ -20,6 +20,7 @@ use super::hcas::{
     fabric, node_guid, service_id, udp_addr, AnyShared, SharedRoce, Transport, SERVICES_PER_HCA,
 };
 use super::ops::{panic_text, Op};
+use super::population::Population;
 use super::report::StressReport;
 use super::workers::{worker, WorkerStatus, ACTIONS, STUCK_LIMIT};
 
@@ -345,8 +346,25 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
     };
 
     let mut remaining: Vec<Slot> = Vec::new();
-    let keeper = keeper(&checker, &*provider, cfg.hcas, cfg.static_listens)?;
+    let stop_ticker = || {
+        stop.store(true, Ordering::Release);
+    };
+    let keeper = keeper(&checker, &*provider, cfg.hcas, cfg.static_listens)
+        .inspect_err(|_| stop_ticker())?;
     let mut opened = 1;
+    // The population is made before the workers start, so its connects
+    // meet no churn, and held while they run.
+    let mut population = match cfg.population {
+        0 => None,
+        n => {
+            let p = Population::establish(&*provider, transport, cfg.hcas, n)
+                .inspect_err(|_| stop_ticker())?;
+            opened += 1;
+            Some(p)
+        }
+    };
+    let mut disturbed_on_purpose = Vec::new();
+    let halfway = Instant::now() + Duration::from_secs_f64(cfg.seconds.max(0.0) / 2.0);
 
     let deadline = Instant::now() + Duration::from_secs_f64(cfg.seconds.max(0.0));
     let statuses: Vec<Arc<WorkerStatus>> = (0..cfg.threads).map(|_| Arc::default()).collect();
@@ -370,6 +388,12 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
         while !h.is_finished() && Instant::now() < deadline + STUCK_LIMIT {
             // The keeper has no worker: its SIDR CEPs and CID slots are
             // judged from here.
+            if let Some(p) = &population {
+                let due = cfg.disturb_population > 0 && disturbed_on_purpose.is_empty();
+                if due && Instant::now() >= halfway {
+                    disturbed_on_purpose = p.disturb(cfg.disturb_population);
+                }
+            }
             if Instant::now() >= next_sweep {
                 checker.sweep_sidr(&keeper.ctx.inst, false);
                 let n = keeper.ctx.check_cid_slots(false);
@@ -408,6 +432,12 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
         stop.store(true, Ordering::Release);
         std::mem::forget(remaining);
         std::mem::forget(keeper);
+        let population = population.map(|mut p| {
+            p.report.disturbed_on_purpose = disturbed_on_purpose;
+            let r = p.report.clone();
+            std::mem::forget(p);
+            r
+        });
         return Ok(StressReport {
             config: cfg.clone(),
             transport,
@@ -419,6 +449,7 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             objects: Vec::new(),
+            population,
             als_opened: opened,
             als_closed: closed_count,
             destroy_callbacks: checker.destroy_registered.load(Ordering::Relaxed),
@@ -436,6 +467,20 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
             failures: checker.failures(),
         });
     }
+    // The population first: held through the churn, then disconnected
+    // and closed, so the end checks below cover what it leaves.
+    let population = population.take().map(|mut p| {
+        p.report.disturbed_on_purpose = std::mem::take(&mut disturbed_on_purpose);
+        p.check_held(&checker);
+        let (report, stats) = p.end(&checker, CLOSE_LIMIT);
+        *ops.entry(Op::CloseAl.name().to_string())
+            .or_default()
+            .entry(if stats.is_some() { "ok" } else { "hung" })
+            .or_default() += 1;
+        closed_count += 1;
+        closed.extend(stats);
+        report
+    });
     // Close every AL that is still open, alternating the two ways.
     let keeper_id = keeper.ctx.inst.id();
     remaining.push(keeper);
@@ -514,6 +559,7 @@ pub fn run_on(cfg: &StressConfig, transport: Transport) -> Result<StressReport, 
         ops,
         events,
         objects,
+        population,
         als_opened: opened,
         als_closed: closed_count,
         destroy_callbacks: checker.destroy_registered.load(Ordering::Relaxed),
