@@ -1,14 +1,14 @@
 //! `ibal perf scale`: N RC connections established through the CM and
 //! held, as a server holds its clients', and what they cost.
 //!
-//! Two ends ([`end`]): the active one connects ([`active`]), the listening
+//! Two ends (`end`): the active one connects (`active`), the listening
 //! one creates a QP for each request in its listen callback and accepts
-//! ([`passive`]). Both run in this process (`--processes 1`: two soft HCAs,
+//! (`passive`). Both run in this process (`--processes 1`: two soft HCAs,
 //! or two RoCEv2 devices on 127.0.0.1 and 127.0.0.2), or the listener runs
 //! as a second `ibal` process over RoCEv2 on loopback (`--processes 2`,
-//! [`peer`] and [`listener`]).
+//! `peer` and `listener`).
 //!
-//! The run ([`run`]):
+//! The run (`run`):
 //! 1. connects the first connection alone and measures a 64-byte SEND
 //!    ping-pong on it (busy-polled at both ends) with N = 1;
 //! 2. reads the resident memory of both processes, connects the other N - 1

@@ -5,8 +5,16 @@ use std::time::Duration;
 
 use ibal_bench::scale::{ScaleConfig, ScaleTransport};
 
-use super::perf::Transport;
 use super::print_report;
+
+/// Which provider carries the connections.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// Two soft HCAs on the in-process fabric.
+    Soft,
+    /// RoCEv2 over loopback UDP.
+    Udp,
+}
 
 /// `ibal perf scale`'s flags.
 #[derive(clap::Args)]

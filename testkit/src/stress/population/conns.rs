@@ -16,7 +16,14 @@ use hca::verbs::{Cq, Pd};
 use provider::{QpCaps, QpType};
 use qp::{create_qp, Qp, QpCreate};
 
-use super::{QUEUE_DEPTH, STALL_LIMIT};
+/// Send and receive queue depth of every population QP.
+pub const QUEUE_DEPTH: u32 = 4;
+
+/// How long making (or disconnecting) the population may go without one
+/// more connection finishing before the run gives up on the rest. A bound
+/// on a stall, not a timing claim: the CM retries a lost REQ, REP or DREQ
+/// within a second or so.
+pub const STALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// The REQ private data of connection `i`: a tag and `i`.
 const TAG: &[u8; 8] = b"ibal-pop";

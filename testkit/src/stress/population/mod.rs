@@ -37,6 +37,7 @@ use conns::{
     active_handler, listen_handler, passive_handler, population_qp, tag, Shared, ACTIVE_UP,
     DISTURBED, FAILED, HOLD, KEEP_NOTES, PASSIVE_UP, TEARDOWN,
 };
+pub use conns::{QUEUE_DEPTH, STALL_LIMIT};
 pub use report::PopulationReport;
 
 use super::checker::Checker;
@@ -46,15 +47,6 @@ use super::hcas::{gid_of_hca, lid, node_guid, Transport};
 /// while it is torn down: a burst of thousands at once would overflow
 /// QP1's receive queue (recovered only by retransmission).
 pub const IN_FLIGHT: u32 = 256;
-
-/// Send and receive queue depth of every population QP.
-pub const QUEUE_DEPTH: u32 = 4;
-
-/// How long making (or disconnecting) the population may go without one
-/// more connection finishing before the run gives up on the rest. A bound
-/// on a stall, not a timing claim: the CM retries a lost REQ, REP or DREQ
-/// within a second or so.
-pub const STALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// The population's listen service on HCA `hca`: a prefix of its own, so
 /// no worker's connect or listen (`service_id`) can name it.
