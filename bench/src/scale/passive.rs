@@ -27,6 +27,9 @@ pub(crate) struct PassiveCounts {
     pub(crate) errors: AtomicU64,
     /// The first error, in words.
     pub(crate) first_error: OnceLock<String>,
+    /// The QP of the last connection accepted (raw handle; 0: none): an
+    /// idle one, unlike the ping-pong's, for the footprint.
+    pub(crate) last_qp: AtomicU64,
 }
 
 impl PassiveCounts {
@@ -67,11 +70,16 @@ impl Passive {
         })
     }
 
-    /// The footprint of its first accepted QP (every one is alike): (access
-    /// layer, provider) bytes.
+    /// The footprint of the last QP accepted (an idle connection's; the
+    /// ping-pong's keeps packet buffers for reuse): (access layer,
+    /// provider) bytes.
     pub(crate) fn qp_footprint(&self) -> BenchResult<(usize, usize)> {
-        let qp = *self.echo_qp.get().ok_or("no connection accepted yet")?;
-        self.end.qp_footprint(qp)
+        match self.counts.last_qp.load(Ordering::Relaxed) {
+            0 => Err("no connection accepted yet".into()),
+            raw => self
+                .end
+                .qp_footprint(Handle::from_raw(al::RawHandle::from_u64(raw))),
+        }
     }
 
     /// What answers the ping-pong (once the first connection is accepted).
@@ -115,6 +123,7 @@ fn handlers(
         match cm::accept(&i, cep, qp, &AcceptReply::default()) {
             Ok(()) => {
                 c.accepted.fetch_add(1, Ordering::Relaxed);
+                c.last_qp.store(qp.raw().as_u64(), Ordering::Relaxed);
                 let _ = e.set(qp);
             }
             Err(err) => c.error(format!("accept: {err}")),

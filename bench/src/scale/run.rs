@@ -99,8 +99,10 @@ pub fn run_scale(cfg: &ScaleConfig, exe: Option<&Path>) -> BenchResult<ScaleRepo
     let ping_all_us = ping(&mut active, &mut peer, cfg.ping_iters)?;
 
     let mads_connect = (active.end.mads_sent(), peer_after.mads_sent);
-    let first_qp = *active.qps.first().ok_or("no connection")?;
-    let (qp_al, qp_provider) = active.end.qp_footprint(first_qp)?;
+    // The last connection's QP: idle, unlike the ping-pong's, which keeps
+    // packet buffers for reuse.
+    let idle_qp = *active.qps.last().ok_or("no connection")?;
+    let (qp_al, qp_provider) = active.end.qp_footprint(idle_qp)?;
     let accounting = Accounting {
         active_qp: (qp_al as u64, qp_provider as u64),
         listener_qp: peer_after.qp_footprint,

@@ -401,6 +401,10 @@ impl Device for RoceDevice {
         qp.inner.qpn
     }
 
+    fn qp_footprint(&self, qp: &RoceQp) -> usize {
+        qp.inner.footprint()
+    }
+
     fn modify_qp(&self, qp: &RoceQp, m: &QpModify) -> Result<()> {
         qp.inner.modify(m)
     }

@@ -761,3 +761,57 @@ impl<R: Clone> Transport<R> {
         self.retransmit_timeout(now);
     }
 }
+
+/// Bytes a request of `n` bytes takes from the system allocator (glibc:
+/// the request and an 8-byte header rounded up to 16, at least 32; none
+/// for an empty request).
+fn allocated(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        ((n + 8).div_ceil(16) * 16).max(32)
+    }
+}
+
+fn deque_bytes<T>(d: &VecDeque<T>) -> usize {
+    allocated(d.capacity() * std::mem::size_of::<T>())
+}
+
+impl<R> Transport<R> {
+    /// Heap bytes the transport holds beyond its own struct: its queues'
+    /// allocations, the packet buffers it keeps for reuse and the data its
+    /// queued sends share, as allocated (`docs/scale.md`). Gather lists of
+    /// up to two entries are inline.
+    pub fn heap_bytes(&self) -> usize {
+        let sq = &self.sq;
+        let data: usize = sq
+            .wqes
+            .iter()
+            .map(|w| allocated(16 + std::mem::size_of::<Vec<u8>>()) + allocated(w.data.capacity()))
+            .sum();
+        let spare: usize = allocated(sq.spare.capacity() * std::mem::size_of::<Vec<u8>>())
+            + sq.spare
+                .iter()
+                .map(|b| allocated(b.capacity()))
+                .sum::<usize>();
+        let small: usize = allocated(sq.small.capacity() * std::mem::size_of::<Arc<Vec<u8>>>())
+            + sq.small
+                .iter()
+                .map(|b| allocated(16 + std::mem::size_of::<Vec<u8>>()) + allocated(b.capacity()))
+                .sum::<usize>();
+        let released: usize = deque_bytes(&sq.released)
+            + sq.released
+                .iter()
+                .map(|s| allocated(s.capacity() * std::mem::size_of::<Sge>()))
+                .sum::<usize>();
+        deque_bytes(&sq.wqes)
+            + data
+            + spare
+            + small
+            + released
+            + deque_bytes(&self.completions)
+            + deque_bytes(&self.resp.rq)
+            + deque_bytes(&self.resp.out)
+            + deque_bytes(&self.resp.replay)
+    }
+}

@@ -28,6 +28,11 @@ impl<T> LazyDeque<T> {
         self.0.as_ref().map_or(0, |q| q.len())
     }
 
+    /// The capacity of its queue, once made.
+    pub(crate) fn capacity(&self) -> Option<usize> {
+        self.0.as_ref().map(|q| q.capacity())
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }

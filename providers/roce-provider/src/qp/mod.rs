@@ -6,6 +6,7 @@
 //! the transport produced and moves its completions to the CQs).
 
 mod drive;
+mod footprint;
 mod lazy_deque;
 mod modify;
 mod post;
