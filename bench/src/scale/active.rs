@@ -256,16 +256,22 @@ impl Active {
 
     /// With the peer gone: one SEND on every connection, and the time until
     /// each has completed with an error (none may succeed). Returns that
-    /// time and the statuses seen.
-    pub(crate) fn send_to_the_dead(&self) -> BenchResult<(Duration, Vec<(WcStatus, u64)>)> {
+    /// time, the statuses seen, and each SEND's time from its post to its
+    /// error completion, sorted.
+    pub(crate) fn send_to_the_dead(&self) -> BenchResult<DeadSends> {
         let (al, end) = (self.end.al.instance(), &self.end);
         let start = Instant::now();
-        let n = self.qps.len() as u64;
+        let n = self.qps.len();
+        let mut posted: Vec<Option<Instant>> = vec![None; n];
+        let mut ended: Vec<Duration> = Vec::with_capacity(n);
         let mut statuses: Vec<(WcStatus, u64)> = Vec::new();
         let mut wc = [Wc::default(); 64];
-        let mut done = 0u64;
-        let mut drain = |statuses: &mut Vec<(WcStatus, u64)>| -> BenchResult<u64> {
+        let mut drain = |posted: &[Option<Instant>],
+                         ended: &mut Vec<Duration>,
+                         statuses: &mut Vec<(WcStatus, u64)>|
+         -> BenchResult<usize> {
             let got = end.cq.poll(al, &mut wc).map_err(al_err("poll_cq"))?;
+            let now = Instant::now();
             let mut sends = 0;
             for w in &wc[..got] {
                 if w.opcode == WcOpcode::Recv {
@@ -278,6 +284,9 @@ impl Active {
                     ));
                 }
                 sends += 1;
+                if let Some(Some(at)) = posted.get(w.wr_id as usize) {
+                    ended.push(now - *at);
+                }
                 match statuses.iter_mut().find(|(s, _)| *s == w.status) {
                     Some((_, c)) => *c += 1,
                     None => statuses.push((w.status, 1)),
@@ -285,14 +294,16 @@ impl Active {
             }
             Ok(sends)
         };
+        let mut done = 0;
         for (i, &qp) in self.qps.iter().enumerate() {
+            posted[i] = Some(Instant::now());
             qp.post_send(al, &[SendWr::new(i as u64, SendOp::Send, &end.send_sge)])
                 .map_err(al_err("post_send"))?;
-            done += drain(&mut statuses)?;
+            done += drain(&posted, &mut ended, &mut statuses)?;
         }
         let deadline = Instant::now() + WAIT;
         while done < n {
-            let got = drain(&mut statuses)?;
+            let got = drain(&posted, &mut ended, &mut statuses)?;
             done += got;
             if got == 0 {
                 if Instant::now() > deadline {
@@ -301,7 +312,12 @@ impl Active {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        Ok((start.elapsed(), statuses))
+        ended.sort_unstable();
+        Ok(DeadSends {
+            took: start.elapsed(),
+            statuses,
+            each: ended,
+        })
     }
 
     /// The transport's retry bound of the first connection's QP: (retry
@@ -319,6 +335,14 @@ impl Active {
     pub(crate) fn errors(&self) -> u32 {
         self.shared.errors.load(Ordering::Relaxed)
     }
+}
+
+/// What [`Active::send_to_the_dead`] saw.
+pub(crate) struct DeadSends {
+    pub(crate) took: Duration,
+    pub(crate) statuses: Vec<(WcStatus, u64)>,
+    /// Per SEND, from its post to its error completion, sorted.
+    pub(crate) each: Vec<Duration>,
 }
 
 /// The handler of connection `slot`: answers the REP with an RTU and

@@ -92,6 +92,9 @@ pub struct KillReport {
     pub statuses: Vec<(WcStatus, u64)>,
     /// The transport's retry bound: (retry count + 1) ACK timeouts.
     pub bound: Duration,
+    /// Per SEND, from its post to its error completion: median and most.
+    pub each_median: Duration,
+    pub each_max: Duration,
 }
 
 /// Everything one run measured.
@@ -334,9 +337,11 @@ impl ScaleReport {
                 .collect();
             let _ = writeln!(
                 s,
-                "  listener killed (-9): every SEND ended with an error in {:.2} s ({}); retry bound {:.2} s",
+                "  listener killed (-9): every SEND ended with an error in {:.2} s ({}); each from its post: median {:.2} s, most {:.2} s; retry bound {:.2} s",
                 k.took.as_secs_f64(),
                 st.join(", "),
+                k.each_median.as_secs_f64(),
+                k.each_max.as_secs_f64(),
                 k.bound.as_secs_f64()
             );
         }
@@ -401,7 +406,7 @@ impl ScaleReport {
              \"idle_s\":{},\"idle_cpu_pct\":{},\"listener_idle_cpu_pct\":{},\
              \"ping_one_us\":{},\"ping_all_us\":{},\"ping_ratio\":{},\"disconnect_s\":{},\
              \"close_s\":{},\"left_live\":{},\"listener_close_s\":{},\"listener_left_live\":{},\
-             \"kill_s\":{},\"kill_bound_s\":{},\"active_errors\":{},\"listener_errors\":{},\"clean\":{},\
+             \"kill_s\":{},\"kill_bound_s\":{},\"kill_each_median_s\":{},\"kill_each_max_s\":{},\"active_errors\":{},\"listener_errors\":{},\"clean\":{},\
              \"mads_connect\":[{},{}],\"mads_teardown\":[{},{}],\
              \"accounting\":{{\"active_qp_al\":{},\"active_qp_provider\":{},\"listener_qp_al\":{},\
              \"listener_qp_provider\":{},\"cep_al\":{},\"cep_cm\":{},\"cep_route\":{},\"handler\":{},\
@@ -437,6 +442,8 @@ impl ScaleReport {
             self.peer_close.as_ref().map_or(0, |c| c.left_live),
             secs(self.kill.as_ref().map(|k| k.took)),
             secs(self.kill.as_ref().map(|k| k.bound)),
+            secs(self.kill.as_ref().map(|k| k.each_median)),
+            secs(self.kill.as_ref().map(|k| k.each_max)),
             self.active_errors,
             self.peer_errors,
             self.clean(),

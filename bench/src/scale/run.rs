@@ -140,11 +140,19 @@ pub fn run_scale(cfg: &ScaleConfig, exe: Option<&Path>) -> BenchResult<ScaleRepo
     if cfg.kill_listener {
         let bound = active.retry_bound()?;
         peer.kill()?;
-        let (took, statuses) = active.send_to_the_dead()?;
+        let dead = active.send_to_the_dead()?;
+        let pick = |q: usize| {
+            dead.each
+                .get((dead.each.len() * q / 100).min(dead.each.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or_default()
+        };
         report.kill = Some(KillReport {
-            took,
-            statuses,
+            took: dead.took,
+            statuses: dead.statuses.clone(),
             bound,
+            each_median: pick(50),
+            each_max: dead.each.last().copied().unwrap_or_default(),
         });
     } else {
         report.disconnect = Some(active.disconnect_all()?);
