@@ -26,13 +26,13 @@ enum Command {
     Pingpong(cmd::pingpong::PingpongArgs),
     /// Print what this build contains and run a quick self-check.
     Overview,
-    /// A UDP relay between two RoCEv2 ports that drops, duplicates,
-    /// reorders and delays datagrams (the fault tests' network). A sends to
-    /// NEAR_A, B to NEAR_B; each datagram is re-signed for its new flow.
     /// librdmacm's rping over RoCEv2 (same flags as rping): as client it
     /// pings `rping -s` (Linux or ibal), as server it answers `rping -c`.
     #[command(disable_version_flag = true)]
     Rping(cmd::rping::RpingArgs),
+    /// A UDP relay between two RoCEv2 ports that drops, duplicates,
+    /// reorders and delays datagrams (the fault tests' network). A sends to
+    /// NEAR_A, B to NEAR_B; each datagram is re-signed for its new flow.
     Relay(cmd::relay::RelayArgs),
     /// List the devices and ports of the embedded soft fabric and a RoCEv2
     /// device, like ibv_devinfo -v; built with the `rdma` feature, also the
