@@ -95,7 +95,13 @@ impl<D: Device + 'static> CmAgent<D> {
                 config.pkey_index
             )));
         };
+        if config.request_window == 0 {
+            return Err(Error::invalid_parameter(
+                "the CM request window must be at least 1",
+            ));
+        }
         let mut ep_config = EndpointConfig::new(attr.node_guid);
+        ep_config.request_window = config.request_window;
         ep_config.id_key = config.id_key.unwrap_or_else(IdKey::random);
         if let Some(max) = config.max_ceps {
             ep_config.max_ceps = max;
@@ -386,6 +392,9 @@ impl<D: Device + 'static> CmAgent<D> {
             served_inline: c.served_inline,
             thread_rounds: c.thread_rounds,
             resends: c.ep.resends(),
+            requests_queued: c.ep.requests_queued(),
+            requests_waiting: c.ep.requests_waiting(),
+            requests_in_flight: c.ep.requests_in_flight(),
         };
         self.shared.unlock(guard);
         stats

@@ -46,6 +46,12 @@ pub struct AgentConfig {
     ///
     /// [`EndpointConfig::max_ceps`]: crate::proto::EndpointConfig::max_ceps
     pub max_ceps: Option<u32>,
+    /// The most requests (REQ, DREQ, LAP, SIDR_REQ) on the wire at once
+    /// awaiting their answer; more wait in the endpoint and go out as
+    /// answers come ([`EndpointConfig::request_window`]). At least 1.
+    ///
+    /// [`EndpointConfig::request_window`]: crate::proto::EndpointConfig::request_window
+    pub request_window: u32,
 }
 
 impl Default for AgentConfig {
@@ -63,6 +69,10 @@ impl Default for AgentConfig {
             send_buffers: 128,
             id_key: None,
             max_ceps: None,
+            // A quarter of a peer agent's receive buffers: four senders
+            // bursting at once cannot overflow one receiver
+            // (docs/cm-agent.md, "Bursts").
+            request_window: crate::proto::DEFAULT_REQUEST_WINDOW,
         }
     }
 }
@@ -121,6 +131,16 @@ pub struct AgentStats {
     ///
     /// [`Endpoint::resends`]: crate::proto::Endpoint::resends
     pub resends: Resends,
+    /// Requests that had to wait for the request window before they were
+    /// sent ([`Endpoint::requests_queued`]): a burst larger than the window
+    /// (100,000 disconnects at once) counts all but the window.
+    ///
+    /// [`Endpoint::requests_queued`]: crate::proto::Endpoint::requests_queued
+    pub requests_queued: u64,
+    /// Requests waiting for the window now.
+    pub requests_waiting: usize,
+    /// Requests on the wire awaiting their answer now (at most the window).
+    pub requests_in_flight: u32,
 }
 
 impl AgentStats {

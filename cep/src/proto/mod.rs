@@ -533,6 +533,11 @@ pub struct EndpointConfig {
     /// this port's GID), so the active side learns the address to use
     /// instead of building a connection that sends to the wrong port.
     pub local_port: Option<LocalPort>,
+    /// The most requests (REQ, DREQ, LAP, SIDR_REQ) on the wire at once
+    /// awaiting their answer; more wait in the endpoint, in order, and go
+    /// out as answers come or requests end ([`DEFAULT_REQUEST_WINDOW`] by
+    /// default; 0 is taken as 1). `docs/cm-protocol.md`, "Bursts".
+    pub request_window: u32,
 }
 
 /// A port's addresses, for checking the primary path of incoming REQs.
@@ -570,6 +575,7 @@ impl EndpointConfig {
             max_ceps: 1 << ids::INDEX_BITS,
             first_tid: local_ca_guid << 32,
             local_port: None,
+            request_window: DEFAULT_REQUEST_WINDOW,
         }
     }
 }
@@ -728,6 +734,14 @@ pub const fn answer_deadline_nanos(
 /// requests a second answers a full backlog in under a second, well inside
 /// a request's answer deadline (about 2 s).
 pub const DEFAULT_BACKLOG: u32 = 4096;
+
+/// How many requests an endpoint keeps on the wire at once awaiting their
+/// answer ([`EndpointConfig::request_window`]): a quarter of the 4096
+/// receive buffers a CM agent posts on QP1, so four senders that each fill
+/// their window cannot overflow one receiver, even if it takes none of
+/// their MADs until all have arrived. More requests wait in the endpoint
+/// and go out as answers come (`docs/cm-protocol.md`, "Bursts").
+pub const DEFAULT_REQUEST_WINDOW: u32 = 1024;
 
 /// How long a received SIDR_REQ may wait for `sidr_reply`. A SIDR_REQ
 /// carries no timeouts, so this is the deadline of a REQ with the

@@ -115,7 +115,10 @@ impl Endpoint {
 
     /// Sends a REQ. The CEP is in REQ_SENT and retries every
     /// `2 * PacketLifeTime + RemoteCMResponseTimeout` up to MaxCMRetries
-    /// times.
+    /// times. While [`EndpointConfig::request_window`] requests await their
+    /// answer the REQ waits in line (the CEP is in REQ_SENT all the same).
+    ///
+    /// [`EndpointConfig::request_window`]: crate::proto::EndpointConfig::request_window
     pub fn connect(&mut self, now: Nanos, params: ConnectParams) -> Result<ConnId, ProtoError> {
         let mut req = params.req;
         req.local_ca_guid = self.config.local_ca_guid;
@@ -291,7 +294,7 @@ impl Endpoint {
 
     /// Sends a DREQ (ESTABLISHED or an alternate-path substate; an
     /// outstanding LAP is abandoned). The CEP retries in DREQ_SENT until a
-    /// DREP, then
+    /// DREP (the DREQ waits in line while the request window is full), then
     /// [`Event::Disconnected`].
     ///
     /// [`Event::Disconnected`]: crate::proto::Event::Disconnected
@@ -446,9 +449,11 @@ impl Endpoint {
     /// |---|---|---|
     /// | LISTEN, SIDR_REQ_SENT | nothing | released |
     /// | SIDR_REQ_RCVD | SIDR_REP (rejected) | released |
+    /// | REQ_SENT, the REQ waiting for the window | nothing | released |
     /// | REQ_SENT, MRA_REQ_RCVD | REJ(Timeout) | TIMEWAIT |
     /// | REQ_RCVD, MRA_REQ_SENT, REP_RCVD, MRA_REP_SENT, REP_SENT, MRA_REP_RCVD | REJ(ConsumerReject) | TIMEWAIT |
     /// | ESTABLISHED and LAP substates | DREQ (once) | TIMEWAIT |
+    /// | DREQ_SENT, the DREQ waiting for the window | the DREQ (once) | TIMEWAIT |
     /// | DREQ_SENT | nothing | TIMEWAIT |
     /// | DREQ_RCVD | DREP | TIMEWAIT |
     /// | TIMEWAIT | nothing | TIMEWAIT |
@@ -479,6 +484,11 @@ impl Endpoint {
                 }
                 self.free(id);
             }
+            State::ReqSent if self.is_waiting(id) => {
+                // Never on the wire: nobody knows the id, no duplicate can
+                // name it, so no REJ and no TIMEWAIT.
+                self.free(id);
+            }
             State::ReqSent | State::MraReqRcvd => {
                 rej(self, RejectReason::Timeout, MessageRejected::Other);
             }
@@ -503,7 +513,17 @@ impl Endpoint {
                 self.enter_timewait(now, id);
             }
             State::DreqSent => {
+                // A DREQ still waiting for the window has told the peer
+                // nothing: it goes out once now, as from ESTABLISHED.
+                let waiting = self.is_waiting(id);
+                let dreq = self
+                    .conns
+                    .get(id)
+                    .and_then(|c| c.resend.as_deref().copied());
                 self.cancel_timer(id);
+                if let Some(mad) = dreq.filter(|_| waiting) {
+                    self.send_for(id, mad);
+                }
                 self.enter_timewait(now, id);
             }
             State::DreqRcvd => {
@@ -515,6 +535,8 @@ impl Endpoint {
             // TIMEWAIT (and, unreachably, the states matched above).
             _ => {}
         }
+        // A request that gave up its place lets the next one go.
+        self.pace(now);
         Ok(())
     }
 }

@@ -1,7 +1,23 @@
 //! The cross-table invariants of an [`Endpoint`], for tests and fuzzers.
 
+use super::pacing::Pacing;
 use super::Endpoint;
 use crate::proto::{ConnId, State};
+
+/// States of a CEP whose request is outstanding: waiting for the window
+/// or on the wire awaiting its answer (an MRA does not answer it: the
+/// request may still be sent again when the MRA's wait runs out).
+fn awaits_answer(state: State) -> bool {
+    matches!(
+        state,
+        State::ReqSent
+            | State::MraReqRcvd
+            | State::DreqSent
+            | State::LapSent
+            | State::MraLapRcvd
+            | State::SidrReqSent
+    )
+}
 
 impl Endpoint {
     /// Checks that the tables agree with each other and with the CEP states:
@@ -11,6 +27,7 @@ impl Endpoint {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.conns.check()?;
         let mut armed = 0usize;
+        let (mut on_wire, mut waiting) = (0u32, 0usize);
         // Listener id -> requests counting in its backlog.
         let mut queued = std::collections::BTreeMap::<u32, u32>::new();
         for (id, c) in self.conns.iter() {
@@ -28,8 +45,29 @@ impl Endpoint {
             if c.id != id {
                 return Err(format!("{name}: stored id {:#x}", c.id));
             }
-            if c.state.has_timer() != c.timer.is_some() {
-                return Err(format!("{name}: state {} but timer {:?}", c.state, c.timer));
+            // A request waiting for the window has no retry timer yet.
+            let needs_timer = c.state.has_timer() && c.pacing != Pacing::Waiting;
+            if needs_timer != c.timer.is_some() {
+                return Err(format!(
+                    "{name}: state {} ({:?}) but timer {:?}",
+                    c.state, c.pacing, c.timer
+                ));
+            }
+            if (c.pacing != Pacing::Off) != awaits_answer(c.state) {
+                return Err(format!("{name}: {} but {:?}", c.state, c.pacing));
+            }
+            match c.pacing {
+                Pacing::Off => {}
+                Pacing::OnWire => on_wire += 1,
+                Pacing::Waiting => {
+                    waiting += 1;
+                    // Not sent yet: made in its first state, not MRA'd,
+                    // its MAD kept to send, and in line under its key.
+                    let in_line = self.line_key(c).is_some_and(|k| self.waiting.contains(&k));
+                    if !in_line || c.resend.is_none() || c.destroyed {
+                        return Err(format!("{name}: waits in {} but not in line", c.state));
+                    }
+                }
             }
             if let Some(t) = c.timer {
                 armed += 1;
@@ -85,6 +123,27 @@ impl Endpoint {
             {
                 return Err(format!("{name}: {} with remote entries", c.state));
             }
+        }
+        if on_wire != self.in_flight || self.in_flight > self.window() {
+            return Err(format!(
+                "{on_wire} requests on the wire but {} counted (window {})",
+                self.in_flight,
+                self.window()
+            ));
+        }
+        if waiting != self.waiting.len() {
+            return Err(format!(
+                "{} requests in line but {waiting} CEPs wait",
+                self.waiting.len()
+            ));
+        }
+        if !self.waiting.is_empty() && self.in_flight < self.window() {
+            return Err(format!(
+                "{} requests wait with {} of {} places taken",
+                self.waiting.len(),
+                self.in_flight,
+                self.window()
+            ));
         }
         if armed != self.timers.len() {
             return Err(format!(

@@ -11,12 +11,14 @@
 //! | `outgoing.rs` | what a CEP sends on its own account (REJ, DREQ, DREP, stale connections) and stateless REJs |
 //! | `receive.rs` | each received MAD in each state |
 //! | `timers.rs` | retries, answer deadlines, TIMEWAIT expiry |
+//! | `pacing.rs` | the request window: requests wait in line while it is full |
 //! | `calls.rs` | the user's calls (listen, connect, accept, ... destroy) |
 //! | `invariants.rs` | the cross-table check tests and fuzzers run |
 
 mod calls;
 mod invariants;
 mod outgoing;
+mod pacing;
 mod peers;
 mod receive;
 mod timers;
@@ -29,6 +31,7 @@ use crate::proto::{
     PeerAddr, Resends, State, Transmit,
 };
 use crate::wire::CmMad;
+use pacing::Pacing;
 
 /// Key of the remote-id and remote-QPN tables: (remote value, remote CA GUID).
 type RemoteKey = (u32, u64);
@@ -99,6 +102,9 @@ struct Conn {
     /// Passive side, until the user answers the request: the listener
     /// whose backlog it counts in (0: none).
     listener: u32,
+    /// Whether its request waits for the window or holds a place in it
+    /// (`pacing.rs`).
+    pacing: Pacing,
 }
 
 impl Conn {
@@ -130,6 +136,7 @@ impl Conn {
             plain_rtu: false,
             answer_wait: 0,
             listener: 0,
+            pacing: Pacing::Off,
         }
     }
 
@@ -167,6 +174,13 @@ pub struct Endpoint {
     not_from_peer: u64,
     /// Requests sent again by their retry timer.
     resends: Resends,
+    /// Requests waiting for room in the window, oldest first:
+    /// (`line_key`, local id).
+    waiting: BTreeSet<(u64, u32)>,
+    /// Requests on the wire awaiting their answer (`Pacing::OnWire`).
+    in_flight: u32,
+    /// Requests that have had to wait for the window.
+    requests_queued: u64,
 }
 
 impl Endpoint {
@@ -185,6 +199,9 @@ impl Endpoint {
             next_tid: config.first_tid,
             not_from_peer: 0,
             resends: Resends::default(),
+            waiting: BTreeSet::new(),
+            in_flight: 0,
+            requests_queued: 0,
             config,
         }
     }
@@ -309,7 +326,11 @@ impl Endpoint {
         }
     }
 
+    /// Stops the CEP's timer. A request's retry timer stops exactly when
+    /// the request ends (answered, rejected, replaced, the CEP moving on),
+    /// so its place in the window, or in line, goes too.
     fn cancel_timer(&mut self, id: u32) {
+        self.end_request(id);
         if let Some(c) = self.conns.get_mut(id) {
             if let Some(old) = c.timer.take() {
                 self.timers.remove(&(old, id));
@@ -324,9 +345,11 @@ impl Endpoint {
     }
 
     /// Sends `mad` as the request this CEP retries, arming the retry timer
-    /// with a fresh retry budget.
+    /// with a fresh retry budget. Every request but a REP is paced: it
+    /// waits in line while the window is full (`pacing.rs`).
     fn send_request(&mut self, now: Nanos, id: u32, state: State, mad: CmMad) {
         self.dequeue(id);
+        self.end_request(id);
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
@@ -334,6 +357,10 @@ impl Endpoint {
         c.resend = Some(Box::new(mad));
         c.retries_left = c.max_retries;
         let at = now.saturating_add(c.response_wait());
+        if pacing::is_paced(state) {
+            self.send_paced(now, id);
+            return;
+        }
         self.set_timer(id, at);
         self.send_for(id, mad);
     }
@@ -406,6 +433,7 @@ impl Endpoint {
     /// goes), the id stays reserved until the timer fires.
     fn enter_timewait(&mut self, now: Nanos, id: u32) {
         self.dequeue(id);
+        self.end_request(id);
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };

@@ -5,6 +5,7 @@
 //! not come from its peer is handled as naming none.
 
 use super::outgoing::{rej_without_cep, unsupported_req};
+use super::pacing::Pacing;
 use super::{Conn, Endpoint};
 use crate::proto::{
     answer_deadline_nanos, mra_wait_nanos, packet_life_time_from_ack_timeout, ConnId,
@@ -29,7 +30,7 @@ impl Endpoint {
     /// state is either handled, answered or ignored.
     pub fn handle_mad(&mut self, now: Nanos, from: PeerAddr, mad: CmMad) -> Disposition {
         let tid = mad.transaction_id;
-        match mad.message {
+        let disposition = match mad.message {
             CmMessage::Req(m) => self.on_req(now, from, tid, m),
             CmMessage::Mra(m) => self.on_mra(now, from, m),
             CmMessage::Rej(m) => self.on_rej(now, from, m),
@@ -41,7 +42,11 @@ impl Endpoint {
             CmMessage::SidrRep(m) => self.on_sidr_rep(from, m),
             CmMessage::Lap(m) => self.on_lap(from, tid, m),
             CmMessage::Apr(m) => self.on_apr(from, tid, m),
-        }
+        };
+        // What the MAD ended (an answer, a REJ, a DREQ) makes room in the
+        // window for requests waiting in line.
+        self.pace(now);
+        disposition
     }
 
     /// Decodes a received 256-byte MAD and processes it. A MAD that does
@@ -274,6 +279,9 @@ impl Endpoint {
             return Disposition::Answered;
         };
         let id = c.id;
+        if c.pacing == Pacing::Waiting {
+            return Disposition::Ignored("REP for a REQ not sent yet");
+        }
         match c.state {
             State::ReqSent | State::MraReqRcvd => {}
             State::RepRcvd => return Disposition::Ignored("duplicate REP"),
@@ -350,6 +358,9 @@ impl Endpoint {
             return Disposition::Ignored("MRA for an unknown comm id");
         };
         let id = c.id;
+        if c.pacing == Pacing::Waiting {
+            return Disposition::Ignored("MRA for a request not sent yet");
+        }
         let next = match (c.state, mra.message_mraed) {
             (State::ReqSent | State::MraReqRcvd, MessageMraed::Req) => State::MraReqRcvd,
             (State::RepSent | State::MraRepRcvd, MessageMraed::Rep) => State::MraRepRcvd,
@@ -440,6 +451,14 @@ impl Endpoint {
         let Some(state) = self.state(ConnId(id)) else {
             return Disposition::Ignored("REJ for an unknown comm id");
         };
+        // A REJ cannot answer a REQ or LAP that was never sent (nobody
+        // knows a waiting REQ's id); a REJ of a connection whose DREQ
+        // waits is the peer's own and ends it as in DREQ_SENT.
+        let answers_waiting = state == State::ReqSent
+            || (state == State::LapSent && rej.message_rejected == MessageRejected::Other);
+        if answers_waiting && self.is_waiting(id) {
+            return Disposition::Ignored("REJ for a request not sent yet");
+        }
         let event = |conn| Event::Rejected {
             conn,
             reason: rej.reason,
@@ -547,6 +566,9 @@ impl Endpoint {
         if c.state != State::DreqSent {
             return Disposition::Ignored("DREP in a state that expects none");
         }
+        if c.pacing == Pacing::Waiting {
+            return Disposition::Ignored("DREP for a DREQ not sent yet");
+        }
         self.cancel_timer(id);
         self.emit(Event::Disconnected {
             conn: ConnId(id),
@@ -612,6 +634,9 @@ impl Endpoint {
         let id = c.id;
         if !matches!(c.state, State::LapSent | State::MraLapRcvd) || tid != c.lap_tid {
             return Disposition::Ignored("APR matches no outstanding LAP");
+        }
+        if c.pacing == Pacing::Waiting {
+            return Disposition::Ignored("APR for a LAP not sent yet");
         }
         self.cancel_timer(id);
         if let Some(c) = self.conns.get_mut(id) {
@@ -679,7 +704,7 @@ impl Endpoint {
             return Disposition::Ignored("SIDR_REP not from where the SIDR_REQ went");
         }
         match self.conns.get(rep.request_id) {
-            Some(c) if c.state == State::SidrReqSent => {}
+            Some(c) if c.state == State::SidrReqSent && c.pacing != Pacing::Waiting => {}
             _ => return Disposition::Ignored("SIDR_REP matches no outstanding SIDR_REQ"),
         }
         self.emit(Event::SidrReply {

@@ -20,6 +20,7 @@ impl Endpoint {
             }
             self.on_timer(now, id);
         }
+        self.pace(now);
     }
 
     /// Resends the request being retried if retries are left. Returns false
@@ -86,6 +87,7 @@ impl Endpoint {
                 );
             }
             State::LapSent => {
+                self.end_request(id);
                 if let Some(c) = self.conns.get_mut(id) {
                     c.resend = None;
                     c.state = State::Established;

@@ -6,7 +6,8 @@
 //! This file is the harness; the tests are by topic beside it: `connect.rs`
 //! (a whole connection, rejects), `retries.rs` (retries, MRA, duplicates),
 //! `stale.rs` (stale connections, unknown ids, early "established"),
-//! `lap.rs`, `sidr.rs`, `destroy.rs` (destroy in every state),
+//! `lap.rs`, `sidr.rs`, `destroy.rs` (destroy in every state), `pacing.rs`
+//! (the request window under bursts),
 //! `robustness.rs` (wrong calls, random MADs, fault injection) and
 //! `strangers.rs` (MADs for a connection from another port than its peer).
 
@@ -479,6 +480,7 @@ mod burst;
 mod connect;
 mod destroy;
 mod lap;
+mod pacing;
 mod retries;
 mod robustness;
 mod sidr;
