@@ -1,6 +1,6 @@
 //! The cross-table invariants of an [`Endpoint`], for tests and fuzzers.
 
-use super::pacing::Pacing;
+use super::window::Pacing;
 use super::Endpoint;
 use crate::proto::{ConnId, State};
 

@@ -12,6 +12,7 @@
 //! | `receive.rs` | each received MAD in each state |
 //! | `timers.rs` | retries, answer deadlines, TIMEWAIT expiry |
 //! | `pacing.rs` | the request window: requests wait in line while it is full |
+//! | `window.rs` | where a CEP's request stands in the window (`Pacing`) |
 //! | `calls.rs` | the user's calls (listen, connect, accept, ... destroy) |
 //! | `invariants.rs` | the cross-table check tests and fuzzers run |
 
@@ -22,6 +23,7 @@ mod pacing;
 mod peers;
 mod receive;
 mod timers;
+mod window;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -31,7 +33,7 @@ use crate::proto::{
     PeerAddr, Resends, State, Transmit,
 };
 use crate::wire::CmMad;
-use pacing::Pacing;
+use window::Pacing;
 
 /// Key of the remote-id and remote-QPN tables: (remote value, remote CA GUID).
 type RemoteKey = (u32, u64);
@@ -357,7 +359,7 @@ impl Endpoint {
         c.resend = Some(Box::new(mad));
         c.retries_left = c.max_retries;
         let at = now.saturating_add(c.response_wait());
-        if pacing::is_paced(state) {
+        if window::is_paced(state) {
             self.send_paced(now, id);
             return;
         }

@@ -18,29 +18,9 @@
 //!
 //! [`EndpointConfig::request_window`]: crate::proto::EndpointConfig::request_window
 
+use super::window::Pacing;
 use super::{Conn, Endpoint};
 use crate::proto::{Nanos, State};
-
-/// Where a CEP's request is in the window.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) enum Pacing {
-    /// No paced request (none outstanding, or a REP).
-    #[default]
-    Off,
-    /// Made but not sent: waits for room in the window. Its retry timer
-    /// is not armed; its MAD is `Conn::resend`.
-    Waiting,
-    /// Sent and not yet answered or ended: holds one place in the window.
-    OnWire,
-}
-
-/// Whether a request sent in `state` is paced: every request but a REP.
-pub(super) fn is_paced(state: State) -> bool {
-    matches!(
-        state,
-        State::ReqSent | State::DreqSent | State::LapSent | State::SidrReqSent
-    )
-}
 
 impl Endpoint {
     /// The most requests on the wire at once (at least 1).

@@ -5,7 +5,7 @@
 //! not come from its peer is handled as naming none.
 
 use super::outgoing::{rej_without_cep, unsupported_req};
-use super::pacing::Pacing;
+use super::window::Pacing;
 use super::{Conn, Endpoint};
 use crate::proto::{
     answer_deadline_nanos, mra_wait_nanos, packet_life_time_from_ack_timeout, ConnId,
