@@ -35,7 +35,8 @@ pub use executor::{in_callback, ExecutorMode};
 pub use handle::{Handle, Kind, RawHandle};
 pub use instance::{Al, AlConfig, AlInstance, DEFAULT_CLOSE_TIMEOUT};
 pub use object::{
-    create, destroy, destroy_raw, destroy_sync, post_callback, resolve, Core, Obj, Object,
+    create, destroy, destroy_raw, destroy_sync, destroy_unused, post_callback, resolve, Core, Obj,
+    Object,
 };
 pub use report::{HeldObject, LeakReport, Stats};
 pub use table::{HandleTable, Ref, Reservation, TableLimits};

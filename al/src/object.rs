@@ -30,6 +30,9 @@ use crate::table::{HandleTable, Ref};
 
 const LIVE: u8 = 0;
 const DESTROYING: u8 = 1;
+/// Destroyed by [`destroy_unused`], which took it off the live counts
+/// itself: its drop does not count it gone again.
+const UNCOUNTED: u8 = 2;
 
 /// A type whose values are access-layer objects.
 pub trait Object: Send + Sync + Sized + 'static {
@@ -209,6 +212,10 @@ impl Drop for Core {
         }
         let callback = self.destroy_cb.lock().take();
         let handle = self.handle;
+        let counted = self.state.load(Ordering::Acquire) != UNCOUNTED;
+        if !counted && callback.is_none() {
+            return;
+        }
         let executor_al = al.clone();
         // The live count drops on the executor, after the callback: "no live
         // objects" then means every destroy callback has run too.
@@ -216,7 +223,7 @@ impl Drop for Core {
             if let Some(callback) = callback {
                 callback(handle);
             }
-            if let Some(kind) = Kind::from_id(handle.kind_id()) {
+            if let Some(kind) = Kind::from_id(handle.kind_id()).filter(|_| counted) {
                 executor_al.count_gone(kind);
             }
         }));
@@ -387,6 +394,37 @@ fn destroy_ref<T: Object>(
     note_if_outlives_destroy(&owned);
     drop(owned);
     Ok(())
+}
+
+/// Undo a [`create`] whose caller found, before it gave the handle to
+/// anyone, that the object cannot be used (a listen its port refused):
+/// destroy it as [`destroy`] does and, when the caller's reference is the
+/// last, take it off the live counts now rather than on the executor, so
+/// that the failed call leaves nothing counted when it returns. Losing to
+/// a racing destroy (AL close's cascade) is fine: that destroy finishes it
+/// and its count goes the usual way.
+pub fn destroy_unused<T: Object>(obj: Arc<Obj<T>>) {
+    if obj.core.begin_destroy().is_err() {
+        return;
+    }
+    let handle = obj.core.handle;
+    if let Ok(owned) = T::table().remove(handle) {
+        T::teardown(&owned);
+        for (child, destroy_child) in owned.core.children.seal_and_take() {
+            destroy_child(child);
+        }
+    }
+    obj.core.parent_set().remove(handle);
+    if Arc::strong_count(&obj) == 1 && Arc::strong_count(&obj.core) == 1 {
+        // Nobody else can reach it (out of the table, out of its parent's
+        // set, no other reference): the count is ours to take back.
+        obj.core.state.store(UNCOUNTED, Ordering::Release);
+        if let Some(kind) = Kind::from_id(handle.kind_id()) {
+            obj.core.al().count_gone(kind);
+        }
+    } else {
+        note_if_outlives_destroy(&obj);
+    }
 }
 
 /// Before the destroyer drops its reference: if anyone else still holds the

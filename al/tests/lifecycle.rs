@@ -587,3 +587,38 @@ fn close_reports_a_callback_that_does_not_return() {
     release.send(()).unwrap();
     wait_until_finished(&inst);
 }
+
+/// `destroy_unused`: an object its creator undoes before anyone else saw
+/// it is gone, and uncounted, when the call returns (no executor run), and
+/// a later drop does not count it gone twice; one that someone else still
+/// holds is only destroyed, and counted gone the usual way, once.
+#[test]
+fn destroy_unused_uncounts_at_once() {
+    let al = manual();
+    let kept = widget(&al, 1);
+    let obj = create(al.instance(), None, |_| Ok(Widget { label: 2 })).unwrap();
+    let h = obj.handle();
+    assert_eq!(al.stats().live(Widget::KIND), 2);
+    al::destroy_unused(obj);
+    assert!(matches!(al.resolve(h), Err(Error::InvalidHandle { .. })));
+    assert_eq!(al.stats().live(Widget::KIND), 1, "uncounted at once");
+    al.run_callbacks();
+    assert_eq!(al.stats().live(Widget::KIND), 1, "and not twice");
+    assert_eq!(al.resolve(kept).unwrap().label, 1);
+
+    // Held elsewhere too: destroyed now, counted gone when the last goes.
+    let obj = create(al.instance(), None, |_| Ok(Widget { label: 3 })).unwrap();
+    let other = obj.clone();
+    al::destroy_unused(obj);
+    assert!(matches!(
+        al.resolve(other.handle()),
+        Err(Error::InvalidHandle { .. })
+    ));
+    assert_eq!(al.stats().live(Widget::KIND), 2);
+    drop(other);
+    al.run_callbacks();
+    assert_eq!(al.stats().live(Widget::KIND), 1);
+    al.destroy(kept, None).unwrap();
+    al.run_callbacks();
+    assert!(al.stats().is_clean(), "{}", al.stats());
+}

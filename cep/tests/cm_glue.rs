@@ -446,3 +446,40 @@ fn a_port_can_be_attached_again_right_after_its_last_user() {
         assert!(stats.is_clean(), "{stats}");
     }
 }
+
+/// Accepting a second request on a QP that is already connected (bound,
+/// RTS) is refused as `AlreadyConnected`, as connect on it is and as
+/// `cep::cm` and docs/cm.md say (issue 29: it was `InvalidState`, from the
+/// QP's state being checked before its binding), and changes nothing: the
+/// first connection stays, the second request is still waiting and can be
+/// accepted on a free QP.
+#[test]
+fn accept_on_a_connected_qp_is_already_connected() {
+    let w = pair();
+    let (active, passive) = w.request(w.a.qp);
+    w.accept(passive, w.b.qp).unwrap();
+    w.complete(active, passive);
+    assert_eq!(w.state(w.b.qp), QpState::Rts);
+
+    let (active2, passive2) = w.request(new_qp(&w.al, w.a.pd, w.a.cq));
+    let e = w.accept(passive2, w.b.qp).unwrap_err();
+    assert!(matches!(e, Error::AlreadyConnected), "{e:?}");
+    assert_eq!(w.cid(w.b.qp), CidState::Bound(passive.raw()));
+    assert_eq!(w.state(w.b.qp), QpState::Rts, "the first connection stays");
+    // Connect on the same connected QP says the same.
+    let ignore: CmHandler = StdArc::new(|_, _| {});
+    let e = cm::connect(
+        w.al.instance(),
+        w.b.qp,
+        &ConnectRequest::new(0x77, 1),
+        ignore,
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::AlreadyConnected), "{e:?}");
+
+    let free = new_qp(&w.al, w.b.pd, w.b.cq);
+    w.accept(passive2, free).unwrap();
+    w.complete(active2, passive2);
+    assert_eq!(w.state(free), QpState::Rts);
+    w.close();
+}

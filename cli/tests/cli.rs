@@ -588,3 +588,22 @@ fn stress_population_is_reported() {
     let none = ok(&["stress", "--seconds", "0.2", "--threads", "1", "--json"]);
     assert!(none.contains("\"population\":null"), "{none}");
 }
+
+/// Each mode of `ibal pingpong` is described as what it is: the embedded
+/// fabric is the default, not "the only mode" (issue 29: the help said so
+/// after `--listen`, `--connect` and `--device` had landed).
+#[test]
+fn pingpong_help_describes_every_mode() {
+    let help = ok(&["pingpong", "--help"]);
+    assert!(!help.contains("only mode"), "{help}");
+    for flag in ["--loopback", "--listen", "--connect"] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+    let loopback = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("--loopback"))
+        .take(4)
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(loopback.contains("default"), "{loopback}");
+}

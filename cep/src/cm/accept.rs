@@ -8,7 +8,7 @@ use al::sync::Arc;
 use al::{AlInstance, Error, Handle, Obj, Result};
 use provider::{Access, QpState};
 use qp::cid as binding;
-use qp::Qp;
+use qp::{CidState, Qp};
 
 use super::attrs::{
     check_transport, qp_to_init, restore_qp, spec_bounded, ConnectionAttrs, LocalQpAttrs, PathEnd,
@@ -154,6 +154,12 @@ fn accept_claimed(
     private_data: PrivateData<196>,
 ) -> Result<()> {
     check_transport(req, qp.qp_type())?;
+    // A QP bound to another connection is refused as connect refuses it
+    // (`AlreadyConnected`, or `QpInTimewait` by `bind_error`), before its
+    // state (RTS, most likely) is looked at.
+    if let CidState::Bound(_) = qp.cid().load() {
+        return Err(Error::AlreadyConnected);
+    }
     let before = qp.query()?;
     if !matches!(before.state, QpState::Reset | QpState::Init | QpState::Err) {
         return Err(Error::invalid_state(format!(

@@ -44,7 +44,11 @@ pub fn rtu(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()>
         qp.modify(&attrs.rtr())?;
         qp.modify(&attrs.rts())?;
     }
-    c.port.0.agent.send_rtu(conn, private_data)
+    c.port
+        .0
+        .agent
+        .send_rtu(conn, private_data)
+        .map_err(connection_over)
 }
 
 /// Reject the request or reply of `cep`.
@@ -56,7 +60,11 @@ pub fn reject(
 ) -> Result<()> {
     let c = al.resolve(cep)?;
     let conn = c.conn()?;
-    c.port.0.agent.reject(conn, reason, &[], private_data)
+    c.port
+        .0
+        .agent
+        .reject(conn, reason, &[], private_data)
+        .map_err(connection_over)
 }
 
 /// Acknowledge the peer's message and ask for more time.
@@ -68,35 +76,51 @@ pub fn mra(
 ) -> Result<()> {
     let c = al.resolve(cep)?;
     let conn = c.conn()?;
-    c.port.0.agent.send_mra(conn, service_timeout, private_data)
+    c.port
+        .0
+        .agent
+        .send_mra(conn, service_timeout, private_data)
+        .map_err(connection_over)
 }
 
 /// Start a disconnect (DREQ).
 pub fn disconnect(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()> {
     let c = al.resolve(cep)?;
     let conn = c.conn()?;
-    c.port.0.agent.disconnect(conn, private_data)
+    c.port
+        .0
+        .agent
+        .disconnect(conn, private_data)
+        .map_err(connection_over)
 }
 
 /// Answer the peer's DREQ (DREP).
 pub fn disconnect_reply(al: &AlInstance, cep: Handle<Cep>, private_data: &[u8]) -> Result<()> {
     let c = al.resolve(cep)?;
     let conn = c.conn()?;
-    c.port.0.agent.disconnect_reply(conn, private_data)
+    c.port
+        .0
+        .agent
+        .disconnect_reply(conn, private_data)
+        .map_err(connection_over)
 }
 
 /// Propose an alternate path (LAP).
 pub fn lap(al: &AlInstance, cep: Handle<Cep>, params: LapParams) -> Result<()> {
     let c = al.resolve(cep)?;
     let conn = c.conn()?;
-    c.port.0.agent.lap(conn, params)
+    c.port.0.agent.lap(conn, params).map_err(connection_over)
 }
 
 /// Answer the peer's LAP (APR).
 pub fn apr(al: &AlInstance, cep: Handle<Cep>, status: ApStatus, private_data: &[u8]) -> Result<()> {
     let c = al.resolve(cep)?;
     let conn = c.conn()?;
-    c.port.0.agent.apr(conn, status, &[], private_data)
+    c.port
+        .0
+        .agent
+        .apr(conn, status, &[], private_data)
+        .map_err(connection_over)
 }
 
 /// The attributes of `cep`'s end of the connection, from its REQ and REP:
@@ -122,4 +146,16 @@ pub fn connection_attrs(al: &AlInstance, cep: Handle<Cep>) -> Result<ConnectionA
         PathEnd::Active
     };
     Ok(ConnectionAttrs::negotiated(port, end, &req, &rep))
+}
+
+/// The agent forgets a connection as soon as it ends (rejected, timed out,
+/// out of timewait), and the CEP object goes only when its `Released` job
+/// runs on the executor. A call in between names a CEP whose connection is
+/// over: that is `InvalidState`, as for a CEP with no connection
+/// (`Cep::conn`), not the agent's `NotFound` for an id it never had.
+pub(super) fn connection_over(e: Error) -> Error {
+    match e {
+        Error::NotFound(why) => Error::invalid_state(format!("the connection has ended ({why})")),
+        e => e,
+    }
 }

@@ -51,7 +51,9 @@ pub fn listen(
     match started {
         Ok(()) => Ok(h),
         Err(e) => {
-            let _ = al.destroy(h, None);
+            // Nothing of it was published: gone, and uncounted, before we
+            // return, so a refused listen leaves no Listen counted live.
+            al::destroy_unused(obj);
             Err(e)
         }
     }

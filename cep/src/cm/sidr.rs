@@ -69,5 +69,9 @@ fn start_sidr(cep: &Obj<Cep>, params: SidrParams, h: Handle<Cep>) -> Result<Conn
 pub fn sidr_reply(al: &AlInstance, cep: Handle<Cep>, reply: SidrReplyParams) -> Result<()> {
     let c = al.resolve(cep)?;
     let conn = c.conn()?;
-    c.port.0.agent.sidr_reply(conn, reply)
+    c.port
+        .0
+        .agent
+        .sidr_reply(conn, reply)
+        .map_err(super::calls::connection_over)
 }

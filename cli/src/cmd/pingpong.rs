@@ -7,7 +7,8 @@ use super::parse::{mtu_of, parse_hex_u64, parse_ip_port};
 // `ibal pingpong`'s flags (the doc comment on `Command::Pingpong` is its help).
 #[derive(clap::Args)]
 pub struct PingpongArgs {
-    /// Run on the embedded in-process fabric (the only mode today).
+    /// Run on the embedded in-process fabric: the default, when neither
+    /// `--listen`, `--connect` nor `--device` is given.
     #[arg(long, default_value_t = true)]
     loopback: bool,
     /// Round trips.
