@@ -218,9 +218,11 @@ pub mod verbs {
     //! Verbs objects, their calls (each also a method: [`crate::methods`]),
     //! work requests, completions, and the embedded soft provider.
     pub use hca::verbs::{
-        alloc_pd, arm_cq, create_av, create_cq, create_srq, open_ca, poll_cq, post_srq_recv,
-        register_mr, register_region, Av, Ca, CompletionCallback, Cq, CqEventCallback, Mr, Pd, Srq,
+        alloc_pd, arm_cq, create_av, create_av_from_wc, create_cq, create_srq, open_ca, poll_cq,
+        post_srq_recv, register_mr, register_region, Av, Ca, CompletionCallback, Cq,
+        CqEventCallback, Mr, Pd, Srq,
     };
+    pub use provider::ReceivedHeader;
     pub use provider::{
         Access, AsyncEvent, AtomicCap, AvAttr, CqArm, DeviceAttr, DeviceInfo, Gid, GrhAttr,
         LinkLayer, MigState, Mtu, PortAttr, PortState, Provider, QpAttr, QpCaps, QpModify, QpState,
@@ -375,9 +377,70 @@ pub mod cm {
         //! received request's addresses. Also methods:
         //! `qp.connect_ip(..)`, `ca.listen_ip(..)`. `docs/cm.md`,
         //! "Addressing by IP".
+        //!
+        //! UD services by address, in rdma_cm's UDP port space
+        //! (`docs/cm.md`, "UD services by IP"): [`resolve`]
+        //! (`ca.resolve_ip(..)`) sends a SIDR_REQ with rdma_cm's header to
+        //! `ip:port` and reports the service's QPN, Q_Key and an address
+        //! vector to it ([`IpResolved`]); a listener in the UDP port space
+        //! (`ca.listen_ip_ud(..)`) reads each request's addresses with
+        //! [`sidr_request_info`] and answers with [`sidr_accept`]
+        //! (`cep.sidr_accept(..)`). Both QPs use [`RDMA_UDP_QKEY`]
+        //! ([`ready_ud`], `qp.ready_ud(..)`).
+        //!
+        //! ```
+        //! use ibal::prelude::*;
+        //! use std::{net::SocketAddr, sync::mpsc, time::Duration};
+        //! # fn main() -> ibal::Result<()> {
+        //! let port = |ip: &str| PortConfig::new(SocketAddr::new(ip.parse().unwrap(), 0));
+        //! let provider = RoceProvider::new(vec![
+        //!     DeviceConfig::new("a", 0xa1, vec![port("127.0.0.1")]),
+        //!     DeviceConfig::new("b", 0xb1, vec![port("127.0.0.2")]),
+        //! ]);
+        //! let al = Al::open()?;
+        //! let ud_qp = |guid| -> Result<_> {
+        //!     let ca = al.open_ca(&provider, guid)?;
+        //!     let pd = ca.alloc_pd(&al)?;
+        //!     let qp = pd.create_qp(&al, QpCreate::new(QpType::Ud, ca.create_cq(&al, 8)?))?;
+        //!     qp.ready_ud(&al, 1)?; // RTS, Q_Key RDMA_UDP_QKEY
+        //!     Ok((ca, pd, qp))
+        //! };
+        //! let ((ca_a, pd_a, _qp_a), (ca_b, _, qp_b)) = (ud_qp(0xa1)?, ud_qp(0xb1)?);
+        //!
+        //! // B: the UD service at 127.0.0.2:4000 answers with its QP.
+        //! let (inst, (seen_tx, seen)) = (Arc::clone(&al), mpsc::channel());
+        //! let on_request: ListenHandler = Arc::new(move |_listen, cep, ev| {
+        //!     if let Event::SidrRequest { req, .. } = ev {
+        //!         let _ = seen_tx.send(ibal::cm::ip::sidr_request_info(req).map(|i| i.source));
+        //!         cep.sidr_accept(&inst, qp_b, b"welcome").expect("SIDR_REP");
+        //!     }
+        //! });
+        //! let service: SocketAddr = "127.0.0.2:4000".parse().unwrap();
+        //! ca_b.listen_ip_ud(&al, service, on_request, Arc::new(|_, _| {}))?;
+        //!
+        //! // A: resolve it; the answer comes once, to the closure.
+        //! let (tx, answer) = mpsc::channel();
+        //! ca_a.resolve_ip(&al, 1, &IpResolve::new(service), Arc::new(move |r| {
+        //!     let _ = tx.send(r);
+        //! }))?;
+        //! let found = answer.recv_timeout(Duration::from_secs(5)).expect("an answer")?;
+        //! assert_eq!((found.qpn, found.qkey), (qp_b.query(&al)?.qpn, RDMA_UDP_QKEY));
+        //! assert_eq!(&found.private_data[..7], b"welcome");
+        //! let from = seen.recv_timeout(Duration::from_secs(5)).expect("a request")?;
+        //! assert_eq!(from.ip().to_string(), "127.0.0.1"); // and an ephemeral port
+        //! // Sends from A go to UdDest { av: &av, remote_qpn: found.qpn, remote_qkey: found.qkey, .. }.
+        //! let _av = pd_a.create_av(&al, found.av)?;
+        //! assert!(al.close()?.is_clean());
+        //! # Ok(())
+        //! # }
+        //! ```
         pub use cep::ip::{
             address_of, connect, listen, port_of, request_info, IpConnect, IpRequestInfo, Timers,
             LAN_TIMERS,
+        };
+        pub use cep::ip::{
+            ready_ud, resolve, sidr_accept, sidr_request_info, IpResolve, IpResolved,
+            ResolveHandler, RDMA_UDP_QKEY,
         };
         pub use cep::wire::ip_cm::{gid_of, ip_of_gid, parse_service_id, service_id, PortSpace};
     }

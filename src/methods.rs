@@ -552,3 +552,154 @@ impl RdmaCepMethods for Handle<cep_rdmacm::RdmaCep> {
         cep_rdmacm::disconnect_reply(al, self, private_data)
     }
 }
+
+/// UD services by IP address on a CA (rdma_cm's UDP port space;
+/// `docs/cm.md`, "UD services by IP"): resolve one, or listen as one.
+pub trait IpUdCaMethods {
+    /// Resolve the UD service at `request.remote` from port `port`: a
+    /// SIDR_REQ with rdma_cm's header; `on_result` gets its QPN, Q_Key and
+    /// an address vector to it, or the error, once
+    /// ([`cep::ip::resolve`]).
+    fn resolve_ip(
+        self,
+        al: &Arc<AlInstance>,
+        port: u8,
+        request: &cep::ip::IpResolve,
+        on_result: cep::ip::ResolveHandler,
+    ) -> Result<Handle<Cep>>;
+    /// Listen on `addr` (the address of one of this CA's RoCEv2 ports, or
+    /// unspecified for port 1) in the UDP port space: SIDR requests come
+    /// to `on_request` as `Event::SidrRequest`
+    /// ([`cep::ip::sidr_request_info`] reads their addresses; answer with
+    /// [`IpUdCepMethods::sidr_accept`]).
+    fn listen_ip_ud(
+        self,
+        al: &Arc<AlInstance>,
+        addr: SocketAddr,
+        on_request: ListenHandler,
+        handler: CmHandler,
+    ) -> Result<Handle<Listen>>;
+}
+
+impl IpUdCaMethods for Handle<Ca> {
+    fn resolve_ip(
+        self,
+        al: &Arc<AlInstance>,
+        port: u8,
+        request: &cep::ip::IpResolve,
+        on_result: cep::ip::ResolveHandler,
+    ) -> Result<Handle<Cep>> {
+        cep::ip::resolve(al, self, port, request, on_result)
+    }
+    fn listen_ip_ud(
+        self,
+        al: &Arc<AlInstance>,
+        addr: SocketAddr,
+        on_request: ListenHandler,
+        handler: CmHandler,
+    ) -> Result<Handle<Listen>> {
+        cep::ip::listen(al, self, addr, PortSpace::Udp, on_request, handler)
+    }
+}
+
+/// A UD QP for rdma_cm's UDP port space.
+pub trait IpUdQpMethods {
+    /// RTS on `port` with P_Key index 0 and Q_Key
+    /// [`RDMA_UDP_QKEY`](cep::ip::RDMA_UDP_QKEY), from RESET or INIT
+    /// ([`cep::ip::ready_ud`]).
+    fn ready_ud(self, al: &Arc<AlInstance>, port: u8) -> Result<()>;
+}
+
+impl IpUdQpMethods for Handle<Qp> {
+    fn ready_ud(self, al: &Arc<AlInstance>, port: u8) -> Result<()> {
+        cep::ip::ready_ud(al, self, port)
+    }
+}
+
+/// Answering a SIDR request with a UD QP.
+pub trait IpUdCepMethods {
+    /// Answer with `qp`'s number and Q_Key ([`cep::ip::sidr_accept`]).
+    fn sidr_accept(self, al: &Arc<AlInstance>, qp: Handle<Qp>, private_data: &[u8]) -> Result<()>;
+}
+
+impl IpUdCepMethods for Handle<Cep> {
+    fn sidr_accept(self, al: &Arc<AlInstance>, qp: Handle<Qp>, private_data: &[u8]) -> Result<()> {
+        cep::ip::sidr_accept(al, self, qp, private_data)
+    }
+}
+
+/// An address vector back to the sender of a received datagram.
+///
+/// ```
+/// use ibal::prelude::*;
+/// # fn main() -> ibal::Result<()> {
+/// let fabric = Fabric::new();
+/// fabric.add_hca(HcaConfig::new(0xa, &[1]))?;
+/// fabric.add_hca(HcaConfig::new(0xb, &[2]))?;
+/// let provider = SoftProvider::new(fabric);
+/// let al = Al::open()?;
+/// let end = |guid| -> Result<_> {
+///     let ca = al.open_ca(&provider, guid)?;
+///     let pd = ca.alloc_pd(&al)?;
+///     let cq = ca.create_cq(&al, 8)?;
+///     let qp = pd.create_qp(&al, QpCreate::new(QpType::Ud, cq))?;
+///     qp.ready_ud(&al, 1)?;
+///     let buf = RegisteredBuffer::new(GRH_SIZE + 4);
+///     let (lkey, _) = pd.register(&al, &buf, Access::LOCAL_WRITE)?.keys(&al)?;
+///     let sge = [Sge { addr: 0, length: buf.len() as u32, lkey }];
+///     let gid = ca.port(&al, 1)?.gid_table[0];
+///     Ok((pd, cq, qp, buf, sge, gid))
+/// };
+/// let (pd_a, _cq_a, qp_a, _, sge_a, gid_a) = end(0xa)?;
+/// let (pd_b, cq_b, qp_b, buf_b, sge_b, gid_b) = end(0xb)?;
+/// qp_b.post_recv(&al, &[RecvWr { wr_id: 1, sg_list: &sge_b }])?;
+/// // A sends to B by GID: B's receive starts with a GRH.
+/// let mut to_b = AvAttr::lid(1, 0);
+/// to_b.grh = Some(GrhAttr { dgid: gid_b, sgid_index: 0, flow_label: 0, hop_limit: 64, traffic_class: 0 });
+/// let av = pd_a.create_av(&al, to_b)?;
+/// let dest = UdDest { av: &av, remote_qpn: qp_b.query(&al)?.qpn, remote_qkey: RDMA_UDP_QKEY, pkey_index: 0 };
+/// let four_bytes = [Sge { length: 4, ..sge_a[0] }];
+/// qp_a.post_send(&al, &[SendWr::new(2, SendOp::Send, &four_bytes).to(dest)])?;
+/// let mut wc = [Wc::default()];
+/// for _ in 0..1000 {
+///     if cq_b.poll(&al, &mut wc)? == 1 { break; }
+///     std::thread::sleep(std::time::Duration::from_millis(1));
+/// }
+/// assert!(wc[0].grh && wc[0].status == WcStatus::Success);
+/// let mut grh = [0u8; GRH_SIZE];
+/// buf_b.read(0, &mut grh)?;
+/// // B's way back to A, without reading the GRH itself.
+/// let back = pd_b.create_av_from_wc(&al, &wc[0], &grh, 1)?;
+/// let attr = AvAttr::from_wc(&wc[0], &grh, 1)?;
+/// assert_eq!(attr.grh.map(|g| g.dgid), Some(gid_a));
+/// assert_eq!(attr.dlid, 1); // A's LID, from the completion
+/// # let _ = back;
+/// assert!(al.close()?.is_clean());
+/// # Ok(())
+/// # }
+/// ```
+pub trait AvFromWcMethods {
+    /// `ibv_create_ah_from_wc`: an AV in this PD to the sender of the UD
+    /// receive `wc`, whose buffer starts with `grh` (its first
+    /// `GRH_SIZE` bytes), sent from `port`
+    /// ([`crate::verbs::create_av_from_wc`], [`AvAttr::from_wc`]).
+    fn create_av_from_wc(
+        self,
+        al: &Arc<AlInstance>,
+        wc: &Wc,
+        grh: &[u8],
+        port: u8,
+    ) -> Result<Handle<Av>>;
+}
+
+impl AvFromWcMethods for Handle<Pd> {
+    fn create_av_from_wc(
+        self,
+        al: &Arc<AlInstance>,
+        wc: &Wc,
+        grh: &[u8],
+        port: u8,
+    ) -> Result<Handle<Av>> {
+        verbs::create_av_from_wc(al, self, wc, grh, port)
+    }
+}

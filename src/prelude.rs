@@ -1,7 +1,8 @@
 //! `use ibal::prelude::*;` brings what a verbs program needs: the AL, the
 //! handle types, every verb as a method ([`crate::methods`]), the work
 //! request and completion types, the CM's request and reply builders and
-//! events, the embedded soft provider and the RoCEv2 provider.
+//! events, the embedded soft provider and the RoCEv2 provider, and the
+//! types every one of those builders takes.
 
 #[cfg(feature = "async")]
 pub use crate::asynch::{
@@ -12,23 +13,30 @@ pub use crate::methods::{
     AlMethods, CaMethods, CepMethods, CqMethods, Destroy, MrMethods, PdMethods, QpMethods,
     SrqMethods,
 };
+pub use crate::methods::{AvFromWcMethods, IpUdCaMethods, IpUdCepMethods, IpUdQpMethods};
 #[cfg(feature = "rdma")]
 pub use crate::methods::{RdmaCepMethods, RdmaCmListenMethods, RdmaCmMethods};
 pub use crate::owned::{Own, Owned};
+pub use crate::roce::RoceLimits;
 pub use crate::roce::RoceProvider;
+pub use crate::roce::{DeviceConfig, PortConfig};
 pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};
 pub use cep::cm::{
     AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen, ListenHandler,
     LocalQpAttrs,
 };
 pub use cep::ip::{IpConnect, IpRequestInfo};
+pub use cep::ip::{IpResolve, IpResolved, ResolveHandler, Timers, LAN_TIMERS, RDMA_UDP_QKEY};
 pub use cep::proto::LapParams;
 pub use cep::proto::{Event, PeerAddr, SidrParams, SidrReplyParams, TimedOut};
+pub use cep::wire::ip_cm::PortSpace;
+pub use cep::wire::SidrStatus;
 pub use cep::wire::{ApStatus, RejectReason};
 pub use cep::wire::{PathInfo, PrivateData};
 pub use hca::verbs::{Av, Ca, Cq, Mr, Pd, Srq};
 pub use provider::GrhAttr;
 pub use provider::MigState;
+pub use provider::QpCaps;
 pub use provider::GRH_SIZE;
 pub use provider::{
     Access, AvAttr, CqArm, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit,

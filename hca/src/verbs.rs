@@ -552,3 +552,25 @@ pub fn create_av(al: &Arc<AlInstance>, pd: Handle<Pd>, attr: AvAttr) -> Result<H
     })?;
     Ok(obj.handle())
 }
+
+/// Create an address vector in `pd` back to the sender of a received UD
+/// datagram (`ibv_create_ah_from_wc`): [`AvAttr::from_wc`] on the
+/// completion and the first `GRH_SIZE` bytes of its receive buffer
+/// (`grh`), sent from `port`, whose GID table index is the one of the GID
+/// the datagram was sent to (0 when none matches, or without a GRH).
+pub fn create_av_from_wc(
+    al: &Arc<AlInstance>,
+    pd: Handle<Pd>,
+    wc: &Wc,
+    grh: &[u8],
+    port: u8,
+) -> Result<Handle<Av>> {
+    let mut attr = AvAttr::from_wc(wc, grh, port)?;
+    if let Some(g) = attr.grh.as_mut() {
+        let ours = provider::ReceivedHeader::parse(grh)?.dgid;
+        let table = al.resolve_live(pd)?.ca.port(port)?.gid_table;
+        let index = table.iter().position(|gid| *gid == ours).unwrap_or(0);
+        g.sgid_index = u8::try_from(index).unwrap_or(0);
+    }
+    create_av(al, pd, attr)
+}

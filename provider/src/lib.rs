@@ -20,6 +20,7 @@
 mod attrs;
 pub mod buffer;
 mod device;
+mod grh;
 mod qp_attr;
 pub mod qp_state;
 mod work;
@@ -27,5 +28,6 @@ mod work;
 pub use attrs::*;
 pub use buffer::{RawRegion, RegisteredBuffer};
 pub use device::*;
+pub use grh::ReceivedHeader;
 pub use qp_attr::*;
 pub use work::*;

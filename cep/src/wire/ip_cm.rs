@@ -129,6 +129,15 @@ pub const MAX_REQ_USER_DATA: usize = REQ_PRIVATE_DATA_LEN - HEADER_LEN;
 /// header (216 - 36).
 pub const MAX_SIDR_REQ_USER_DATA: usize = SIDR_REQ_PRIVATE_DATA_LEN - HEADER_LEN;
 
+/// The Q_Key of every UD QP in rdma_cm's UDP port space (Linux
+/// `RDMA_UDP_QKEY`): a SIDR_REP for a service in that space carries it,
+/// and rdma_cm refuses a reply with another one. Both ends' QPs use it.
+///
+/// ```
+/// assert_eq!(cep::wire::ip_cm::RDMA_UDP_QKEY, 0x0123_4567);
+/// ```
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
 /// Header offsets: version byte, IP version (high nibble), source port,
 /// source and destination address (16 bytes each; IPv4 in the last four).
 const OFF_VERSION: usize = 0;

@@ -21,6 +21,11 @@
 //!
 //! Timers: [`IpConnect::new`] starts from [`LAN_TIMERS`], values for an
 //! Ethernet LAN (`docs/cm.md`, "Addressing by IP"), each one settable.
+//!
+//! UD services by IP address and port (rdma_cm's UDP port space, SIDR
+//! with rdma_cm's header; [`resolve`], [`sidr_request_info`],
+//! [`sidr_accept`], [`ready_ud`], [`RDMA_UDP_QKEY`]) are in `sidr.rs`
+//! (`docs/cm.md`, "UD services by IP").
 
 use al::sync::Arc;
 use std::net::{IpAddr, SocketAddr};
@@ -33,6 +38,12 @@ use qp::Qp;
 use crate::cm::{self, Cep, CmHandler, ConnectRequest, Listen, ListenHandler};
 use crate::wire::ip_cm::{self, IpCmHeader, PortSpace};
 use crate::wire::Req;
+
+mod sidr;
+pub use crate::wire::ip_cm::RDMA_UDP_QKEY;
+pub use sidr::{
+    ready_ud, resolve, sidr_accept, sidr_request_info, IpResolve, IpResolved, ResolveHandler,
+};
 
 /// CM and transport timers of a connection (each in the IBTA encoding:
 /// 4.096 us x 2^value).
@@ -259,7 +270,8 @@ pub fn listen(
     )
 }
 
-/// What an rdma_cm-style REQ says about its connection.
+/// What an rdma_cm-style REQ or SIDR_REQ says about its sender and the
+/// service it asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IpRequestInfo {
     /// The active side's address and rdma_cm port.
@@ -276,13 +288,18 @@ pub struct IpRequestInfo {
 /// Reads the rdma_cm addressing of a received REQ: its service id must be
 /// an rdma_cm one and its private data must start with the header.
 pub fn request_info(req: &Req) -> Result<IpRequestInfo> {
-    let (space, port) = ip_cm::parse_service_id(req.service_id).ok_or_else(|| {
+    header_info(req.service_id, req.private_data.as_bytes())
+}
+
+/// The rdma_cm addressing of a REQ or SIDR_REQ: its service id and the
+/// header at the start of its private data.
+fn header_info(service_id: u64, private_data: &[u8]) -> Result<IpRequestInfo> {
+    let (space, port) = ip_cm::parse_service_id(service_id).ok_or_else(|| {
         Error::invalid_parameter(format!(
-            "service id {:#x} is not an rdma_cm IP service id",
-            req.service_id
+            "service id {service_id:#x} is not an rdma_cm IP service id"
         ))
     })?;
-    let (header, user) = IpCmHeader::decode(req.private_data.as_bytes()).map_err(Error::from)?;
+    let (header, user) = IpCmHeader::decode(private_data).map_err(Error::from)?;
     Ok(IpRequestInfo {
         source: header.src_socket(),
         destination: SocketAddr::new(header.dst, port),
