@@ -189,11 +189,15 @@ impl Object for Cep {
     }
 }
 
-/// `peer-lid N`, `peer-gid ADDR` (when the MAD had a GRH) and `peer-ip ADDR`
-/// (when the GID is an IPv4-mapped address, as RoCEv2's are).
+/// `peer-lid N` (unless 0 with a GID: RoCE has no LIDs), `peer-gid ADDR`
+/// (when the MAD had a GRH) and `peer-ip ADDR` (when the GID is an
+/// IPv4-mapped address, as RoCEv2's are).
 fn describe_peer(peer: &PeerAddr, out: &mut al::Attrs) {
-    out.num("peer-lid", peer.lid);
-    if peer.gid != [0; 16] {
+    let has_gid = peer.gid != [0; 16];
+    if peer.lid != 0 || !has_gid {
+        out.num("peer-lid", peer.lid);
+    }
+    if has_gid {
         let gid = std::net::Ipv6Addr::from(peer.gid);
         out.text("peer-gid", gid.to_string());
         if let Some(v4) = gid.to_ipv4_mapped() {

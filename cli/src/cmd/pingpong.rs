@@ -71,6 +71,12 @@ pub struct PingpongArgs {
     /// port (needs a build with the rdma feature).
     #[arg(long, value_name = "NAME")]
     device: Option<String>,
+    /// With --listen/--connect over RoCEv2: print a snapshot of our
+    /// objects (kind, handle, parent, references, QP and CM state) on
+    /// stderr every SECS seconds, like `rdma res show`; with --json as
+    /// JSON lines.
+    #[arg(long, value_name = "SECS")]
+    status: Option<f64>,
 }
 
 impl PingpongArgs {
@@ -96,7 +102,14 @@ impl PingpongArgs {
             first_qpn,
             max_qp,
             device,
+            status,
         } = self;
+        let status = ibal_cli::status::StatusConfig::from_flags(status, json)?;
+        if status.is_some() && (device.is_some() || (listen.is_none() && connect.is_none())) {
+            return Err(
+                "--status runs with --listen/--connect over our RoCEv2 port".to_string(),
+            );
+        }
         if max_qp.is_some() && (device.is_some() || (listen.is_none() && connect.is_none())) {
             return Err(
                 "--max-qp sets our RoCEv2 device's limit (--listen/--connect); an RDMA \
@@ -132,6 +145,7 @@ impl PingpongArgs {
         cfg.first_qpn = first_qpn;
         cfg.max_qp = max_qp;
         cfg.device = device;
+        cfg.status = status;
         cfg.iterations = iterations;
         cfg.size = size;
         let report = ibal_cli::pingpong_ip::run(&cfg)?;

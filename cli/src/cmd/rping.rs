@@ -47,6 +47,13 @@ pub struct RpingArgs {
     /// Our RoCEv2 device's `max_qp` [default: 1048576; at most 16777214].
     #[arg(long, value_name = "N")]
     max_qp: Option<u32>,
+    /// Print a snapshot of our objects (kind, handle, parent, references,
+    /// QP and CM state) on stderr every SECS seconds, like `rdma res show`.
+    #[arg(long, value_name = "SECS")]
+    status: Option<f64>,
+    /// --status prints JSON lines.
+    #[arg(long, requires = "status")]
+    json: bool,
 }
 
 impl RpingArgs {
@@ -66,6 +73,8 @@ impl RpingArgs {
             peer_udp_port,
             timeout,
             max_qp,
+            status,
+            json,
         } = self;
         let mut cfg = ibal_cli::rping::RpingConfig::new(server, addr);
         cfg.port = port;
@@ -77,6 +86,7 @@ impl RpingArgs {
         cfg.udp_port = udp_port;
         cfg.peer_udp_port = peer_udp_port;
         cfg.max_qp = max_qp;
+        cfg.status = ibal_cli::status::StatusConfig::from_flags(status, json)?;
         cfg.timeout = std::time::Duration::from_secs(timeout.max(1));
         ibal_cli::rping::run(&cfg, &mut |line| out!("{line}")).map(|r| {
             if !verbose {

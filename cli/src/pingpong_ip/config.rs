@@ -55,6 +55,9 @@ pub struct IpPingPongConfig {
     /// librdmacm-backed CEPs instead of our RoCEv2 port (feature `rdma`;
     /// `rdma`).
     pub device: Option<String>,
+    /// Print a snapshot of our objects this often, on stderr (`--status`;
+    /// over our RoCEv2 port only).
+    pub status: Option<crate::status::StatusConfig>,
 }
 
 impl IpPingPongConfig {
@@ -75,6 +78,7 @@ impl IpPingPongConfig {
             first_qpn: None,
             max_qp: None,
             device: None,
+            status: None,
         }
     }
 }
