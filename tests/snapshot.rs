@@ -60,7 +60,11 @@ fn shape(s: &Snapshot) -> Shape {
         .collect()
 }
 
-fn live(kind: Kind, h: RawHandle, parent: Option<RawHandle>) -> (Kind, RawHandle, Option<RawHandle>, ObjectState) {
+fn live(
+    kind: Kind,
+    h: RawHandle,
+    parent: Option<RawHandle>,
+) -> (Kind, RawHandle, Option<RawHandle>, ObjectState) {
     (kind, h, parent, ObjectState::Live)
 }
 
@@ -151,13 +155,14 @@ fn the_snapshot_is_exactly_what_the_scenario_created_and_destroyed() {
         }
         _ => {}
     });
-    let cep_a = a
-        .qp
-        .connect(&al, &ConnectRequest::new(SERVICE, 2), active)
-        .unwrap();
+    let cep_a =
+        a.qp.connect(&al, &ConnectRequest::new(SERVICE, 2), active)
+            .unwrap();
     let mut cep_b = None;
     for _ in 0..2 {
-        let (who, cep) = rx.recv_timeout(Duration::from_secs(10)).expect("established");
+        let (who, cep) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("established");
         if who == "B" {
             cep_b = Some(cep);
         } else {
@@ -174,8 +179,10 @@ fn the_snapshot_is_exactly_what_the_scenario_created_and_destroyed() {
     want.insert(live(Kind::CEP, cep_a, None));
     want.insert(live(Kind::CEP, cep_b, None));
     let s = settled(&al, "the connected scenario", |s| {
-        shape(s) == want && s.get(b.qp.raw()).map(|o| o.attrs.get("state").and_then(|v| v.as_str()))
-            == Some(Some("RTS"))
+        shape(s) == want
+            && s.get(b.qp.raw())
+                .map(|o| o.attrs.get("state").and_then(|v| v.as_str()))
+                == Some(Some("RTS"))
     });
     println!("{s}");
     println!("{}", s.to_json());
@@ -201,7 +208,11 @@ fn the_snapshot_is_exactly_what_the_scenario_created_and_destroyed() {
         assert_eq!(num(&s, me.mr.raw(), "mrlen"), 256);
         let pd = s.get(me.pd.raw()).unwrap();
         // The MR and the QP: children, bodies holding the PD, parent links.
-        assert_eq!((pd.children, pd.object_refs, pd.core_refs), (2, 2, 2), "{pd}");
+        assert_eq!(
+            (pd.children, pd.object_refs, pd.core_refs),
+            (2, 2, 2),
+            "{pd}"
+        );
         // The CEP holds its QP.
         assert_eq!(s.get(qp).unwrap().object_refs, 1, "{s}");
     }
@@ -220,10 +231,17 @@ fn the_snapshot_is_exactly_what_the_scenario_created_and_destroyed() {
         line.starts_with(&format!("qp {} parent {} ", a.qp.raw(), a.pd.raw())),
         "{line}"
     );
-    assert!(line.contains(&format!("lqpn {} type RC state RTS", a.qpn)), "{line}");
+    assert!(
+        line.contains(&format!("lqpn {} type RC state RTS", a.qpn)),
+        "{line}"
+    );
     let json = s.to_json();
     assert!(json.contains("\"state\":\"ESTABLISHED\""), "{json}");
-    assert!(json.contains(&format!("\"handle\":\"{}\",\"parent\":\"{}\"", a.qp.raw(), a.pd.raw())));
+    assert!(json.contains(&format!(
+        "\"handle\":\"{}\",\"parent\":\"{}\"",
+        a.qp.raw(),
+        a.pd.raw()
+    )));
 
     // The other AL sees its own two objects, and only those.
     let o = other.snapshot();

@@ -233,7 +233,11 @@ mod tests {
         let mut qp = ObjectInfo::new(Kind::QP, RawHandle::new(Kind::QP, 2, 3), Some(pd));
         qp.object_refs = 1;
         qp.attrs.num("lqpn", 18u32).text("state", "RTS");
-        let mut gone = ObjectInfo::new(Kind::custom(17), RawHandle::new(Kind::custom(17), 0, 0), None);
+        let mut gone = ObjectInfo::new(
+            Kind::custom(17),
+            RawHandle::new(Kind::custom(17), 0, 0),
+            None,
+        );
         gone.state = ObjectState::Destroyed;
         assert_eq!(
             qp.to_string(),
@@ -249,7 +253,9 @@ mod tests {
              \"object_refs\":1,\"core_refs\":0,\"children\":0,\
              \"attrs\":{\"lqpn\":18,\"state\":\"RTS\"}}"
         );
-        assert!(gone.to_json().contains("\"parent\":null,\"state\":\"destroyed\""));
+        assert!(gone
+            .to_json()
+            .contains("\"parent\":null,\"state\":\"destroyed\""));
         assert_eq!(kind_slug(Kind::CM_PORT), "cm_port");
         assert_eq!(kind_slug(Kind::RDMA_CEP), "rdma_cm_cep");
     }

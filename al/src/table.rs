@@ -882,7 +882,9 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 for round in 0..2_000u32 {
-                    let hs: Vec<_> = (0..20).map(|i| t.insert(Arc::new(round * 100 + i)).unwrap()).collect();
+                    let hs: Vec<_> = (0..20)
+                        .map(|i| t.insert(Arc::new(round * 100 + i)).unwrap())
+                        .collect();
                     for h in hs {
                         t.remove(h).unwrap();
                     }

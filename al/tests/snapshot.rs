@@ -84,7 +84,11 @@ fn a_snapshot_lists_exactly_the_instances_objects_with_parents_counts_and_detail
         "{s}"
     );
     // In kind order, then slot order.
-    let order: Vec<_> = s.objects.iter().map(|o| (o.kind, o.handle.index())).collect();
+    let order: Vec<_> = s
+        .objects
+        .iter()
+        .map(|o| (o.kind, o.handle.index()))
+        .collect();
     let mut sorted = order.clone();
     sorted.sort();
     assert_eq!(order, sorted);
@@ -170,12 +174,18 @@ fn objects_mid_destroy_and_destroyed_but_held_are_marked() {
         "{s}"
     );
     assert_eq!(
-        s.get(pinned.raw()).unwrap().attrs.get("label").and_then(|v| v.as_u64()),
+        s.get(pinned.raw())
+            .unwrap()
+            .attrs
+            .get("label")
+            .and_then(|v| v.as_u64()),
         Some(5)
     );
     let h = s.get(held.raw()).unwrap();
     assert_eq!((h.object_refs, h.attrs.is_empty()), (1, true));
-    assert!(s.to_string().contains(&format!("custom20 {held} destroyed obj-refs 1")));
+    assert!(s
+        .to_string()
+        .contains(&format!("custom20 {held} destroyed obj-refs 1")));
 
     drop(r);
     drop(keep);

@@ -36,9 +36,7 @@ impl StatusConfig {
                 every: Duration::from_secs_f64(s),
                 json,
             })),
-            Some(s) => Err(format!(
-                "--status {s}: give seconds between 0.05 and 86400"
-            )),
+            Some(s) => Err(format!("--status {s}: give seconds between 0.05 and 86400")),
         }
     }
 }

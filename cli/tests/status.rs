@@ -62,7 +62,13 @@ fn a_listener_and_its_peer_print_their_objects_while_connected() {
     // passive CEP and QP.
     let cep = client.wait_line("state ESTABLISHED", Duration::from_secs(20));
     assert!(cep.starts_with("cep CEP#"), "{cep}");
-    for word in ["side active", "peer-ip 127.0.0.93", "lcomm-id 0x", "rcomm-id 0x", "qp QP#"] {
+    for word in [
+        "side active",
+        "peer-ip 127.0.0.93",
+        "lcomm-id 0x",
+        "rcomm-id 0x",
+        "qp QP#",
+    ] {
         assert!(cep.contains(word), "{word}: {cep}");
     }
     let qp = client.wait_line("qp QP#", Duration::from_secs(5));
@@ -77,7 +83,10 @@ fn a_listener_and_its_peer_print_their_objects_while_connected() {
     assert!(listener.success(), "{}", listener.log());
     // stdout is the report alone.
     assert!(
-        listener.stdout.trim().starts_with("{\"command\":\"pingpong\"")
+        listener
+            .stdout
+            .trim()
+            .starts_with("{\"command\":\"pingpong\"")
             && listener.stdout.trim().lines().count() == 1,
         "{}",
         listener.log()
@@ -103,11 +112,16 @@ fn stress_status_prints_every_al_of_the_run() {
         .expect("ibal runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("{\"al\":")).collect();
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("{\"al\":"))
+        .collect();
     assert!(!lines.is_empty(), "{stderr}");
     // The population's connections: established CEPs in some snapshot.
     assert!(
-        lines.iter().any(|l| l.contains("\"state\":\"ESTABLISHED\"")),
+        lines
+            .iter()
+            .any(|l| l.contains("\"state\":\"ESTABLISHED\"")),
         "{stderr}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).trim().starts_with('{'));

@@ -28,7 +28,8 @@ impl Object for CmPort {
     /// `port N routes N`: the connection ids it routes to objects (of
     /// every AL on the port).
     fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
-        out.num("port", obj.port()).num("routes", obj.routes() as u64);
+        out.num("port", obj.port())
+            .num("routes", obj.routes() as u64);
     }
 }
 

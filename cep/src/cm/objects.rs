@@ -146,7 +146,9 @@ impl Object for Cep {
         let (conn, closed, passive, cm_only, qp, req, rep, peer) = {
             let st = obj.state.lock();
             let qp = st.qp.as_ref().map(|q| q.core().handle());
-            (st.conn, st.closed, st.passive, st.cm_only, qp, st.req, st.rep, st.peer)
+            (
+                st.conn, st.closed, st.passive, st.cm_only, qp, st.req, st.rep, st.peer,
+            )
         };
         let state = conn.and_then(|c| obj.port.0.agent.state(c));
         out.text(
@@ -161,9 +163,17 @@ impl Object for Cep {
         .num("port", obj.port.0.agent.port());
         // Ours is in the message we sent, the peer's in the one we got.
         let (sent_id, got_id, peer_qpn) = if passive {
-            (rep.map(|r| r.local_comm_id), req.map(|r| r.local_comm_id), req.map(|r| r.local_qpn))
+            (
+                rep.map(|r| r.local_comm_id),
+                req.map(|r| r.local_comm_id),
+                req.map(|r| r.local_qpn),
+            )
         } else {
-            (req.map(|r| r.local_comm_id), rep.map(|r| r.local_comm_id), rep.map(|r| r.local_qpn))
+            (
+                req.map(|r| r.local_comm_id),
+                rep.map(|r| r.local_comm_id),
+                rep.map(|r| r.local_qpn),
+            )
         };
         if let Some(local) = conn.map(|c| c.comm_id()).or(sent_id) {
             out.hex("lcomm-id", local);

@@ -106,9 +106,7 @@ impl PingpongArgs {
         } = self;
         let status = ibal_cli::status::StatusConfig::from_flags(status, json)?;
         if status.is_some() && (device.is_some() || (listen.is_none() && connect.is_none())) {
-            return Err(
-                "--status runs with --listen/--connect over our RoCEv2 port".to_string(),
-            );
+            return Err("--status runs with --listen/--connect over our RoCEv2 port".to_string());
         }
         if max_qp.is_some() && (device.is_some() || (listen.is_none() && connect.is_none())) {
             return Err(
