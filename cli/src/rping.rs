@@ -69,7 +69,8 @@ pub struct RpingConfig {
     pub timeout: Duration,
     /// Our RoCEv2 device's `max_qp` (default: `RoceLimits`').
     pub max_qp: Option<u32>,
-    /// Print a snapshot of our objects this often, on stderr (`--status`).
+    /// Print snapshots of our objects on stderr, at an interval
+    /// (`--status`) and on SIGUSR1. `None`: never.
     pub status: Option<crate::status::StatusConfig>,
 }
 

@@ -145,3 +145,51 @@ fn status_is_refused_where_it_cannot_run() {
         );
     }
 }
+
+/// Whether `pid` catches SIGUSR1 (`SigCgt` in /proc, bit 10 - 1).
+fn catches_sigusr1(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (10 - 1)) != 0)
+}
+
+#[test]
+fn sigusr1_prints_a_snapshot_of_a_waiting_listener() {
+    let mut listener = Proc::ibal(
+        "listener",
+        &s(&[
+            "pingpong",
+            "--listen",
+            "127.0.0.97:7471",
+            "--udp-port",
+            "25971",
+            "--timeout",
+            "15",
+        ]),
+    );
+    let pid = listener.child.id();
+    // The handler is in before the signal is sent (unhandled, it ends the
+    // process).
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !catches_sigusr1(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener never caught SIGUSR1"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for _ in 0..2 {
+        let kill = std::process::Command::new("kill")
+            .args(["-USR1", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(kill.success());
+        let line = listener.wait_line("listen listen#", Duration::from_secs(10));
+        assert!(line.contains("service-id 0x1061d2f"), "{line}");
+    }
+    listener.kill();
+    listener.finish(Duration::from_secs(10));
+}

@@ -74,7 +74,7 @@ pub struct PingpongArgs {
     /// With --listen/--connect over RoCEv2: print a snapshot of our
     /// objects (kind, handle, parent, references, QP and CM state) on
     /// stderr every SECS seconds, like `rdma res show`; with --json as
-    /// JSON lines.
+    /// JSON lines. With or without it, SIGUSR1 prints one at once.
     #[arg(long, value_name = "SECS")]
     status: Option<f64>,
 }
@@ -104,7 +104,7 @@ impl PingpongArgs {
             device,
             status,
         } = self;
-        let status = ibal_cli::status::StatusConfig::from_flags(status, json)?;
+        let status_cfg = ibal_cli::status::StatusConfig::from_flags(status, json)?;
         if status.is_some() && (device.is_some() || (listen.is_none() && connect.is_none())) {
             return Err("--status runs with --listen/--connect over our RoCEv2 port".to_string());
         }
@@ -143,7 +143,7 @@ impl PingpongArgs {
         cfg.first_qpn = first_qpn;
         cfg.max_qp = max_qp;
         cfg.device = device;
-        cfg.status = status;
+        cfg.status = Some(status_cfg);
         cfg.iterations = iterations;
         cfg.size = size;
         let report = ibal_cli::pingpong_ip::run(&cfg)?;

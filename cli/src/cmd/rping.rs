@@ -49,10 +49,11 @@ pub struct RpingArgs {
     max_qp: Option<u32>,
     /// Print a snapshot of our objects (kind, handle, parent, references,
     /// QP and CM state) on stderr every SECS seconds, like `rdma res show`.
+    /// With or without it, SIGUSR1 prints one at once.
     #[arg(long, value_name = "SECS")]
     status: Option<f64>,
-    /// --status prints JSON lines.
-    #[arg(long, requires = "status")]
+    /// --status and SIGUSR1 print JSON lines.
+    #[arg(long)]
     json: bool,
 }
 
@@ -86,7 +87,7 @@ impl RpingArgs {
         cfg.udp_port = udp_port;
         cfg.peer_udp_port = peer_udp_port;
         cfg.max_qp = max_qp;
-        cfg.status = ibal_cli::status::StatusConfig::from_flags(status, json)?;
+        cfg.status = Some(ibal_cli::status::StatusConfig::from_flags(status, json)?);
         cfg.timeout = std::time::Duration::from_secs(timeout.max(1));
         ibal_cli::rping::run(&cfg, &mut |line| out!("{line}")).map(|r| {
             if !verbose {

@@ -55,8 +55,9 @@ pub struct IpPingPongConfig {
     /// librdmacm-backed CEPs instead of our RoCEv2 port (feature `rdma`;
     /// `rdma`).
     pub device: Option<String>,
-    /// Print a snapshot of our objects this often, on stderr (`--status`;
-    /// over our RoCEv2 port only).
+    /// Print snapshots of our objects on stderr, at an interval
+    /// (`--status`) and on SIGUSR1; over our RoCEv2 port only. `None`:
+    /// never.
     pub status: Option<crate::status::StatusConfig>,
 }
 
