@@ -446,6 +446,39 @@ pub mod cm {
     }
 }
 
+pub mod snapshot {
+    //! A live view of an AL instance's objects: `al.snapshot()`
+    //! ([`AlInstance::snapshot`](crate::AlInstance::snapshot)) lists each
+    //! with its kind, handle, parent, reference counts and details (a QP's
+    //! state and numbers, a CEP's CM state, peer and comm ids), printed
+    //! like `rdma res show` or as JSON. Not atomic across objects
+    //! ([`al::snapshot`]); `docs/ownership.md`, "Snapshots".
+    //!
+    //! ```
+    //! use ibal::prelude::*;
+    //!
+    //! let fabric = Fabric::new();
+    //! fabric.add_hca(HcaConfig::new(0xa, &[1]))?;
+    //! let provider = SoftProvider::new(fabric);
+    //! let al = Al::open()?;
+    //! let ca = al.open_ca(&provider, 0xa)?;
+    //! let pd = ca.alloc_pd(&al)?;
+    //! let cq = ca.create_cq(&al, 16)?;
+    //! let qp = pd.create_qp(&al, QpCreate::new(QpType::Rc, cq))?;
+    //!
+    //! let snapshot = al.snapshot();
+    //! let line = snapshot.get(qp.raw()).expect("the QP is live");
+    //! assert_eq!(line.parent, Some(pd.raw()));
+    //! assert_eq!(line.attrs.get("type").and_then(|v| v.as_str()), Some("RC"));
+    //! println!("{snapshot}"); // al AL#..., then `qp QP#0g0 parent PD#0g0 ...`
+    //! assert!(snapshot.to_json().starts_with("{\"al\":"));
+    //! assert!(al.close()?.is_clean());
+    //! # Ok::<(), ibal::Error>(())
+    //! ```
+    pub use al::attrs::{Attrs, Value};
+    pub use al::snapshot::{kind_slug, ObjectInfo, ObjectState, Snapshot};
+}
+
 #[cfg(feature = "async")]
 pub mod asynch;
 pub mod methods;

@@ -329,6 +329,19 @@ impl Al {
         al_table().occupied()
     }
 
+    /// Every AL instance open in this process (not closing), in handle
+    /// order; for process-wide views ([`Al::snapshot_all`]). Takes no lock
+    /// an open or close waits for.
+    pub fn instances() -> Vec<Arc<AlInstance>> {
+        let mut all = Vec::new();
+        al_table().visit(|_, removed, r| {
+            if !removed {
+                all.push(r.to_arc());
+            }
+        });
+        all
+    }
+
     /// The shared instance (what objects hold).
     pub fn instance(&self) -> &Arc<AlInstance> {
         &self.inner

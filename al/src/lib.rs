@@ -9,6 +9,8 @@
 //!   two-phase non-blocking destroy, destroy callbacks exactly once).
 //! * [`instance`]: the AL instance (open, close with a bounded wait that
 //!   reports what is still held, live-object counters).
+//! * [`snapshot`] and [`attrs`]: a live view of an instance's objects
+//!   ([`AlInstance::snapshot`]), with each kind's details.
 //! * [`executor`]: the per-instance callback executor.
 //! * [`error`]: the error type, with IBAL's status meanings.
 //!
@@ -17,6 +19,7 @@
 // Every public item is documented. Checked in the normal build: under
 // `--cfg ibal_loom`, `al::sync` swaps in the model checker's types.
 #![cfg_attr(not(ibal_loom), deny(missing_docs))]
+pub mod attrs;
 pub mod children;
 pub mod error;
 pub mod executor;
@@ -26,9 +29,11 @@ pub mod handle;
 pub mod instance;
 pub mod object;
 pub mod report;
+pub mod snapshot;
 pub mod sync;
 pub mod table;
 
+pub use attrs::{Attrs, Value};
 pub use children::DestroyCallback;
 pub use error::{Error, Result};
 pub use executor::{in_callback, ExecutorMode};
@@ -39,4 +44,5 @@ pub use object::{
     Object,
 };
 pub use report::{HeldObject, LeakReport, Stats};
+pub use snapshot::{ObjectInfo, ObjectState, Snapshot};
 pub use table::{HandleTable, Ref, Reservation, TableLimits};

@@ -20,10 +20,12 @@
 use std::fmt;
 use std::ops::Deref;
 
+use crate::attrs::Attrs;
 use crate::children::{ChildSet, DestroyCallback};
 use crate::error::{Error, Result};
 use crate::handle::{Handle, Kind, RawHandle};
-use crate::instance::AlInstance;
+use crate::instance::{Al, AlInstance};
+use crate::snapshot::{ObjectInfo, ObjectState, Snapshot};
 use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use crate::sync::{Arc, Mutex};
 use crate::table::{HandleTable, Ref};
@@ -55,6 +57,14 @@ pub trait Object: Send + Sync + Sized + 'static {
     fn check_destroy(_obj: &Obj<Self>) -> Result<()> {
         Ok(())
     }
+
+    /// Kind-specific details for a snapshot ([`AlInstance::snapshot`]): its
+    /// state, numbers, the handles of objects it is tied to. Runs on the
+    /// snapshot's thread with a short reference to the object held, possibly
+    /// while the object is being destroyed. Must not block for long (taking
+    /// a lock the object's own calls take briefly is fine) and must not
+    /// create or destroy objects. Adds nothing by default.
+    fn describe(_obj: &Obj<Self>, _out: &mut Attrs) {}
 }
 
 /// How to destroy an object of each kind by raw handle, filled in when a
@@ -64,9 +74,19 @@ pub trait Object: Send + Sync + Sized + 'static {
 static DESTROYERS: [std::sync::OnceLock<fn(RawHandle)>; crate::handle::MAX_KINDS] =
     [const { std::sync::OnceLock::new() }; crate::handle::MAX_KINDS];
 
+/// How to walk the table of each kind for a snapshot, filled in with
+/// [`DESTROYERS`]: a kind whose table was never built has no objects.
+static WALKERS: [std::sync::OnceLock<WalkFn>; crate::handle::MAX_KINDS] =
+    [const { std::sync::OnceLock::new() }; crate::handle::MAX_KINDS];
+
+/// Appends the objects of one kind (of one AL instance, by id, or of all)
+/// to the list, each with its owner's id.
+type WalkFn = fn(Option<u64>, &mut Vec<(u64, ObjectInfo)>);
+
 #[doc(hidden)]
 pub fn register_kind<T: Object>() {
     let _ = DESTROYERS[T::KIND.index()].set(destroy_by_handle::<T>);
+    let _ = WALKERS[T::KIND.index()].set(walk_kind::<T>);
 }
 
 /// Destroy any object by raw handle, dispatching on the kind it carries.
@@ -525,4 +545,98 @@ impl AlInstance {
     pub fn destroy_sync<T: Object>(&self, h: Handle<T>) -> Result<()> {
         destroy_sync(self, h)
     }
+
+    /// Every object of this instance now: kind, handle, parent, reference
+    /// counts and each kind's details ([`Object::describe`]), plus the
+    /// objects destroyed but still held (see [`ObjectState`]).
+    ///
+    /// Walks the table of every kind created so far in the process and
+    /// keeps this instance's objects, pinning each slot as a lookup does:
+    /// it takes no lock a create or destroy waits for, and what it meets is
+    /// not atomic across objects (see [`crate::snapshot`]). Costs a walk of
+    /// every kind's table (all instances' objects): for an operator's view,
+    /// not a hot path.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut found = Vec::new();
+        for walk in WALKERS.iter().filter_map(|w| w.get()) {
+            walk(Some(self.id()), &mut found);
+        }
+        self.snapshot_of(found.into_iter().map(|(_, o)| o).collect())
+    }
+
+    /// The snapshot of the objects `walked` (this instance's), with those
+    /// destroyed but still held added and the counters read.
+    fn snapshot_of(&self, mut objects: Vec<ObjectInfo>) -> Snapshot {
+        let walked: std::collections::HashSet<RawHandle> =
+            objects.iter().map(|o| o.handle).collect();
+        for held in self.leak_report().held {
+            if walked.contains(&held.handle) {
+                continue;
+            }
+            let mut o = ObjectInfo::new(held.kind, held.handle, held.parent);
+            o.state = ObjectState::Destroyed;
+            o.object_refs = held.object_refs;
+            o.core_refs = held.core_refs;
+            objects.push(o);
+        }
+        objects.sort_by_key(|o| (o.kind, o.handle.index(), o.handle.generation()));
+        Snapshot {
+            al: self.handle().unwrap_or(RawHandle::from_u64(0)),
+            closing: self.is_closing(),
+            objects,
+            stats: self.stats(),
+            queued_callbacks: self.executor().pending(),
+        }
+    }
+}
+
+impl Al {
+    /// A [`snapshot`](AlInstance::snapshot) of every AL instance open in
+    /// this process, in instance order, from one walk of the tables (a
+    /// process-wide view: a stress run's workers open instances of their
+    /// own). Instances opened or closed meanwhile may or may not appear.
+    pub fn snapshot_all() -> Vec<Snapshot> {
+        let mut found = Vec::new();
+        for walk in WALKERS.iter().filter_map(|w| w.get()) {
+            walk(None, &mut found);
+        }
+        let mut by_al: std::collections::HashMap<u64, Vec<ObjectInfo>> =
+            std::collections::HashMap::new();
+        for (al, o) in found {
+            by_al.entry(al).or_default().push(o);
+        }
+        Al::instances()
+            .into_iter()
+            .map(|al| {
+                let objects = by_al.remove(&al.id()).unwrap_or_default();
+                al.snapshot_of(objects)
+            })
+            .collect()
+    }
+}
+
+/// The objects of kind `T` (of the instance with id `al`, or of all), each
+/// with its owner's id; see [`AlInstance::snapshot`].
+fn walk_kind<T: Object>(al: Option<u64>, out: &mut Vec<(u64, ObjectInfo)>) {
+    T::table().visit(|_, _, r| {
+        let core = &r.core;
+        let Some(owner) = core.al.as_ref().map(|a| a.id()) else {
+            return;
+        };
+        if al.is_some_and(|id| id != owner) {
+            return;
+        }
+        let mut o = ObjectInfo::new(T::KIND, core.handle, core.parent.as_ref().map(|p| p.handle));
+        // A removed slot is always a destroying object: only destroy removes.
+        o.state = if core.is_destroying() {
+            ObjectState::Destroying
+        } else {
+            ObjectState::Live
+        };
+        o.object_refs = Arc::strong_count(r.arc()) - 1;
+        o.core_refs = Arc::strong_count(core) - 1;
+        o.children = core.child_count();
+        T::describe(r, &mut o.attrs);
+        out.push((owner, o));
+    });
 }

@@ -14,3 +14,4 @@ pub mod pingpong;
 pub mod pingpong_ip;
 pub mod qp_exchange;
 pub mod rping;
+pub mod status;

@@ -69,6 +69,9 @@ pub struct RpingConfig {
     pub timeout: Duration,
     /// Our RoCEv2 device's `max_qp` (default: `RoceLimits`').
     pub max_qp: Option<u32>,
+    /// Print snapshots of our objects on stderr, at an interval
+    /// (`--status`) and on SIGUSR1. `None`: never.
+    pub status: Option<crate::status::StatusConfig>,
 }
 
 impl RpingConfig {
@@ -87,6 +90,7 @@ impl RpingConfig {
             validate: false,
             timeout: Duration::from_secs(30),
             max_qp: None,
+            status: None,
         }
     }
 }
@@ -375,6 +379,7 @@ pub fn run(cfg: &RpingConfig, print: &mut dyn FnMut(&str)) -> Result<RpingReport
     }
     let provider = RoceProvider::new(vec![device]);
     let al = Al::open().map_err(|e| e.to_string())?;
+    let status = crate::status::StatusPrinter::for_al(al.instance(), cfg.status);
     let result = (|| -> Result<(u32, SocketAddr), String> {
         let ca = verbs::open_ca(al.instance(), &provider, guid)
             .map_err(|e| format!("cannot open a RoCEv2 port on {local}: {e}"))?;
@@ -387,6 +392,7 @@ pub fn run(cfg: &RpingConfig, print: &mut dyn FnMut(&str)) -> Result<RpingReport
         let _ = al.destroy_sync(ca);
         r
     })();
+    drop(status);
     let closed = al.close();
     let (pings, peer) = result?;
     let stats = closed.map_err(|e| format!("closing the AL: {e}"))?;

@@ -128,6 +128,12 @@ pub struct Ca {
 impl Object for Ca {
     const KIND: Kind = Kind::CA;
     al::object_table!(Ca);
+
+    /// `dev NAME node-guid 0x..`, for a snapshot.
+    fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
+        out.text("dev", obj.attr.name.clone())
+            .hex("node-guid", obj.attr.node_guid);
+    }
 }
 
 impl Ca {
@@ -225,6 +231,13 @@ pub struct Cq {
 impl Object for Cq {
     const KIND: Kind = Kind::CQ;
     al::object_table!(Cq);
+
+    /// `cqe DEPTH bindings N`: its depth, as `rdma res show cq`, and the
+    /// QPs' bindings to it (a QP that sends and receives on it counts twice).
+    fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
+        out.num("cqe", obj.capacity)
+            .num("bindings", obj.bindings.count() as u64);
+    }
 
     fn check_destroy(obj: &Obj<Self>) -> Result<()> {
         obj.bindings.close("CQ")
@@ -344,6 +357,13 @@ pub struct Mr {
 impl Object for Mr {
     const KIND: Kind = Kind::MR;
     al::object_table!(Mr);
+
+    /// `lkey 0x.. rkey 0x.. mrlen N`, as `rdma res show mr`.
+    fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
+        out.hex("lkey", obj.lkey)
+            .hex("rkey", obj.rkey)
+            .num("mrlen", obj.len as u64);
+    }
 }
 
 impl Mr {
@@ -456,6 +476,11 @@ pub struct Srq {
 impl Object for Srq {
     const KIND: Kind = Kind::SRQ;
     al::object_table!(Srq);
+
+    /// `bindings N`: the QPs receiving through it.
+    fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
+        out.num("bindings", obj.bindings.count() as u64);
+    }
 
     fn check_destroy(obj: &Obj<Self>) -> Result<()> {
         obj.bindings.close("SRQ")

@@ -49,6 +49,45 @@ impl Object for Qp {
             let _ = destroy_raw(cep);
         });
     }
+
+    /// `lqpn 18 type RC state RTS port 1 rqpn 19 sq-psn .. rq-psn ..
+    /// send-cq .. recv-cq .. cep ..`, as `rdma res show qp` names them; the
+    /// state from a query of the provider (`?` if it fails, as it may
+    /// mid-destroy).
+    fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
+        out.num("lqpn", obj.qpn)
+            .text("type", obj.qp_type.to_string());
+        match obj.query() {
+            Ok(a) => {
+                out.text("state", a.state.to_string());
+                if a.port != 0 {
+                    out.num("port", a.port);
+                }
+                if !obj.qp_type.is_datagram() && a.state.can_receive() {
+                    out.num("rqpn", a.dest_qpn)
+                        .num("sq-psn", a.sq_psn)
+                        .num("rq-psn", a.rq_psn);
+                }
+            }
+            Err(_) => {
+                out.text("state", "?");
+            }
+        }
+        out.handle("send-cq", obj.send_cq.core().handle())
+            .handle("recv-cq", obj.recv_cq.core().handle());
+        if let Some(srq) = &obj.srq {
+            out.handle("srq", srq.core().handle());
+        }
+        match obj.cid.load() {
+            crate::cid::CidState::Bound(cep) => {
+                out.handle("cep", cep);
+            }
+            crate::cid::CidState::Tombstone => {
+                out.text("cid", "tombstone");
+            }
+            crate::cid::CidState::Unbound => {}
+        }
+    }
 }
 
 impl Drop for Qp {

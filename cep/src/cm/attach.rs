@@ -24,6 +24,13 @@ pub struct CmPort {
 impl Object for CmPort {
     const KIND: Kind = Kind::CM_PORT;
     al::object_table!(CmPort);
+
+    /// `port N routes N`: the connection ids it routes to objects (of
+    /// every AL on the port).
+    fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
+        out.num("port", obj.port())
+            .num("routes", obj.routes() as u64);
+    }
 }
 
 impl CmPort {

@@ -53,6 +53,16 @@ impl Object for Listen {
             let _ = obj.port.0.agent.cancel_listen(conn);
         }
     }
+
+    /// `service-id 0x.. port N lcomm-id 0x..` (no id: not listening yet,
+    /// or cancelled).
+    fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
+        out.hex("service-id", obj.service_id)
+            .num("port", obj.port.0.agent.port());
+        if let Some(conn) = *obj.conn.lock() {
+            out.hex("lcomm-id", conn.comm_id());
+        }
+    }
 }
 
 impl Listen {
@@ -124,6 +134,84 @@ impl Object for Cep {
             // We are being destroyed already: only the binding goes.
             binding::release(qp.cid(), obj.core().handle(), |_| {});
             let _ = qp.modify(&QpModify::to(QpState::Err));
+        }
+    }
+
+    /// `state ESTABLISHED side active port 1 lcomm-id 0x.. rcomm-id 0x..
+    /// service-id 0x.. peer-lid N peer-gid .. peer-ip .. rqpn N qp QP#..`,
+    /// from what the CEP holds and the agent's state of its connection
+    /// (`IDLE`: none yet or any more; `CLOSED`: destroyed).
+    fn describe(obj: &Obj<Self>, out: &mut al::Attrs) {
+        // Copied out so that the agent is asked with no CEP lock held.
+        let (conn, closed, passive, cm_only, qp, req, rep, peer) = {
+            let st = obj.state.lock();
+            let qp = st.qp.as_ref().map(|q| q.core().handle());
+            (
+                st.conn, st.closed, st.passive, st.cm_only, qp, st.req, st.rep, st.peer,
+            )
+        };
+        let state = conn.and_then(|c| obj.port.0.agent.state(c));
+        out.text(
+            "state",
+            match state {
+                Some(s) => s.name(),
+                None if closed => "CLOSED",
+                None => "IDLE",
+            },
+        )
+        .text("side", if passive { "passive" } else { "active" })
+        .num("port", obj.port.0.agent.port());
+        // Ours is in the message we sent, the peer's in the one we got.
+        let (sent_id, got_id, peer_qpn) = if passive {
+            (
+                rep.map(|r| r.local_comm_id),
+                req.map(|r| r.local_comm_id),
+                req.map(|r| r.local_qpn),
+            )
+        } else {
+            (
+                req.map(|r| r.local_comm_id),
+                rep.map(|r| r.local_comm_id),
+                rep.map(|r| r.local_qpn),
+            )
+        };
+        if let Some(local) = conn.map(|c| c.comm_id()).or(sent_id) {
+            out.hex("lcomm-id", local);
+        }
+        if let Some(remote) = got_id {
+            out.hex("rcomm-id", remote);
+        }
+        if let Some(req) = req {
+            out.hex("service-id", req.service_id);
+        }
+        if let Some(peer) = peer {
+            describe_peer(&peer, out);
+        }
+        if let Some(rqpn) = peer_qpn {
+            out.num("rqpn", rqpn);
+        }
+        if let Some(qp) = qp {
+            out.handle("qp", qp);
+        }
+        if cm_only {
+            out.flag("cm-only", true);
+        }
+    }
+}
+
+/// `peer-lid N` (unless 0 with a GID: RoCE has no LIDs), `peer-gid ADDR`
+/// (when the MAD had a GRH) and `peer-ip ADDR` (when the GID is an
+/// IPv4-mapped address, as RoCEv2's are).
+fn describe_peer(peer: &PeerAddr, out: &mut al::Attrs) {
+    let has_gid = peer.gid != [0; 16];
+    if peer.lid != 0 || !has_gid {
+        out.num("peer-lid", peer.lid);
+    }
+    if has_gid {
+        let gid = std::net::Ipv6Addr::from(peer.gid);
+        out.text("peer-gid", gid.to_string());
+        if let Some(v4) = gid.to_ipv4_mapped() {
+            out.text("peer-ip", v4.to_string());
         }
     }
 }

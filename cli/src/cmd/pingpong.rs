@@ -72,6 +72,12 @@ pub struct PingpongArgs {
     /// port (needs a build with the rdma feature).
     #[arg(long, value_name = "NAME")]
     device: Option<String>,
+    /// With --listen/--connect over RoCEv2: print a snapshot of our
+    /// objects (kind, handle, parent, references, QP and CM state) on
+    /// stderr every SECS seconds, like `rdma res show`; with --json as
+    /// JSON lines. With or without it, SIGUSR1 prints one at once.
+    #[arg(long, value_name = "SECS")]
+    status: Option<f64>,
 }
 
 impl PingpongArgs {
@@ -97,7 +103,12 @@ impl PingpongArgs {
             first_qpn,
             max_qp,
             device,
+            status,
         } = self;
+        let status_cfg = ibal_cli::status::StatusConfig::from_flags(status, json)?;
+        if status.is_some() && (device.is_some() || (listen.is_none() && connect.is_none())) {
+            return Err("--status runs with --listen/--connect over our RoCEv2 port".to_string());
+        }
         if max_qp.is_some() && (device.is_some() || (listen.is_none() && connect.is_none())) {
             return Err(
                 "--max-qp sets our RoCEv2 device's limit (--listen/--connect); an RDMA \
@@ -133,6 +144,7 @@ impl PingpongArgs {
         cfg.first_qpn = first_qpn;
         cfg.max_qp = max_qp;
         cfg.device = device;
+        cfg.status = Some(status_cfg);
         cfg.iterations = iterations;
         cfg.size = size;
         let report = ibal_cli::pingpong_ip::run(&cfg)?;

@@ -47,6 +47,14 @@ pub struct RpingArgs {
     /// Our RoCEv2 device's `max_qp` [default: 1048576; at most 16777214].
     #[arg(long, value_name = "N")]
     max_qp: Option<u32>,
+    /// Print a snapshot of our objects (kind, handle, parent, references,
+    /// QP and CM state) on stderr every SECS seconds, like `rdma res show`.
+    /// With or without it, SIGUSR1 prints one at once.
+    #[arg(long, value_name = "SECS")]
+    status: Option<f64>,
+    /// --status and SIGUSR1 print JSON lines.
+    #[arg(long)]
+    json: bool,
 }
 
 impl RpingArgs {
@@ -66,6 +74,8 @@ impl RpingArgs {
             peer_udp_port,
             timeout,
             max_qp,
+            status,
+            json,
         } = self;
         let mut cfg = ibal_cli::rping::RpingConfig::new(server, addr);
         cfg.port = port;
@@ -77,6 +87,7 @@ impl RpingArgs {
         cfg.udp_port = udp_port;
         cfg.peer_udp_port = peer_udp_port;
         cfg.max_qp = max_qp;
+        cfg.status = Some(ibal_cli::status::StatusConfig::from_flags(status, json)?);
         cfg.timeout = std::time::Duration::from_secs(timeout.max(1));
         ibal_cli::rping::run(&cfg, &mut |line| out!("{line}")).map(|r| {
             if !verbose {

@@ -54,6 +54,12 @@ pub struct StressArgs {
     /// Print one JSON object instead of the summary table.
     #[arg(long)]
     json: bool,
+    /// Print a snapshot of every AL instance's objects (the workers' and
+    /// the population's) on stderr every SECS seconds, like `rdma res
+    /// show`; with --json as JSON lines. With or without it, SIGUSR1
+    /// prints one at once.
+    #[arg(long, value_name = "SECS")]
+    status: Option<f64>,
 }
 
 impl StressArgs {
@@ -74,7 +80,11 @@ impl StressArgs {
             max_qp,
             population,
             json,
+            status,
         } = self;
+        let _status = ibal_cli::status::StatusPrinter::for_process(Some(
+            ibal_cli::status::StatusConfig::from_flags(status, json)?,
+        ));
         ibal_testkit::stress::main_on(
             &ibal_testkit::stress::StressConfig {
                 seconds,

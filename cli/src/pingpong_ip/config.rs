@@ -55,6 +55,10 @@ pub struct IpPingPongConfig {
     /// librdmacm-backed CEPs instead of our RoCEv2 port (feature `rdma`;
     /// `rdma`).
     pub device: Option<String>,
+    /// Print snapshots of our objects on stderr, at an interval
+    /// (`--status`) and on SIGUSR1; over our RoCEv2 port only. `None`:
+    /// never.
+    pub status: Option<crate::status::StatusConfig>,
 }
 
 impl IpPingPongConfig {
@@ -75,6 +79,7 @@ impl IpPingPongConfig {
             first_qpn: None,
             max_qp: None,
             device: None,
+            status: None,
         }
     }
 }

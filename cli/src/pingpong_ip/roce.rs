@@ -51,6 +51,7 @@ pub(super) fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
     }
     let provider = RoceProvider::new(vec![device]);
     let al = Al::open().map_err(|e| e.to_string())?;
+    let status = crate::status::StatusPrinter::for_al(al.instance(), cfg.status);
     let result = (|| -> Result<(Vec<ConnectionReport>, CounterList), String> {
         let ca = verbs::open_ca(al.instance(), &provider, guid)
             .map_err(|e| format!("cannot open a RoCEv2 port on {local}: {e}"))?;
@@ -78,6 +79,7 @@ pub(super) fn run(cfg: &IpPingPongConfig) -> Result<IpPingPongReport, String> {
     })();
     // Close whatever happened: a failed run must not leak either, and its
     // error says how the close went.
+    drop(status);
     let closed = al.close();
     let (connections, counters) = result.map_err(|e| match &closed {
         Ok(s) if s.total_live() == 0 => format!("{e}; AL closed: no objects left live"),
