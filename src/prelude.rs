@@ -16,6 +16,7 @@ pub use crate::methods::{
 pub use crate::methods::{RdmaCepMethods, RdmaCmListenMethods, RdmaCmMethods};
 pub use crate::owned::{Own, Owned};
 pub use crate::roce::RoceProvider;
+pub use crate::roce::{DeviceConfig, PortConfig};
 pub use al::{Al, AlConfig, AlInstance, Error, ExecutorMode, Handle, Kind, Result};
 pub use cep::cm::{
     AcceptReply, Cep, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen, ListenHandler,
@@ -29,6 +30,7 @@ pub use cep::wire::{PathInfo, PrivateData};
 pub use hca::verbs::{Av, Ca, Cq, Mr, Pd, Srq};
 pub use provider::GrhAttr;
 pub use provider::MigState;
+pub use provider::QpCaps;
 pub use provider::GRH_SIZE;
 pub use provider::{
     Access, AvAttr, CqArm, Mtu, QpModify, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqInit,
