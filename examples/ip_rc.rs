@@ -6,8 +6,7 @@
 //! answers and disconnects. Any failure or a wait past the deadline exits nonzero.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{mpsc::channel, mpsc::Receiver, mpsc::Sender, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ibal::prelude::*;
@@ -53,8 +52,10 @@ impl Conn {
 /// receive (`wr_id` = its index) posted before there is any connection.
 fn qps(al: &Al, ca: Handle<Ca>) -> Result<(Handle<Cq>, Vec<Conn>)> {
     let (pd, cq) = (ca.alloc_pd(al)?, ca.create_cq(al, 4 * CONNS as u32)?);
-    let mut caps = QpCaps::default();
-    caps.max_recv_wr = 2;
+    let caps = QpCaps {
+        max_recv_wr: 2,
+        ..QpCaps::default()
+    };
     let mut conns = Vec::new();
     for wr_id in 0..CONNS as u64 {
         let qp = pd.create_qp(al, QpCreate::new(QpType::Rc, cq).caps(caps))?;
@@ -168,7 +169,6 @@ fn client(al: &Al, ca: Handle<Ca>, server: SocketAddr) -> Result<()> {
     wait_events(&events, CONNS, "Disconnected")
 }
 
-/// The value after `name` on the command line (or `default`), parsed.
 fn opt<T: std::str::FromStr>(args: &[String], name: &str, default: &str) -> Result<T> {
     let at = args.iter().position(|a| a == name);
     let s = at.and_then(|i| args.get(i + 1)).map_or(default, |s| s);
