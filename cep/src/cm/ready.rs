@@ -15,6 +15,14 @@ use super::objects::bind_error;
 /// [`ConnectRequest`] or [`AcceptReply`] asks for: nothing for a peer
 /// (there is none yet), as rdma_cm's INIT before its CM sets the rest.
 ///
+/// ```
+/// use cep::cm::READY_ACCESS;
+/// use provider::Access;
+/// // The peer gets its rights from the connection, not before.
+/// assert!(!READY_ACCESS.contains(Access::REMOTE_WRITE));
+/// assert!(!READY_ACCESS.contains(Access::REMOTE_READ));
+/// ```
+///
 /// [`ConnectRequest`]: super::ConnectRequest
 /// [`AcceptReply`]: super::AcceptReply
 pub const READY_ACCESS: Access = Access::LOCAL_WRITE;
@@ -68,6 +76,7 @@ pub const READY_ACCESS: Access = Access::LOCAL_WRITE;
 ///
 /// ready_for_connection(inst, qp, 1)?;
 /// assert_eq!(query_qp(inst, qp)?.state, QpState::Init);
+/// assert_eq!(query_qp(inst, qp)?.access, cep::cm::READY_ACCESS);
 /// post_recv(inst, qp, &recv)?; // there when the peer's first SEND comes
 /// ready_for_connection(inst, qp, 1)?; // again: nothing to do
 /// assert!(ready_for_connection(inst, qp, 2).is_err(), "INIT on port 1");
