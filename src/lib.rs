@@ -363,6 +363,7 @@ pub mod cm {
         AcceptReply, Cep, CmDrive, CmHandler, CmPort, ConnectRequest, ConnectionAttrs, Listen,
         ListenHandler, LocalQpAttrs, PathEnd,
     };
+    pub use cep::cm::{ready_for_connection, READY_ACCESS};
     pub use cep::proto::{
         ConnId, DisconnectCause, Event, LapParams, PeerAddr, RejectOrigin, Resends, SidrParams,
         SidrReplyParams, State, TimedOut, DEFAULT_BACKLOG,

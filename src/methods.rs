@@ -332,6 +332,37 @@ pub trait QpMethods {
         request: &IpConnect,
         handler: CmHandler,
     ) -> Result<Handle<Cep>>;
+    /// Take this RC or UC QP to INIT on `port` before its connection, as
+    /// rdma_cm's `rdma_create_qp` leaves a QP: post receives now, then
+    /// `connect`/`connect_ip` from `port` or `accept` a request that came
+    /// to `port`, which take it INIT -> RTR -> RTS with the receives still
+    /// posted ([`cm::ready_for_connection`] has the rules; `docs/cm.md`,
+    /// "Receives before the connection").
+    ///
+    /// ```
+    /// use ibal::prelude::*;
+    /// # fn main() -> ibal::Result<()> {
+    /// let fabric = Fabric::new();
+    /// fabric.add_hca(HcaConfig::new(0xa000, &[1]))?;
+    /// let provider = SoftProvider::new(fabric);
+    /// let al = Al::open()?;
+    /// let ca = al.open_ca(&provider, 0xa000)?;
+    /// let (pd, cq) = (ca.alloc_pd(&al)?, ca.create_cq(&al, 16)?);
+    /// let caps = QpCaps { max_recv_wr: 8, ..QpCaps::default() };
+    /// let qp = pd.create_qp(&al, QpCreate::new(QpType::Rc, cq).caps(caps))?;
+    /// let buf = RegisteredBuffer::new(4096);
+    /// let (lkey, _) = pd.register(&al, &buf, Access::LOCAL_WRITE)?.keys(&al)?;
+    ///
+    /// qp.ready_for_connection(&al, 1)?;
+    /// assert_eq!(qp.query(&al)?.state, QpState::Init);
+    /// let sge = [Sge { addr: 0, length: 4096, lkey }];
+    /// qp.post_recv(&al, &[RecvWr { wr_id: 7, sg_list: &sge }])?;
+    /// // ... qp.connect(&al, &ConnectRequest::new(service, lid), handler)?
+    /// assert!(al.close()?.is_clean());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn ready_for_connection(self, al: &Arc<AlInstance>, port: u8) -> Result<()>;
 }
 
 impl QpMethods for Handle<Qp> {
@@ -363,6 +394,9 @@ impl QpMethods for Handle<Qp> {
         handler: CmHandler,
     ) -> Result<Handle<Cep>> {
         cep::ip::connect(al, self, port, request, handler)
+    }
+    fn ready_for_connection(self, al: &Arc<AlInstance>, port: u8) -> Result<()> {
+        cm::ready_for_connection(al, self, port)
     }
 }
 

@@ -581,3 +581,51 @@ fn an_accept_whose_rtu_never_comes_times_out() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(al.close().unwrap().is_clean());
 }
+
+/// Receives posted before the connection (`ready_for_connection`,
+/// `docs/cm.md`): `connect_async` and `accept` take the readied QPs from
+/// INIT, and the client's first SEND, posted as soon as both are
+/// established, lands in the receive B posted before it accepted.
+#[test]
+fn readied_qps_keep_the_receives_posted_in_init_through_the_async_connect() {
+    let (_p, al, a, b) = world();
+    a.qp.ready_for_connection(&al, 1).unwrap();
+    b.qp.ready_for_connection(&al, 1).unwrap();
+    let recv = [Sge {
+        addr: 0,
+        length: 8,
+        lkey: b.lkey,
+    }];
+    b.qp.post_recv(
+        &al,
+        &[RecvWr {
+            wr_id: 7,
+            sg_list: &recv,
+        }],
+    )
+    .unwrap();
+    let mut recvs = b.cq.stream().unwrap();
+    let (client, server) = establish(&al, &a, &b);
+    a.buf.write(0, b"in INIT!").unwrap();
+    let send = [Sge {
+        addr: 0,
+        length: 8,
+        lkey: a.lkey,
+    }];
+    a.qp.post_send(&al, &[SendWr::new(1, SendOp::Send, &send)])
+        .unwrap();
+    let wc = within(10, async move {
+        recvs.next().await.expect("the stream ended").unwrap()
+    });
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (7, WcStatus::Success, 8)
+    );
+    let mut got = [0u8; 8];
+    b.buf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"in INIT!");
+    disconnect(client);
+    disconnect(server);
+    wait_none(&al, Kind::CEP);
+    assert!(al.close().unwrap().is_clean());
+}

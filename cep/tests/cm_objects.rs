@@ -642,5 +642,65 @@ fn a_call_on_an_ended_connection_is_invalid_state() {
     }
     al.run_callbacks();
     assert_eq!(log.count("A:Rejected"), 1);
+
+/// A failed accept puts back a QP it found in INIT (readied, receives
+/// posted): from INIT -> INIT without RESET, the receives kept; from RTR,
+/// which cannot go back to INIT but through RESET (which would drop the
+/// receives without a completion), to ERR, where they flush
+/// (`docs/cm.md`, "Accept outcomes").
+#[test]
+fn restoring_a_readied_qp_keeps_or_flushes_its_receives_never_drops_them() {
+    use provider::{AvAttr, Mtu, QpModify};
+    let p = provider();
+    let al = Al::open().unwrap();
+    let a = side(&al, &p, 0xa000);
+    let inst = al.instance();
+    cm::ready_for_connection(inst, a.qp, 1).unwrap();
+    let buf = RegisteredBuffer::new(64);
+    let mr = verbs::register_mr(inst, a.pd, &buf, 0, 64, 0, Access::LOCAL_WRITE).unwrap();
+    let lkey = al.resolve(mr).unwrap().lkey();
+    let sge = [Sge {
+        addr: 0,
+        length: 64,
+        lkey,
+    }];
+    let recv = [RecvWr {
+        wr_id: 5,
+        sg_list: &sge,
+    }];
+    post_recv(inst, a.qp, &recv).unwrap();
+    let qp = al.resolve(a.qp).unwrap().to_arc();
+    let before = qp.query().unwrap();
+    assert_eq!(before.state, QpState::Init);
+    let mut wc = [Wc::default()];
+
+    // What accept does first: INIT -> INIT with the reply's access.
+    qp.modify(&QpModify::to(QpState::Init).access(Access::REMOTE_WRITE))
+        .unwrap();
+    cm::restore_qp(&qp, &before);
+    let now = qp.query().unwrap();
+    assert_eq!((now.state, now.access), (QpState::Init, before.access));
+    assert_eq!(
+        verbs::poll_cq(inst, a.cq, &mut wc).unwrap(),
+        0,
+        "still posted"
+    );
+
+    // ... then RTR: restored to ERR, the receive completes flushed.
+    let rtr = QpModify::to(QpState::Rtr)
+        .av(AvAttr::lid(1, 2))
+        .path_mtu(Mtu::Mtu1024)
+        .dest_qpn(0x99)
+        .rq_psn(0)
+        .max_dest_rd_atomic(1)
+        .min_rnr_timer(12);
+    qp.modify(&rtr).unwrap();
+    cm::restore_qp(&qp, &before);
+    assert_eq!(qp.query().unwrap().state, QpState::Err);
+    wait("the flushed receive", || {
+        verbs::poll_cq(inst, a.cq, &mut wc).unwrap() == 1
+    });
+    assert_eq!((wc[0].wr_id, wc[0].status), (5, WcStatus::WrFlushError));
+    drop(qp);
     assert!(al.close().unwrap().is_clean());
 }

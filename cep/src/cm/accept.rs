@@ -11,7 +11,8 @@ use qp::cid as binding;
 use qp::{CidState, Qp};
 
 use super::attrs::{
-    check_transport, qp_to_init, restore_qp, spec_bounded, ConnectionAttrs, LocalQpAttrs, PathEnd,
+    check_init_port, check_transport, qp_to_init, restore_qp, spec_bounded, ConnectionAttrs,
+    LocalQpAttrs, PathEnd,
 };
 use super::connect::ConnectRequest;
 use super::objects::{bind_error, cep_destroyed, Cep};
@@ -85,7 +86,13 @@ impl AcceptReply {
 
 /// Accept the connection request of `cep` on `qp`: bind, move the QP to
 /// INIT and RTR from the negotiated attributes, and send the REP. The QP
-/// goes to RTS when the connection is established (RTU received).
+/// goes to RTS when the connection is established (RTU received). A QP
+/// readied by [`ready_for_connection`] (INIT on the request's port, its
+/// receives posted) keeps its receives: INIT -> INIT -> RTR, no RESET; an
+/// INIT QP on another port is refused (`InvalidParameter`, nothing
+/// changed).
+///
+/// [`ready_for_connection`]: super::ready_for_connection
 ///
 /// # When accept fails
 ///
@@ -168,6 +175,7 @@ fn accept_claimed(
         )));
     }
     let port = c.port.0.agent.port();
+    check_init_port(&before, port)?;
     let rep = build_rep(req, &LocalQpAttrs::of(qp, "accept")?, reply, private_data)?;
     let rtr = ConnectionAttrs::negotiated(port, PathEnd::Passive, req, &rep).rtr();
     let start = || {

@@ -345,46 +345,67 @@ pub(super) fn check_transport(req: &Req, qp_type: provider::QpType) -> Result<()
     Ok(())
 }
 
-/// Bring `qp` to INIT for a connection on `port` (from RESET or ERR), as
-/// [`connect`] and [`accept`] do before they send.
+/// Bring `qp` to INIT for a connection on `port` with `access`, as
+/// [`connect`] and [`accept`] do before they send: from RESET, or from ERR
+/// (or any other state) through RESET. A QP already in INIT
+/// ([`ready_for_connection`], or moved there by its owner) stays there:
+/// INIT -> INIT sets the connection's P_Key index (0) and access, and the
+/// receives posted meanwhile stay posted (RESET would discard them). An
+/// INIT QP on another port than `port` is refused, naming both ports.
 ///
 /// [`connect`]: super::connect
 /// [`accept`]: super::accept
+/// [`ready_for_connection`]: super::ready_for_connection
 pub fn qp_to_init(qp: &Obj<Qp>, port: u8, access: Access) -> Result<()> {
-    let state = qp.query()?.state;
-    if state == QpState::Init {
-        return Ok(());
-    }
-    if state != QpState::Reset {
+    let attr = qp.query()?;
+    check_init_port(&attr, port)?;
+    let init = QpModify::to(QpState::Init)
+        .pkey_index(0)
+        .port(port)
+        .access(access);
+    if !matches!(attr.state, QpState::Reset | QpState::Init) {
         qp.modify(&QpModify::to(QpState::Reset))?;
     }
-    qp.modify(
-        &QpModify::to(QpState::Init)
-            .pkey_index(0)
-            .port(port)
-            .access(access),
-    )
+    qp.modify(&init)
+}
+
+/// A QP in INIT is tied to its port: a connection on another port cannot
+/// take it (moving it there would go through RESET and lose its posted
+/// receives), so that is refused, naming both ports.
+pub(super) fn check_init_port(attr: &provider::QpAttr, port: u8) -> Result<()> {
+    if attr.state == QpState::Init && attr.port != port {
+        return Err(Error::invalid_parameter(format!(
+            "QP {:#x} is in INIT on port {}, the connection is on port {port} \
+             (ready it for that port, or from RESET)",
+            attr.qpn, attr.port
+        )));
+    }
+    Ok(())
 }
 
 /// Put back the state a failed accept found `qp` in (RESET, INIT with its
 /// port, P_Key index and access, or ERR): [`accept`] does, and so do the
 /// librdmacm-backed CEPs (crate `cep-rdmacm`).
 ///
+/// One exception keeps posted receives from vanishing: a QP found in INIT
+/// that the accept had already taken to RTR cannot go back to INIT but
+/// through RESET, which discards its receive queue without a completion.
+/// It goes to ERR instead, where every receive posted in INIT completes
+/// with `WrFlushError` (`docs/cm.md`, "Accept outcomes").
+///
 /// [`accept`]: super::accept
 pub fn restore_qp(qp: &Obj<Qp>, before: &provider::QpAttr) {
-    if qp.query().is_ok_and(|now| now.state == before.state) {
-        return;
-    }
-    let _ = match before.state {
-        QpState::Err => qp.modify(&QpModify::to(QpState::Err)),
-        QpState::Init => qp.modify(&QpModify::to(QpState::Reset)).and_then(|()| {
-            qp.modify(
-                &QpModify::to(QpState::Init)
-                    .pkey_index(before.pkey_index)
-                    .port(before.port)
-                    .access(before.access),
-            )
-        }),
+    let Ok(now) = qp.query() else { return };
+    let init = QpModify::to(QpState::Init)
+        .pkey_index(before.pkey_index)
+        .port(before.port)
+        .access(before.access);
+    let _ = match (before.state, now.state) {
+        // INIT -> INIT puts the access and P_Key index back, receives kept.
+        (QpState::Init, QpState::Init) => qp.modify(&init),
+        (QpState::Init, _) => qp.modify(&QpModify::to(QpState::Err)),
+        (was, now) if was == now => Ok(()),
+        (QpState::Err, _) => qp.modify(&QpModify::to(QpState::Err)),
         _ => qp.modify(&QpModify::to(QpState::Reset)),
     };
 }

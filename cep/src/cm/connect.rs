@@ -11,7 +11,7 @@ use provider::Mtu;
 use qp::cid as binding;
 use qp::Qp;
 
-use super::attrs::{qp_to_init, spec_bounded, LocalQpAttrs};
+use super::attrs::{check_init_port, qp_to_init, spec_bounded, LocalQpAttrs};
 use super::dispatch::use_port;
 use super::objects::{bind_error, cep_destroyed, destroy_cep, Cep, CepState, CmHandler};
 use super::port::PortUse;
@@ -153,7 +153,15 @@ impl ConnectRequest {
 /// Connect `qp` (RC or UC): send a REQ and return the new CEP. Its events
 /// (reply, reject, timeout, ...) go to `handler`; on the reply, call [`rtu`].
 ///
+/// The QP may be new (RESET) or readied by [`ready_for_connection`] (INIT
+/// on `request.port`, receives posted): it is taken INIT -> RTR -> RTS
+/// without passing through RESET, so its receives take the peer's first
+/// SENDs. An INIT QP on another port is refused (`InvalidParameter`)
+/// before a CEP exists. A REJ or timeout takes the QP to ERR, where its
+/// receives flush.
+///
 /// [`rtu`]: super::rtu
+/// [`ready_for_connection`]: super::ready_for_connection
 pub fn connect(
     al: &Arc<AlInstance>,
     qp: Handle<Qp>,
@@ -164,6 +172,8 @@ pub fn connect(
     // the whole call.
     let qp = al.resolve_live(qp)?;
     let local = LocalQpAttrs::of(&qp, "connect")?;
+    // Before a CEP exists: a QP readied on another port is refused here.
+    check_init_port(&qp.query()?, request.port)?;
     let port_use = use_port(qp.pd().ca(), request.port, None)?;
     let (req, peer) = build_req(request, &local, &port_use)?;
     let cep = new_active_cep(al, port_use, handler, request.port, false)?;

@@ -41,6 +41,7 @@
 //! | `accept.rs` | [`AcceptReply`], [`accept`], [`accept_unbound`], [`accept_attrs`] |
 //! | `calls.rs` | [`rtu`], [`reject`], [`mra`], [`disconnect`], [`disconnect_reply`], [`lap`], [`apr`], [`connection_attrs`] |
 //! | `sidr.rs` | [`sidr_request`], [`sidr_reply`] |
+//! | `ready.rs` | [`ready_for_connection`]: a QP in INIT before its connection, receives posted first |
 //!
 //! The StartingPSN seed is [`starting_psn`] (`crate::keyed`).
 //!
@@ -60,6 +61,7 @@ mod footprint;
 mod listen;
 mod objects;
 mod port;
+mod ready;
 mod routes;
 mod sidr;
 
@@ -75,4 +77,5 @@ pub use footprint::{cep_footprint, CepFootprint};
 pub use listen::{listen, set_backlog};
 pub use objects::{Cep, CmHandler, Listen, ListenHandler};
 pub use port::{active_ports, CmDrive, PortCm};
+pub use ready::{ready_for_connection, READY_ACCESS};
 pub use sidr::{sidr_reply, sidr_request};
