@@ -642,6 +642,8 @@ fn a_call_on_an_ended_connection_is_invalid_state() {
     }
     al.run_callbacks();
     assert_eq!(log.count("A:Rejected"), 1);
+    assert!(al.close().unwrap().is_clean());
+}
 
 /// A failed accept puts back a QP it found in INIT (readied, receives
 /// posted): from INIT -> INIT without RESET, the receives kept; from RTR,
