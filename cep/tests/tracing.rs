@@ -126,6 +126,7 @@ fn a_req_nobody_listens_for_is_traced_with_its_rej_reason_and_states() {
     let a_comm_id = req.field("local_comm_id").to_string();
     assert!(a_comm_id.starts_with("0x"), "{req:?}");
     assert!(req.field("cep").starts_with("cep#"), "{req:?}");
+    assert_eq!(req.field("service_id"), "0xdead");
     assert!(
         seen("ibal::cm::mad", "CM MAD received")
             .iter()

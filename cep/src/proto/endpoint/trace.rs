@@ -32,6 +32,15 @@ fn comm_ids(m: &CmMessage) -> (u32, u32) {
     }
 }
 
+/// The service id a REQ or SIDR_REQ asks for, as a field.
+fn service_id(m: &CmMessage) -> Option<tracing::field::DisplayValue<Hex<u64>>> {
+    match m {
+        CmMessage::Req(r) => Some(tracing::field::display(Hex(r.service_id))),
+        CmMessage::SidrReq(r) => Some(tracing::field::display(Hex(r.service_id))),
+        _ => None,
+    }
+}
+
 /// A CEP changed state (`None`: it does not exist, before it was made or
 /// after its id was freed).
 pub(super) fn state_change(id: u32, peer: PeerAddr, from: Option<State>, to: Option<State>) {
@@ -57,6 +66,7 @@ pub(super) fn mad_sent(to: PeerAddr, conn: Option<u32>, mad: &CmMad) {
             cep = conn.map(|c| tracing::field::display(ConnId(c))),
             local_comm_id = %Hex(local),
             remote_comm_id = %Hex(remote),
+            service_id = service_id(&mad.message),
             peer_gid = %Gid(to.gid),
             peer_lid = to.lid,
             "CM MAD sent"
@@ -91,6 +101,7 @@ pub(super) fn mad_received(from: PeerAddr, mad: &CmMad) {
         tid = %Hex(mad.transaction_id),
         local_comm_id = %Hex(local),
         remote_comm_id = %Hex(remote),
+        service_id = service_id(&mad.message),
         peer_gid = %Gid(from.gid),
         peer_lid = from.lid,
         "CM MAD received"
