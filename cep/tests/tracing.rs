@@ -4,8 +4,13 @@
 //! REJ with its reason, the active side's REJ received, the active CEP's
 //! state changes (IDLE -> REQ_SENT -> TIMEWAIT) and its QP pushed to ERR.
 //!
-//! One test in this file: the subscriber is the process's global one (the
-//! CM agents' threads emit too), installed once.
+//! And the sans-IO core alone, under a fake clock, traces a REQ nobody
+//! answers: each resend, the final timeout (warn) and the REJ "timeout"
+//! it sends.
+//!
+//! The end-to-end test's subscriber is the process's global one (the CM
+//! agents' threads emit too), installed once; the core's test runs on
+//! one thread under a scoped one.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc as StdArc, Mutex as StdMutex};
@@ -37,9 +42,10 @@ impl Seen {
 }
 
 static SEEN: StdMutex<Vec<Seen>> = StdMutex::new(Vec::new());
+static SEEN_BY_CORE: StdMutex<Vec<Seen>> = StdMutex::new(Vec::new());
 
 /// A subscriber that keeps every event, with its fields as text.
-struct Capture;
+struct Capture(&'static StdMutex<Vec<Seen>>);
 
 #[derive(Default)]
 struct Fields(BTreeMap<String, String>);
@@ -67,7 +73,7 @@ impl Subscriber for Capture {
         let mut f = Fields::default();
         event.record(&mut f);
         let message = f.0.remove("message").unwrap_or_default();
-        SEEN.lock().unwrap().push(Seen {
+        self.0.lock().unwrap().push(Seen {
             target: event.metadata().target().to_string(),
             level: *event.metadata().level(),
             message,
@@ -79,7 +85,11 @@ impl Subscriber for Capture {
 }
 
 fn seen(target: &str, message: &str) -> Vec<Seen> {
-    SEEN.lock()
+    seen_in(&SEEN, target, message)
+}
+
+fn seen_in(log: &StdMutex<Vec<Seen>>, target: &str, message: &str) -> Vec<Seen> {
+    log.lock()
         .unwrap()
         .iter()
         .filter(|s| s.target == target && s.message == message)
@@ -89,7 +99,7 @@ fn seen(target: &str, message: &str) -> Vec<Seen> {
 
 #[test]
 fn a_req_nobody_listens_for_is_traced_with_its_rej_reason_and_states() {
-    tracing::subscriber::set_global_default(Capture).unwrap();
+    tracing::subscriber::set_global_default(Capture(&SEEN)).unwrap();
     let p = provider();
     let al = Al::open().unwrap();
     let (a, b) = (side(&al, &p, 0xa000), side(&al, &p, 0xb000));
@@ -173,4 +183,63 @@ fn a_req_nobody_listens_for_is_traced_with_its_rej_reason_and_states() {
     assert_eq!(err[0].field("qpn"), format!("{qpn:#x}"));
     assert_eq!(err[0].level, Level::INFO);
     assert!(al.close().unwrap().is_clean());
+}
+
+#[test]
+fn a_req_nobody_answers_is_traced_with_its_resends_and_timeout() {
+    use cep::proto::{ConnectParams, Endpoint, EndpointConfig, PeerAddr};
+    use cep::wire::Req;
+
+    let mut a = Endpoint::new(EndpointConfig::new(0xA));
+    let nobody = PeerAddr {
+        lid: 2,
+        gid: [0; 16],
+    };
+    tracing::subscriber::with_default(Capture(&SEEN_BY_CORE), || {
+        let req = Req {
+            service_id: 0x1000,
+            local_qpn: 0x11,
+            max_cm_retries: 3,
+            path_mtu: 5,
+            ..Req::default()
+        };
+        a.connect(cep::proto::Nanos(0), ConnectParams::new(nobody, req))
+            .unwrap();
+        // Every deadline in turn: three resends, the timeout, TIMEWAIT's end.
+        for _ in 0..20 {
+            while a.poll_transmit().is_some() {}
+            let Some(t) = a.next_timeout() else { break };
+            a.handle_timeout(t);
+        }
+    });
+    assert_eq!(a.live_connections(), 0);
+    let log = &SEEN_BY_CORE;
+    let resent: Vec<String> = seen_in(log, "ibal::cm", "CM request resent")
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {}/{}",
+                s.field("attr"),
+                s.field("retry"),
+                s.field("max_retries")
+            )
+        })
+        .collect();
+    assert_eq!(resent, ["REQ 1/3", "REQ 2/3", "REQ 3/3"]);
+    let timed_out = seen_in(log, "ibal::cm", "CM request timed out");
+    assert_eq!(timed_out.len(), 1, "{timed_out:#?}");
+    assert_eq!(timed_out[0].level, Level::WARN);
+    assert_eq!(timed_out[0].field("request"), "Req");
+    let rej = seen_in(log, "ibal::cm", "REJ sent");
+    assert_eq!(rej.len(), 1, "{rej:#?}");
+    assert_eq!(rej[0].field("reason"), "Timeout");
+    assert_eq!(rej[0].field("cep"), timed_out[0].field("cep"));
+    let states: Vec<String> = seen_in(log, "ibal::cm", "CEP state change")
+        .iter()
+        .map(|s| format!("{}->{}", s.field("from"), s.field("to")))
+        .collect();
+    assert_eq!(
+        states,
+        ["IDLE->REQ_SENT", "REQ_SENT->TIMEWAIT", "TIMEWAIT->IDLE"]
+    );
 }
