@@ -15,6 +15,14 @@ mod cmd;
     about = "InfiniBand Access Layer in Rust: tools, demos and benchmarks"
 )]
 struct Cli {
+    /// Print the library's tracing events on stderr (before the
+    /// subcommand: `ibal -vv pingpong`): -v info (REJs, timeouts, QPs
+    /// pushed to ERR), -vv debug (also CM state changes and MADs,
+    /// retransmissions, RNR waits, dropped datagrams), -vvv trace.
+    /// RUST_LOG (EnvFilter syntax, e.g. RUST_LOG=ibal::cm=debug) adds to
+    /// it or, alone, selects what is printed (docs/tracing.md).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -55,6 +63,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    cmd::verbosity::install(cli.verbose);
     // No subcommand: the main job, with pingpong's defaults.
     let command = match cli.command {
         Some(command) => command,

@@ -302,6 +302,7 @@ pub fn create_cq(
             }
         });
         let event_hook = std::sync::Arc::new(move |event: AsyncEvent| {
+            tracing::warn!(target: "ibal::hca", cq = ?h, event = ?event, "asynchronous error");
             if let Ok(r) = Cq::table().get(h.raw()) {
                 if r.on_event.is_some() {
                     post_callback(&r.to_arc(), move |cq| {

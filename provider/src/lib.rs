@@ -10,6 +10,7 @@
 //!   [`RegisteredBuffer`]s (safe) and caller-managed [`RawRegion`]s (the
 //!   crate's only `unsafe` API), and, for providers only, the access,
 //!   copy and in-flight machinery behind them ([`buffer::for_providers`]).
+//! * [`trace`]: how QPNs and GIDs read in the library's `tracing` events.
 //!
 //! Providers live beside this crate (the soft provider in `hca`), so that
 //! a provider never depends on another and the object layer can choose
@@ -23,6 +24,7 @@ mod device;
 mod grh;
 mod qp_attr;
 pub mod qp_state;
+pub mod trace;
 mod work;
 
 pub use attrs::*;

@@ -12,6 +12,7 @@
 
 pub mod cid;
 pub mod qp;
+mod trace;
 
 pub use cid::{CidSlot, CidState};
 pub use qp::{create_qp, modify_qp, post_recv, post_send, query_qp, Qp, QpCreate};

@@ -139,7 +139,10 @@ impl Qp {
     }
     /// Apply a state transition.
     pub fn modify(&self, m: &QpModify) -> Result<()> {
-        self.device().modify_qp(&self.qp, m)
+        let from = crate::trace::wants_transitions().then(|| self.query().ok().map(|a| a.state));
+        let r = self.device().modify_qp(&self.qp, m);
+        crate::trace::modified(self.qpn, self.qp_type, from.flatten(), m, &r);
+        r
     }
     /// Current attributes.
     pub fn query(&self) -> Result<QpAttr> {

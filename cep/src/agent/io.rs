@@ -252,6 +252,7 @@ impl<D: Device> Io<D> {
             for wc in &self.wcs[..n] {
                 self.free_send.push(wc.wr_id as u32);
                 if wc.status != WcStatus::Success {
+                    tracing::debug!(target: "ibal::cm::mad", status = ?wc.status, "CM MAD send completed in error");
                     self.counters.send_errors += 1;
                     sqe = true;
                 }
@@ -305,6 +306,9 @@ impl<D: Device> Io<D> {
                 break;
             };
             let sent = self.send_one(dev, slot, t);
+            if let Err(e) = &sent {
+                tracing::warn!(target: "ibal::cm::mad", attr = %t.mad.message_kind(), error = %e, peer_gid = %provider::trace::Gid(t.to.gid), peer_lid = t.to.lid, "CM MAD not sent");
+            }
             backlog.pop_front();
             if sent.is_err() {
                 self.counters.send_errors += 1;

@@ -305,7 +305,10 @@ impl<D: Device> Shared<D> {
             let more = io.receive(&self.dev, mads);
             for m in mads.iter() {
                 match core.ep.handle_datagram(now, m.from, &m.mad[..m.len]) {
-                    Err(_) => io.counters.malformed += 1,
+                    Err(e) => {
+                        tracing::debug!(target: "ibal::cm::mad", error = %e, peer_gid = %provider::trace::Gid(m.from.gid), peer_lid = m.from.lid, "CM MAD malformed, dropped");
+                        io.counters.malformed += 1;
+                    }
                     Ok(Disposition::Ignored(_)) => io.counters.ignored += 1,
                     Ok(_) => {}
                 }

@@ -133,6 +133,7 @@ impl Object for Cep {
         if let Some(qp) = qp {
             // We are being destroyed already: only the binding goes.
             binding::release(qp.cid(), obj.core().handle(), |_| {});
+            tracing::debug!(target: "ibal::qp", qpn = %provider::trace::Hex(qp.qpn()), cep = conn.map(tracing::field::display), reason = "its CEP was destroyed", "QP moved to ERR");
             let _ = qp.modify(&QpModify::to(QpState::Err));
         }
     }
@@ -321,11 +322,12 @@ impl Cep {
                     }
                 }
             }
-            Event::Rejected { .. }
-            | Event::Timeout { .. }
-            | Event::DisconnectRequest { .. }
-            | Event::Disconnected { .. }
-            | Event::StaleConnection { .. } => {
+            Event::Rejected { .. } | Event::Timeout { .. } | Event::StaleConnection { .. } => {
+                tracing::info!(target: "ibal::qp", qpn = %provider::trace::Hex(qp.qpn()), cep = %ev.conn(), reason = %ev.name(), "QP moved to ERR");
+                let _ = qp.modify(&QpModify::to(QpState::Err));
+            }
+            Event::DisconnectRequest { .. } | Event::Disconnected { .. } => {
+                tracing::debug!(target: "ibal::qp", qpn = %provider::trace::Hex(qp.qpn()), cep = %ev.conn(), reason = %ev.name(), "QP moved to ERR");
                 let _ = qp.modify(&QpModify::to(QpState::Err));
             }
             _ => {}

@@ -31,6 +31,7 @@ pub mod qp_exchange;
 pub mod relay;
 pub mod rping;
 pub mod stress;
+pub mod verbosity;
 
 /// Prints `as_json` with `--json`, otherwise `as_text` (which ends its own
 /// lines).

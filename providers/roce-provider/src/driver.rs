@@ -377,6 +377,7 @@ fn handle_datagram(
         Ok(a) => a,
         Err(why) => {
             fed.count(|c| c.discarded(why), 1);
+            crate::trace::discarded(port.num, why, src, bytes);
             return false;
         }
     };

@@ -46,6 +46,7 @@ mod roce_provider;
 mod shared;
 mod shutdown;
 mod timers;
+mod trace;
 mod tx_batch;
 mod verbs;
 

@@ -50,6 +50,7 @@ impl<'p> TxBatch<'p> {
         let c = &self.port.counters;
         let Ok(ep) = Endpoints::new(self.from, to) else {
             c.add(&c.tx_errors, 1);
+            crate::trace::not_sent(self.qpn, Some(to), "no flow from this port to the address");
             return;
         };
         if HOLDING_ACKS.get() && is_positive_ack(pkt) && pkt.payload.is_empty() {
@@ -61,7 +62,10 @@ impl<'p> TxBatch<'p> {
         self.scratch();
         match encode_onto(&mut self.bytes, pkt, &ep) {
             Some((start, n)) => self.msgs.push((to, start, n)),
-            None => c.add(&c.tx_errors, 1),
+            None => {
+                c.add(&c.tx_errors, 1);
+                crate::trace::not_sent(self.qpn, Some(to), "the packet does not encode");
+            }
         }
         if self.msgs.len() >= TX_BATCH {
             self.flush();
@@ -156,7 +160,10 @@ impl<'p> TxBatch<'p> {
                     c.add(&c.tx_packets, 1);
                     c.add(&c.tx_bytes, n as u64);
                 }
-                Err(_) => c.add(&c.tx_errors, 1),
+                Err(e) => {
+                    c.add(&c.tx_errors, 1);
+                    crate::trace::send_failed(to, &e);
+                }
             }
         }
         self.msgs.clear();

@@ -12,6 +12,7 @@ use roce::{NakCode, Opcode, Packet, Syndrome};
 use crate::memory::Memory;
 use crate::psn;
 use crate::timers::{ack_timeout, rnr_delay};
+use crate::trace;
 use crate::transport::Transport;
 
 /// `rnr_retry` value meaning "retry forever".
@@ -71,18 +72,20 @@ impl<R: Clone> Transport<R> {
                     self.progress(now);
                 }
                 if self.sq.rnr_left == 0 {
-                    self.enter_error(Some(WcStatus::RnrRetryExceeded));
+                    self.enter_error(Some(WcStatus::RnrRetryExceeded), "RNR retry count exceeded");
                     return;
                 }
                 if self.cfg.rnr_retry != RNR_RETRY_INFINITE {
                     self.sq.rnr_left -= 1;
                 }
                 self.counters.rnr_retries += 1;
+                trace::rnr_wait(&self.cfg, p, timer, rnr_delay(timer), self.sq.rnr_left);
                 self.sq.rnr_until = Some(now + rnr_delay(timer));
                 self.sq.retrans_at = None;
                 self.rewind_to(p);
             }
             (Opcode::RcAck, Syndrome::Nak(NakCode::PsnSequenceError)) => {
+                trace::nak_received(&self.cfg, p, NakCode::PsnSequenceError);
                 if let Walk::Missing(at) = self.complete_through(psn::prev(p), true) {
                     self.gap_retry(now, at);
                     return;
@@ -91,6 +94,7 @@ impl<R: Clone> Transport<R> {
                 self.gap_retry(now, p);
             }
             (Opcode::RcAck, Syndrome::Nak(code)) => {
+                trace::nak_received(&self.cfg, p, code);
                 if let Walk::Missing(at) = self.complete_through(psn::prev(p), true) {
                     self.gap_retry(now, at);
                     return;
@@ -104,7 +108,7 @@ impl<R: Clone> Transport<R> {
                     // rxe reads any other NAK code.
                     _ => WcStatus::RemoteOpError,
                 };
-                self.enter_error(Some(status));
+                self.enter_error(Some(status), "NAK received");
             }
             (Opcode::RcAtomicAck, Syndrome::Ack { .. }) => self.atomic_ack(now, pkt, mem),
             (
@@ -177,17 +181,18 @@ impl<R: Clone> Transport<R> {
             self.counters.ignored_responses += 1;
             return;
         }
-        self.retry(now, p);
+        self.retry(now, p, "a response showed a gap");
     }
 
     /// One transport retry from PSN `p`, or RETRY_EXC_ERR when none is
     /// left.
-    pub(crate) fn retry(&mut self, now: Duration, p: u32) {
+    pub(crate) fn retry(&mut self, now: Duration, p: u32, cause: &'static str) {
         if self.sq.retry_left == 0 {
-            self.enter_error(Some(WcStatus::RetryExceeded));
+            self.enter_error(Some(WcStatus::RetryExceeded), "retry count exceeded");
             return;
         }
         self.sq.retry_left -= 1;
+        trace::retransmit(&self.cfg, p, self.sq.retry_left, cause);
         self.sq.gap_retry_armed = false;
         self.counters.retries += 1;
         self.rewind_to(p);
@@ -206,7 +211,7 @@ impl<R: Clone> Transport<R> {
             return;
         }
         let una = self.sq.una;
-        self.retry(now, una);
+        self.retry(now, una, "ACK timeout");
     }
 
     fn atomic_ack<M: Memory>(&mut self, now: Duration, pkt: &Packet<'_>, mem: &mut M) {
@@ -239,7 +244,10 @@ impl<R: Clone> Transport<R> {
             }
             Err(e) => {
                 self.sq.wqes.push_front(w);
-                self.enter_error(Some(e.local_status()));
+                self.enter_error(
+                    Some(e.local_status()),
+                    "local memory error placing a response",
+                );
             }
         }
     }
@@ -292,7 +300,10 @@ impl<R: Clone> Transport<R> {
             return;
         }
         if let Err(e) = mem.scatter(&w.sges, u64::from(off), pkt.payload) {
-            self.enter_error(Some(e.local_status()));
+            self.enter_error(
+                Some(e.local_status()),
+                "local memory error placing a response",
+            );
             return;
         }
         w.resp_pkts += 1;

@@ -31,6 +31,7 @@ pub mod receive;
 mod requester;
 mod responder;
 pub mod timers;
+mod trace;
 mod transport;
 mod wqe;
 

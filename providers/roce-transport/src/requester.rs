@@ -347,7 +347,7 @@ impl<R: Clone> Transport<R> {
                 self.complete_send(&w, status);
             }
         } else {
-            self.enter_error(Some(status));
+            self.enter_error(Some(status), "work request failed before it was sent");
         }
     }
 

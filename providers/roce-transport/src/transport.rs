@@ -498,11 +498,11 @@ impl<R: Clone> Transport<R> {
     /// the responder owes for requests it already executed still leave
     /// (`docs/roce-transport.md`, "Answers owed leave before the NAK").
     pub fn set_error(&mut self) {
-        self.enter_error(None);
+        self.enter_error(None, crate::trace::WHY_MODIFY);
     }
 
     /// Enters ERR: the head send completes with `status` (when given),
-    /// everything else is flushed.
+    /// everything else is flushed. `why` is for the trace.
     ///
     /// The responder's answer queue is kept: the READ responses, atomic
     /// ACKs and ACKs queued there answer requests already executed (their
@@ -513,7 +513,10 @@ impl<R: Clone> Transport<R> {
     /// retried into a QP in ERR, and would end RETRY_EXC_ERR). Nothing new
     /// is queued in ERR (packets are dropped on arrival), so the queue
     /// drains and stays bounded as before.
-    pub(crate) fn enter_error(&mut self, head_status: Option<WcStatus>) {
+    pub(crate) fn enter_error(&mut self, head_status: Option<WcStatus>, why: &'static str) {
+        if self.state != QpState::Err {
+            crate::trace::entered_error(&self.cfg, head_status, why);
+        }
         if let Some(status) = head_status {
             if let Some(w) = self.sq.wqes.pop_front() {
                 self.complete_send(&w, status);

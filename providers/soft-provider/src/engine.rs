@@ -115,6 +115,9 @@ pub(crate) fn complete(
     qp.send_cq.push(wc, false, d);
     if status != WcStatus::Success {
         if qp.qp_type == QpType::Rc {
+            if !matches!(sq.attr.state, QpState::Reset | QpState::Err) {
+                crate::trace::entered_error(qp.qpn, Some(status), "a work request failed");
+            }
             qp.error_locked(sq, d);
         } else {
             qp.sqe_locked(sq, d);
@@ -278,6 +281,7 @@ fn send_datagram(
     let ok = done(WcStatus::Success, len);
     if !port.is_active() {
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(ud.qpn, "the sending port is down");
         return ok;
     }
     let imm = imm_of(&wr.op);
@@ -289,6 +293,7 @@ fn send_datagram(
     }
     let Some((node, dport)) = f.route(&ud.av) else {
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(ud.qpn, "no route to the address");
         return ok;
     };
     if f.faults_on.load(Ordering::Acquire) {
@@ -308,6 +313,7 @@ fn send_datagram(
     }
     let Some(dest) = node.lookup(ud.qpn, dport) else {
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(ud.qpn, "no such QP");
         return ok;
     };
     let mut rq = dest.rq.lock();
@@ -353,6 +359,7 @@ fn send_connected(
     }
     let Some((node, dport)) = f.route(&av) else {
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(sq.attr.dest_qpn, "no route to the address");
         return lost;
     };
     let sgid = av
@@ -397,16 +404,22 @@ fn send_connected(
     }
     let Some(dest) = node.lookup(sq.attr.dest_qpn, dport) else {
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(sq.attr.dest_qpn, "no such QP");
         return lost;
     };
     let mut rq = dest.rq.lock();
     if !rq.state.can_receive() || rq.port != dport || dest.qp_type != qp.qp_type {
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(
+            sq.attr.dest_qpn,
+            "the QP does not receive (state, port or type)",
+        );
         return lost;
     }
     let dpkey = node.pkey(dport, rq.pkey_index);
     if !pkey_match(pkey, dpkey) {
         f.stats.dropped_pkey.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(sq.attr.dest_qpn, "P_Key mismatch");
         return lost;
     }
     let mtu = sq.attr.path_mtu.bytes();
@@ -414,6 +427,7 @@ fn send_connected(
     if rc && rq.psn != sq.attr.sq_psn {
         // Out of sequence: the responder NAKs, retries cannot help.
         f.stats.dropped_psn.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(sq.attr.dest_qpn, "PSN out of sequence");
         return lost;
     }
     let payload = Payload::List(local);

@@ -36,6 +36,7 @@ mod config;
 mod deferred;
 mod identity;
 mod stats;
+mod trace;
 
 mod cq;
 mod queues;

@@ -120,21 +120,25 @@ impl FabricInner {
         let cfg = fs.cfg;
         if fs.chance(cfg.drop) {
             self.stats.dropped_fault.fetch_add(1, Ordering::Relaxed);
+            crate::trace::fault(p.dqpn, "drop");
             return;
         }
         if cfg.max_delay > 0 && fs.chance(cfg.delay) {
             p.hold = 1 + (fs.next() % cfg.max_delay as u64) as u32;
             self.stats.delayed.fetch_add(1, Ordering::Relaxed);
+            crate::trace::fault(p.dqpn, "delay");
         }
         let dup = fs.chance(cfg.duplicate);
         if fs.chance(cfg.reorder) && !fs.queue.is_empty() {
             let at = fs.queue.len() - 1;
             fs.queue.insert(at, p.clone());
             self.stats.reordered.fetch_add(1, Ordering::Relaxed);
+            crate::trace::fault(p.dqpn, "reorder");
         } else {
             fs.queue.push_back(p.clone());
         }
         if dup {
+            crate::trace::fault(p.dqpn, "duplicate");
             fs.queue.push_back(p);
             self.stats.duplicated.fetch_add(1, Ordering::Relaxed);
         }

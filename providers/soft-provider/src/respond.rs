@@ -54,6 +54,7 @@ pub(crate) fn packets(len: usize, mtu: usize) -> u32 {
 pub(crate) fn deliver(f: &FabricInner, p: &Packet, d: &mut Deferred) {
     let Some(dest) = p.dest.lookup(p.dqpn, p.dport) else {
         f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(p.dqpn, "no such QP");
         return;
     };
     let mut rq = dest.rq.lock();
@@ -61,11 +62,13 @@ pub(crate) fn deliver(f: &FabricInner, p: &Packet, d: &mut Deferred) {
     if !dest.qp_type.is_datagram() {
         if !rq.state.can_receive() || rq.port != p.dport {
             f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+            crate::trace::dropped(p.dqpn, "the QP does not receive (state or port)");
             return;
         }
         let dpkey = p.dest.pkey(p.dport, rq.pkey_index);
         if !pkey_match(p.src.pkey, dpkey) {
             f.stats.dropped_pkey.fetch_add(1, Ordering::Relaxed);
+            crate::trace::dropped(p.dqpn, "P_Key mismatch");
             return;
         }
     }
@@ -83,6 +86,9 @@ pub(crate) fn deliver(f: &FabricInner, p: &Packet, d: &mut Deferred) {
 /// Put the responder QP in ERR: flush its receive side now, its send side
 /// once every lock is released.
 fn responder_error(dest: &Arc<QpInner>, rq: &mut RecvQueue, d: &mut Deferred) {
+    if rq.state != provider::QpState::Err {
+        crate::trace::entered_error(dest.qpn, None, "responder error");
+    }
     dest.flush_rq_locked(rq, d);
     d.errors.push(dest.clone());
 }
@@ -206,6 +212,7 @@ pub(crate) fn respond_send(
     if datagram {
         if !rq.state.can_receive() || rq.port != dport {
             f.stats.dropped_no_dest.fetch_add(1, Ordering::Relaxed);
+            crate::trace::dropped(dest.qpn, "the QP does not receive (state or port)");
             return Resp::Dropped;
         }
         let pkeys = &node.core.ports[dport as usize - 1].pkeys;
@@ -220,6 +227,7 @@ pub(crate) fn respond_send(
         };
         let Some(i) = found else {
             f.stats.dropped_pkey.fetch_add(1, Ordering::Relaxed);
+            crate::trace::dropped(dest.qpn, "P_Key mismatch");
             return Resp::Dropped;
         };
         pkey_index = i as u16;
@@ -230,15 +238,18 @@ pub(crate) fn respond_send(
         };
         if src.qkey != want {
             f.stats.dropped_qkey.fetch_add(1, Ordering::Relaxed);
+            crate::trace::dropped(dest.qpn, "Q_Key mismatch");
             return Resp::Dropped;
         }
     }
     let Some(entry) = take_recv(dest, rq) else {
         if dest.qp_type == QpType::Rc {
             f.stats.rnr_naks.fetch_add(1, Ordering::Relaxed);
+            crate::trace::dropped(dest.qpn, "no receive posted (RC: RNR NAK)");
             return Resp::Rnr;
         }
         f.stats.dropped_no_recv.fetch_add(1, Ordering::Relaxed);
+        crate::trace::dropped(dest.qpn, "no receive posted");
         return Resp::Dropped;
     };
     let skip = if datagram { GRH_SIZE } else { 0 };

@@ -15,6 +15,7 @@
 //! | `window.rs` | where a CEP's request stands in the window (`Pacing`) |
 //! | `calls.rs` | the user's calls (listen, connect, accept, ... destroy) |
 //! | `invariants.rs` | the cross-table check tests and fuzzers run |
+//! | `trace.rs` | what a `tracing` subscriber is told (`docs/tracing.md`) |
 
 mod calls;
 mod invariants;
@@ -23,6 +24,7 @@ mod pacing;
 mod peers;
 mod receive;
 mod timers;
+mod trace;
 mod window;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -111,6 +113,7 @@ struct Conn {
 
 impl Conn {
     fn new(id: u32, state: State, peer: PeerAddr) -> Self {
+        trace::state_change(id, peer, None, Some(state));
         Self {
             id,
             state,
@@ -140,6 +143,14 @@ impl Conn {
             listener: 0,
             pacing: Pacing::Off,
         }
+    }
+
+    /// Moves the CEP to `state`; a change is traced (`trace.rs`).
+    fn enter(&mut self, state: State) {
+        if self.state != state {
+            trace::state_change(self.id, self.peer, Some(self.state), Some(state));
+        }
+        self.state = state;
     }
 
     fn response_wait(&self) -> u64 {
@@ -296,6 +307,7 @@ impl Endpoint {
     }
 
     fn send(&mut self, to: PeerAddr, conn: Option<u32>, mad: CmMad) {
+        trace::mad_sent(to, conn, &mad);
         self.transmits.push_back(Transmit {
             to,
             conn: conn.map(ConnId),
@@ -312,8 +324,10 @@ impl Endpoint {
 
     /// Queues an event unless the CEP was destroyed by the user.
     fn emit(&mut self, event: Event) {
+        let conn = self.conns.get(event.conn().0);
+        trace::event(&event, conn.map(|c| c.peer));
         let always = matches!(event, Event::TimewaitExited { .. } | Event::Released { .. });
-        let destroyed = self.conns.get(event.conn().0).is_some_and(|c| c.destroyed);
+        let destroyed = conn.is_some_and(|c| c.destroyed);
         if always || !destroyed {
             self.events.push_back(event);
         }
@@ -342,7 +356,7 @@ impl Endpoint {
 
     fn set_state(&mut self, id: u32, state: State) {
         if let Some(c) = self.conns.get_mut(id) {
-            c.state = state;
+            c.enter(state);
         }
     }
 
@@ -355,7 +369,7 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
-        c.state = state;
+        c.enter(state);
         c.resend = Some(Box::new(mad));
         c.retries_left = c.max_retries;
         let at = now.saturating_add(c.response_wait());
@@ -439,7 +453,7 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
-        c.state = State::Timewait;
+        c.enter(State::Timewait);
         c.resend = None;
         let qpn_key = c.qpn_key.take();
         let wait = timewait_nanos(c.packet_life_time, c.target_ack_delay);
@@ -457,6 +471,7 @@ impl Endpoint {
         let Some(c) = self.conns.remove(id) else {
             return;
         };
+        trace::state_change(id, c.peer, Some(c.state), None);
         if let Some(k) = c.remote_key {
             self.remote_ids.remove(&k);
         }
@@ -480,7 +495,7 @@ impl Endpoint {
         self.cancel_timer(id);
         if let Some(c) = self.conns.get_mut(id) {
             c.resend = None;
-            c.state = State::Established;
+            c.enter(State::Established);
             // The passive side's REP: a duplicate REQ is ignored from now
             // on, so nothing will ask for it again.
             if c.last_reply

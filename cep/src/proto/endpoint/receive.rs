@@ -6,7 +6,7 @@
 
 use super::outgoing::{rej_without_cep, unsupported_req};
 use super::window::Pacing;
-use super::{Conn, Endpoint};
+use super::{trace, Conn, Endpoint};
 use crate::proto::{
     answer_deadline_nanos, mra_wait_nanos, packet_life_time_from_ack_timeout, ConnId,
     DisconnectCause, Disposition, Event, Nanos, PeerAddr, RejectOrigin, State,
@@ -30,6 +30,8 @@ impl Endpoint {
     /// state is either handled, answered or ignored.
     pub fn handle_mad(&mut self, now: Nanos, from: PeerAddr, mad: CmMad) -> Disposition {
         let tid = mad.transaction_id;
+        trace::mad_received(from, &mad);
+        let attr = mad.message_kind();
         let disposition = match mad.message {
             CmMessage::Req(m) => self.on_req(now, from, tid, m),
             CmMessage::Mra(m) => self.on_mra(now, from, m),
@@ -43,6 +45,9 @@ impl Endpoint {
             CmMessage::Lap(m) => self.on_lap(from, tid, m),
             CmMessage::Apr(m) => self.on_apr(from, tid, m),
         };
+        if let Disposition::Ignored(why) = disposition {
+            trace::mad_ignored(from, attr, why);
+        }
         // What the MAD ended (an answer, a REJ, a DREQ) makes room in the
         // window for requests waiting in line.
         self.pace(now);
@@ -332,7 +337,7 @@ impl Endpoint {
         self.cancel_timer(id);
         if let Some(c) = self.conns.get_mut(id) {
             c.resend = None;
-            c.state = State::RepRcvd;
+            c.enter(State::RepRcvd);
         }
         self.emit(Event::ReplyReceived {
             conn: ConnId(id),
@@ -477,7 +482,7 @@ impl Endpoint {
                 self.cancel_timer(id);
                 if let Some(c) = self.conns.get_mut(id) {
                     c.resend = None;
-                    c.state = State::Established;
+                    c.enter(State::Established);
                 }
                 self.emit(event(ConnId(id)));
                 Disposition::Handled
@@ -520,7 +525,7 @@ impl Endpoint {
                 if let Some(c) = self.conns.get_mut(id) {
                     c.dreq_tid = tid;
                     c.resend = None;
-                    c.state = State::DreqRcvd;
+                    c.enter(State::DreqRcvd);
                 }
                 self.emit(Event::DisconnectRequest {
                     conn: ConnId(id),
@@ -613,7 +618,7 @@ impl Endpoint {
             State::Established => {
                 if let Some(c) = self.conns.get_mut(id) {
                     c.lap_tid = tid;
-                    c.state = State::LapRcvd;
+                    c.enter(State::LapRcvd);
                 }
                 self.emit(Event::LapReceived {
                     conn: ConnId(id),
@@ -641,7 +646,7 @@ impl Endpoint {
         self.cancel_timer(id);
         if let Some(c) = self.conns.get_mut(id) {
             c.resend = None;
-            c.state = State::Established;
+            c.enter(State::Established);
         }
         self.emit(Event::AprReceived {
             conn: ConnId(id),

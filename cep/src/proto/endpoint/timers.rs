@@ -3,7 +3,7 @@
 //! (the answer deadline), and ending TIMEWAIT. `docs/cm-protocol.md`,
 //! "Timers".
 
-use super::Endpoint;
+use super::{trace, Endpoint};
 use crate::proto::{ConnId, DisconnectCause, Event, Nanos, State, TimedOut};
 use crate::wire::{MessageRejected, PrivateData, RejectReason};
 
@@ -36,9 +36,10 @@ impl Endpoint {
             return false;
         }
         c.retries_left -= 1;
-        c.state = state;
+        c.enter(state);
         let used = c.max_retries - c.retries_left;
         let at = now.saturating_add(c.response_wait());
+        trace::resend(id, c.peer, mad.message_kind(), used, c.max_retries);
         self.resends.count(state, used);
         self.set_timer(id, at);
         self.send_for(id, mad);
@@ -90,7 +91,7 @@ impl Endpoint {
                 self.end_request(id);
                 if let Some(c) = self.conns.get_mut(id) {
                     c.resend = None;
-                    c.state = State::Established;
+                    c.enter(State::Established);
                 }
                 self.emit(Event::Timeout {
                     conn,

@@ -165,6 +165,7 @@ impl QpInner {
         let av = tx.route.as_ref().or(av);
         let Some(grh) = av.and_then(|a| a.grh) else {
             port.counters.add(&port.counters.tx_errors, 1);
+            crate::trace::not_sent(self.qpn, None, "no GRH in the address vector");
             return;
         };
         let to: SocketAddr =

@@ -67,8 +67,9 @@ impl<R: Clone> Transport<R> {
                         self.resp.job_done(&job);
                     }
                     self.counters.naks_sent += 1;
+                    crate::trace::nak_sent(&self.cfg, p, Syndrome::Nak(NakCode::RemoteAccessError));
                     if self.state == QpState::Rts {
-                        self.enter_error(None);
+                        self.enter_error(None, "remote access error NAK sent");
                     }
                     let mut h = Headers::new(Bth::new(Opcode::RcAck, dest, p));
                     h.aeth = Some(Aeth {

@@ -20,6 +20,7 @@ use roce::{NakCode, Opcode, Packet, Syndrome};
 use self::state::{InMsg, Job, Replay};
 use crate::memory::{MemError, Memory};
 use crate::psn;
+use crate::trace;
 use crate::transport::{Source, Transport};
 
 /// Why a request failed at the responder.
@@ -47,6 +48,7 @@ impl<R: Clone> Transport<R> {
                 self.resp.nak_sent = true;
                 let e = self.resp.epsn;
                 self.resp.nak(e, Syndrome::Nak(NakCode::PsnSequenceError));
+                trace::nak_sent(&self.cfg, e, Syndrome::Nak(NakCode::PsnSequenceError));
                 self.counters.naks_sent += 1;
             }
             return;
@@ -86,11 +88,13 @@ impl<R: Clone> Transport<R> {
                 self.resp.nak_sent = true;
                 let t = self.cfg.min_rnr_timer;
                 self.resp.nak(p, Syndrome::RnrNak { timer: t });
+                trace::nak_sent(&self.cfg, p, Syndrome::RnrNak { timer: t });
             }
             Err(Fail::Nak(code)) => {
                 self.counters.naks_sent += 1;
                 // Class B/C errors: NAK, then the QP goes to ERR.
-                self.enter_error(None);
+                trace::nak_sent(&self.cfg, p, Syndrome::Nak(code));
+                self.enter_error(None, "NAK sent for a request in error");
                 self.resp.nak(p, Syndrome::Nak(code));
             }
         }
@@ -142,6 +146,7 @@ impl<R: Clone> Transport<R> {
                     Some(job) => {
                         if !self.resp.replay_job(job) {
                             self.counters.resources_busy += 1;
+                            trace::dropped(&self.cfg, p, "READ/atomic responder resources busy");
                         }
                     }
                     None => self.counters.ignored_responses += 1,
@@ -161,6 +166,7 @@ impl<R: Clone> Transport<R> {
                     Some(job) => {
                         if !self.resp.replay_job(job) {
                             self.counters.resources_busy += 1;
+                            trace::dropped(&self.cfg, p, "READ/atomic responder resources busy");
                         }
                     }
                     None => self.counters.ignored_responses += 1,
@@ -184,6 +190,11 @@ impl<R: Clone> Transport<R> {
         );
         if p != self.resp.epsn {
             self.counters.out_of_sequence += 1;
+            trace::dropped(
+                &self.cfg,
+                p,
+                "PSN gap (UC): the message in progress is abandoned",
+            );
             self.uc_abandon();
         }
         self.resp.epsn = psn::add(p, 1);
@@ -203,6 +214,7 @@ impl<R: Clone> Transport<R> {
             Err(fail) => {
                 if matches!(fail, Fail::Rnr) {
                     self.counters.no_receive += 1;
+                    trace::dropped(&self.cfg, p, "no receive posted");
                 }
                 self.uc_abandon();
             }
@@ -234,6 +246,7 @@ impl<R: Clone> Transport<R> {
         }
         let Some(wqe) = self.resp.rq.pop_front() else {
             self.counters.no_receive += 1;
+            trace::dropped(&self.cfg, h.bth.psn, "no receive posted");
             return;
         };
         let grh = grh_bytes(src, pkt);
