@@ -299,6 +299,18 @@ fn qp_to(c: &Obj<RdmaCep>, state: QpState) -> Result<()> {
     qp.modify(&m)
 }
 
+/// Before rdma_cm's INIT attributes are applied: a QP readied for its
+/// connection (`cep::cm::ready_for_connection`: INIT, receives posted) is
+/// taken INIT -> INIT, which keeps its receives; any other state but RESET
+/// goes through RESET, as before (`docs/cm.md`, "Receives before the
+/// connection").
+fn keep_receives_or_reset(qp: &Obj<Qp>) -> Result<()> {
+    match qp.query()?.state {
+        QpState::Reset | QpState::Init => Ok(()),
+        _ => qp.modify(&QpModify::to(QpState::Reset)),
+    }
+}
+
 /// Active side, route resolved: check the device, move the QP (RESET,
 /// INIT), send the REQ.
 fn connect_now(c: &Obj<RdmaCep>) -> Result<()> {
@@ -311,9 +323,7 @@ fn connect_now(c: &Obj<RdmaCep>) -> Result<()> {
         return Err(Error::invalid_state("no QP or request to connect"));
     };
     same_device(qp.pd().ca(), &id)?;
-    if qp.query()?.state != QpState::Reset {
-        qp.modify(&QpModify::to(QpState::Reset))?;
-    }
+    keep_receives_or_reset(&qp)?;
     qp_to(c, QpState::Init)?;
     id.connect(&param)
 }
@@ -513,9 +523,7 @@ pub fn accept(
                 st.access = reply.access;
             }
             watch_comm_est(&qp, &id);
-            if qp.query()?.state != QpState::Reset {
-                qp.modify(&QpModify::to(QpState::Reset))?;
-            }
+            keep_receives_or_reset(&qp)?;
             qp_to(&c, QpState::Init)?;
             qp_to(&c, QpState::Rtr)?;
             // Before the REP leaves: its RTU's event must find the CEP
