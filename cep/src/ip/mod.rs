@@ -151,25 +151,14 @@ impl IpConnect {
     /// The CM request this becomes for a QP with number `qpn` on a port
     /// whose address is `local`.
     pub fn to_request(&self, local: IpAddr, port: u8, qpn: u32) -> Result<ConnectRequest> {
-        let remote_ip = self.remote.ip().to_canonical();
-        let local = local.to_canonical();
-        if remote_ip.is_ipv4() != local.is_ipv4() {
-            return Err(Error::invalid_parameter(format!(
-                "{} cannot be reached from {local}: not the same IP version",
-                self.remote
-            )));
-        }
         let source_port = match self.source_port {
             // rdma_cm binds an unbound id to an ephemeral port; the QPN
             // varies it per connection the same way.
             0 => 0xC000 | (qpn as u16 & 0x3fff),
             p => p,
         };
-        let header = IpCmHeader {
-            src: local,
-            src_port: source_port,
-            dst: remote_ip,
-        };
+        let header = header_to(self.remote, local, source_port)?;
+        let remote_ip = header.dst;
         let private = header
             .private_data::<{ ip_cm::REQ_PRIVATE_DATA_LEN }>(&self.private_data)
             .map_err(Error::from)?;
@@ -186,6 +175,20 @@ impl IpConnect {
                 .private_data(private.as_bytes()),
         )
     }
+}
+
+/// rdma_cm's header from `local` (UDP port `src_port`) to `remote`, both
+/// addresses canonical (an IPv4-mapped IPv6 address as IPv4); refused when
+/// the two are not of one IP version. Connect and resolve build it alike.
+fn header_to(remote: SocketAddr, local: IpAddr, src_port: u16) -> Result<IpCmHeader> {
+    let dst = remote.ip().to_canonical();
+    let src = local.to_canonical();
+    if dst.is_ipv4() != src.is_ipv4() {
+        return Err(Error::invalid_parameter(format!(
+            "{remote} cannot be reached from {src}: not the same IP version"
+        )));
+    }
+    Ok(IpCmHeader { src, src_port, dst })
 }
 
 /// The port of `ca` whose GID is `ip` (RoCE: a port's GID 0 is its

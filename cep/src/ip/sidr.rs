@@ -19,11 +19,11 @@ use hca::verbs::Ca;
 use provider::{AvAttr, GrhAttr, QpModify, QpState, QpType};
 use qp::Qp;
 
-use super::{header_info, port_address, IpRequestInfo, LAN_TIMERS};
+use super::{header_info, header_to, port_address, IpRequestInfo, LAN_TIMERS};
 use crate::cm::{self, Cep, CmHandler};
 use crate::keyed::starting_psn;
 use crate::proto::{Event, PeerAddr, SidrParams, SidrReplyParams};
-use crate::wire::ip_cm::{self, IpCmHeader, PortSpace, RDMA_UDP_QKEY};
+use crate::wire::ip_cm::{self, PortSpace, RDMA_UDP_QKEY};
 use crate::wire::{PrivateData, SidrRep, SidrReq, SidrStatus};
 
 /// A request to resolve the UD service at an IP address and port.
@@ -125,25 +125,14 @@ impl IpResolve {
     /// # Ok::<(), al::Error>(())
     /// ```
     pub fn to_sidr_params(&self, local: IpAddr) -> Result<SidrParams> {
-        let remote_ip = self.remote.ip().to_canonical();
-        let local = local.to_canonical();
-        if remote_ip.is_ipv4() != local.is_ipv4() {
-            return Err(Error::invalid_parameter(format!(
-                "{} cannot be reached from {local}: not the same IP version",
-                self.remote
-            )));
-        }
         let src_port = match self.source_port {
             // An ephemeral port, as rdma_cm binds an unbound id: random,
             // so two resolvers of one host rarely share one.
             0 => 0xC000 | (starting_psn() as u16 & 0x3fff),
             p => p,
         };
-        let header = IpCmHeader {
-            src: local,
-            src_port,
-            dst: remote_ip,
-        };
+        let header = header_to(self.remote, local, src_port)?;
+        let remote_ip = header.dst;
         let private_data = header
             .private_data::<{ ip_cm::SIDR_REQ_PRIVATE_DATA_LEN }>(&self.private_data)
             .map_err(Error::from)?;
