@@ -22,7 +22,7 @@ LIBRARY = {
     "provider": {"al"},
     "soft-provider": {"al", "provider"},
     "roce": set(),
-    "roce-transport": {"provider", "roce"},
+    "roce-transport": {"al", "provider", "roce"},
     "roce-provider": {"al", "provider", "roce", "roce-transport"},
     "rdma-provider": {"al", "provider"},
     "hca": {"al", "provider", "soft-provider", "roce-provider", "rdma-provider"},
@@ -36,14 +36,16 @@ LIBRARY = {
 }
 # Tools and harnesses sit beside the library and use it through the facade
 # (plus the layer crates whose internals they exercise); none names a
-# provider crate.
+# provider crate but the loom models, which check one's thread protocols.
 LAYERS = {"al", "provider", "hca", "qp", "cep", "ibal"}
 TOOLS = {
     "ibal-testkit": LAYERS,
     "ibal-bench": LAYERS | {"ibal-testkit"},
     "ibal-cli": LAYERS | {"ibal-bench", "ibal-testkit"},
     "ibal-conformance": LAYERS,
-    "loom-tests": LAYERS,
+    # The provider models drive the RoCEv2 provider's internals (its
+    # `model` module, built only with --cfg ibal_loom) and build packets.
+    "loom-tests": LAYERS | {"roce", "roce-transport", "roce-provider"},
 }
 ALLOWED = {**LIBRARY, **TOOLS}
 

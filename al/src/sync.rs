@@ -208,8 +208,19 @@ mod imp {
 
     /// Threads (real ones in a normal build).
     pub mod thread {
-        pub use std::thread::{current, spawn, yield_now, JoinHandle};
+        pub use std::thread::{
+            current, park, park_timeout, sleep, spawn, yield_now, Builder, JoinHandle, Thread,
+        };
     }
+
+    /// A weak reference to an [`Arc`]'s value (std's). loom's `Arc` has no
+    /// weak count, so this exists in the normal build only: code that keeps
+    /// a `Weak` says under `cfg(ibal_loom)` what it does instead.
+    pub use std::sync::Weak;
+
+    /// A cell written once (std's `OnceLock`; under loom a flag and a cell
+    /// the model checker tracks).
+    pub use std::sync::OnceLock;
 
     /// A hint to use inside a spin loop; under loom it yields to the model
     /// scheduler so a spinning thread cannot starve the one it waits for.
@@ -231,6 +242,9 @@ mod imp {
     /// A thread-local value (std's, or loom's per-model-thread one).
     #[macro_export]
     macro_rules! thread_local_value {
+        ($(#[$attr:meta])* $vis:vis static $name:ident : $ty:ty = const $init:block;) => {
+            ::std::thread_local! { $(#[$attr])* $vis static $name: $ty = const $init; }
+        };
         ($(#[$attr:meta])* $vis:vis static $name:ident : $ty:ty = $init:expr;) => {
             ::std::thread_local! { $(#[$attr])* $vis static $name: $ty = $init; }
         };
@@ -407,7 +421,81 @@ mod imp {
 
     /// Threads (loom's model threads).
     pub mod thread {
-        pub use loom::thread::{current, spawn, yield_now, JoinHandle};
+        pub use loom::thread::{current, park, spawn, yield_now, Builder, JoinHandle, Thread};
+
+        /// loom has no clock: a timed park is a park that returned at once,
+        /// spuriously, which its contract allows (the caller re-checks its
+        /// condition and parks again); a yield lets the model run the others.
+        pub fn park_timeout(_timeout: std::time::Duration) {
+            loom::thread::yield_now();
+        }
+
+        /// loom has no clock: a sleep is a yield to the other model threads.
+        pub fn sleep(_duration: std::time::Duration) {
+            loom::thread::yield_now();
+        }
+    }
+
+    /// A cell written once. loom has no `OnceLock`: this one publishes the
+    /// value with a release store of a flag the model checker tracks, and
+    /// serialises writers with a lock.
+    pub struct OnceLock<T> {
+        set: loom::sync::atomic::AtomicBool,
+        writer: loom::sync::Mutex<()>,
+        value: std::cell::UnsafeCell<Option<T>>,
+    }
+
+    // SAFETY: the value is written once, under `writer`, before `set` is
+    // stored with release; readers read it only after loading `set` with
+    // acquire. So a `&OnceLock<T>` shared between threads gives each a `&T`
+    // (needs `T: Sync`) and the value may have been made on another thread
+    // (needs `T: Send`), as for std's `OnceLock`.
+    unsafe impl<T: Send + Sync> Sync for OnceLock<T> {}
+    // SAFETY: moving the cell moves the value (`T: Send`).
+    unsafe impl<T: Send> Send for OnceLock<T> {}
+
+    impl<T> Default for OnceLock<T> {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
+    impl<T> OnceLock<T> {
+        pub fn new() -> Self {
+            OnceLock {
+                set: loom::sync::atomic::AtomicBool::new(false),
+                writer: loom::sync::Mutex::new(()),
+                value: std::cell::UnsafeCell::new(None),
+            }
+        }
+        pub fn get(&self) -> Option<&T> {
+            if self.set.load(loom::sync::atomic::Ordering::Acquire) {
+                // SAFETY: `set` is stored (release) only after the value was
+                // written, and the value is never written again.
+                unsafe { (*self.value.get()).as_ref() }
+            } else {
+                None
+            }
+        }
+        /// Stores `value` unless a value is there: `Err(value)` then.
+        pub fn set(&self, value: T) -> Result<(), T> {
+            let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            if self.set.load(loom::sync::atomic::Ordering::Acquire) {
+                return Err(value);
+            }
+            // SAFETY: writers are serialised by `writer` and no reader reads
+            // before `set` is true, which happens below.
+            unsafe { *self.value.get() = Some(value) };
+            self.set.store(true, loom::sync::atomic::Ordering::Release);
+            Ok(())
+        }
+        pub fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
+            if let Some(v) = self.get() {
+                return v;
+            }
+            let _ = self.set(f());
+            self.get().expect("set above")
+        }
     }
 
     /// Yield to the model scheduler inside a spin loop.
@@ -427,6 +515,9 @@ mod imp {
     /// A thread-local value, one per loom model thread.
     #[macro_export]
     macro_rules! thread_local_value {
+        ($(#[$attr:meta])* $vis:vis static $name:ident : $ty:ty = const $init:block;) => {
+            $crate::sync::__loom::thread_local! { $(#[$attr])* $vis static $name: $ty = $init; }
+        };
         ($(#[$attr:meta])* $vis:vis static $name:ident : $ty:ty = $init:expr;) => {
             $crate::sync::__loom::thread_local! { $(#[$attr])* $vis static $name: $ty = $init; }
         };

@@ -1,10 +1,10 @@
 //! What a [`crate::RoceProvider`] is configured with: devices, their
 //! ports, and how a GID becomes a UDP socket address.
 
+use al::sync::atomic::{AtomicU64, Ordering};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::RwLock;
+use al::sync::RwLock;
 use provider::{Gid, Mtu};
 
 /// The RoCEv2 UDP port (IBTA A17.2), the default to listen on and send to.

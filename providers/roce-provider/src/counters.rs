@@ -1,6 +1,6 @@
 //! Per-port packet counters.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use al::sync::atomic::{AtomicU64, Ordering};
 
 use roce_transport::Discard;
 

@@ -1,10 +1,10 @@
 //! Completion queues, and the list of user hooks that run after every
 //! provider lock is released.
 
+use al::sync::atomic::{AtomicUsize, Ordering};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use al::sync::Mutex;
 use provider::{AsyncEvent, AsyncHook, CompletionHook, CqArm, Wc, WcStatus};
 
 pub(crate) struct CqInner {

@@ -3,14 +3,14 @@
 //! and handing its shutdown to a reaper when the last handle drops. Its
 //! verbs are in `verbs`.
 
+use al::sync::atomic::AtomicBool;
+use al::sync::thread::JoinHandle;
+use al::sync::Arc;
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::thread::JoinHandle;
 
+use al::sync::Mutex;
 use al::{Error, Result};
-use parking_lot::Mutex;
 use provider::{AtomicCap, DeviceAttr};
 
 use crate::config::{DeviceConfig, Directory};
@@ -129,7 +129,7 @@ impl RoceDevice {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new().name(name).spawn(move || {
+            al::sync::thread::Builder::new().name(name).spawn(move || {
                 mark_provider_thread();
                 f()
             })

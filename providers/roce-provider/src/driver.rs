@@ -11,9 +11,9 @@
 //!   with no timeout. A QP that sets a deadline earlier than the one the
 //!   thread sleeps towards wakes it (`Timers::arm`).
 
+use al::sync::atomic::{AtomicBool, Ordering};
+use al::sync::Arc;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cq::Deferred;
@@ -64,10 +64,10 @@ pub(crate) fn run_timers(dev: Arc<Dev>, stop: Arc<AtomicBool>) {
         let next = timers.next();
         timers.plan(next);
         if next == NO_DEADLINE {
-            std::thread::park();
+            al::sync::thread::park();
         } else {
             let left = Duration::from_nanos(next.saturating_sub(nanos(dev.now())));
-            std::thread::park_timeout(left.max(MIN_SLEEP));
+            al::sync::thread::park_timeout(left.max(MIN_SLEEP));
         }
         timers.note_wakeup();
     }
@@ -131,7 +131,7 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
         port.flush_held();
         if dev.polled_within(POLLERS_ACTIVE) {
             port.counters.add(&port.counters.rx_thread_naps, 1);
-            std::thread::sleep(nap);
+            al::sync::thread::sleep(nap);
             nap = next_nap(nap);
             if stop.load(Ordering::Acquire) {
                 break;
@@ -228,13 +228,17 @@ fn feed(
 /// each is full and holds nothing the receive stage passes.
 const DRAIN_BATCHES: usize = 8;
 
-std::thread_local! {
+al::thread_local_value! {
     /// A polling thread's receive buffers for [`progress`].
     static RX_SCRATCH: std::cell::RefCell<Option<RecvBatch>> =
         const { std::cell::RefCell::new(None) };
+}
+al::thread_local_value! {
     /// Whether this poller's next receive asks for a whole batch
     /// ([`poller_batch`]).
     static RX_WIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+al::thread_local_value! {
     /// A polling thread's list of the QPs its [`progress`] reached.
     static REACHED: std::cell::Cell<Vec<Arc<QpInner>>> = const { std::cell::Cell::new(Vec::new()) };
 }
@@ -247,7 +251,7 @@ std::thread_local! {
 /// tracepoints, `perf send-lat`): in a ping-pong the poller takes one
 /// datagram per poll, and that receive is on the round trip's path.
 fn poller_batch() -> usize {
-    if RX_WIDE.get() {
+    if RX_WIDE.with(|w| w.get()) {
         RX_BATCH
     } else {
         1
@@ -257,7 +261,7 @@ fn poller_batch() -> usize {
 /// Notes that a poller's receive asked for `asked` datagrams and took
 /// `took`.
 fn poller_took(asked: usize, took: usize) {
-    RX_WIDE.set(took > 1 || (took > 0 && took == asked));
+    RX_WIDE.with(|w| w.set(took > 1 || (took > 0 && took == asked)));
 }
 
 /// Progress on the calling thread (a poller of an empty CQ): whatever has
@@ -270,10 +274,10 @@ pub(crate) fn progress(dev: &Dev) -> Option<Duration> {
     // The thread's list from its last progress (no allocation per poll
     // that takes a datagram); a nested progress (a CQ hook that polls)
     // finds it taken and uses a new one.
-    let mut reached = REACHED.take();
+    let mut reached = REACHED.with(|r| r.take());
     let first = progress_with(dev, &mut reached);
     reached.clear();
-    REACHED.set(reached);
+    REACHED.with(|r| r.set(reached));
     first
 }
 
@@ -291,7 +295,8 @@ fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration>
         // may poll (and so come back here, or take them in another
         // device's progress).
         let mut hooks = Deferred::default();
-        let taken = RX_SCRATCH.with_borrow_mut(|slot| {
+        let taken = RX_SCRATCH.with(|cell| {
+            let slot = &mut *cell.borrow_mut();
             let batch = slot.get_or_insert_with(|| RecvBatch::new(RX_BATCH, RX_BUF));
             let mut asked = poller_batch();
             let mut first: Option<Duration> = None;

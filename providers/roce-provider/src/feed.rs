@@ -2,9 +2,9 @@
 //! thread at a time per port, the receive thread or a poller making
 //! progress, so one port's packets are never fed out of order.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use al::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use al::sync::{Mutex, MutexGuard};
 
 use crate::counters::AtomicCounters;
 use crate::port::PortShared;
@@ -65,6 +65,15 @@ pub(crate) struct Feeding<'p, Q> {
     port: &'p PortShared,
     /// The lock, and what it guards.
     rx: MutexGuard<'p, RxState<Q>>,
+}
+
+/// See `qp_map::MemoRef`: under loom the memo is strong, and is
+/// forgotten with the feeding lock.
+#[cfg(ibal_loom)]
+impl<Q> Drop for Feeding<'_, Q> {
+    fn drop(&mut self) {
+        self.rx.memo = QpMemo::default();
+    }
 }
 
 impl<'p, Q> Feeding<'p, Q> {

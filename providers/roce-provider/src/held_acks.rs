@@ -2,10 +2,10 @@
 //! application sends ([`HeldAcks`]), and the encoding of a packet onto a
 //! batch's buffer that they and every other packet use ([`encode_onto`]).
 
+use al::sync::atomic::{AtomicU64, Ordering};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use al::sync::Mutex;
 use roce::{Endpoints, Packet};
 
 /// A positive ACK waiting to leave: its headers and flow, encoded (and
@@ -171,7 +171,7 @@ impl HeldAcks {
     }
 }
 
-std::thread_local! {
+al::thread_local_value! {
     /// Set while a polling thread makes progress (`driver::progress`): the
     /// positive ACKs its drives produce are held ([`HeldAcks`]).
     pub(crate) static HOLDING_ACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -179,9 +179,9 @@ std::thread_local! {
 
 /// Runs `f` with this thread's positive ACKs held back ([`HeldAcks`]).
 pub(crate) fn holding_acks<R>(f: impl FnOnce() -> R) -> R {
-    let before = HOLDING_ACKS.replace(true);
+    let before = HOLDING_ACKS.with(|h| h.replace(true));
     let r = f();
-    HOLDING_ACKS.set(before);
+    HOLDING_ACKS.with(|h| h.set(before));
     r
 }
 

@@ -3,9 +3,9 @@
 //! (`RandomState`), so no dependency and no `unsafe`. A key seen on the
 //! wire tells nothing about the next one without the hidden SipHash key.
 
+use al::sync::atomic::{AtomicU64, Ordering};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A generator of unpredictable 32-bit values.
 pub(crate) struct KeyGen {

@@ -35,6 +35,10 @@ mod held_acks;
 mod keys;
 mod limits;
 mod mmsg;
+#[cfg(ibal_loom)]
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod model;
 mod mr;
 mod objects;
 mod poll_watch;

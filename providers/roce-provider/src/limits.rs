@@ -1,8 +1,8 @@
 //! The device's limits on PDs, CQs, SRQs and AVs: what exists now, and an
 //! object's place in its limit ([`Charge`]), given back when it drops.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use al::sync::atomic::{AtomicU32, Ordering};
+use al::sync::Arc;
 
 use al::{Error, Result};
 use provider::DeviceAttr;

@@ -2,12 +2,12 @@
 //! receives the in-flight check scans, and the transport's view of
 //! memory ([`DevMem`], `roce_transport::Memory` over the table).
 
+use al::sync::atomic::{AtomicBool, Ordering};
+use al::sync::Arc;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
+use al::sync::{Mutex, RwLock};
 use al::{Error, Result};
-use parking_lot::{Mutex, RwLock};
 use provider::buffer::for_providers::{Lease, Memory, PostedQueue};
 use provider::{Access, Sge};
 use roce_transport::{AtomicOp, MemError};
@@ -167,7 +167,7 @@ impl Posted {
         })
     }
 
-    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, RecvList> {
+    pub(crate) fn lock(&self) -> al::sync::MutexGuard<'_, RecvList> {
         self.q.lock()
     }
 

@@ -2,7 +2,7 @@
 //! holds its provider-side state and its place in the device's limits; an
 //! MR's and a QP's drop take them out of the device's tables.
 
-use std::sync::Arc;
+use al::sync::Arc;
 
 use provider::AvAttr;
 

@@ -1,7 +1,7 @@
 //! Whether an application busy-polls a device's CQs ([`PollWatch`]): the
 //! receive threads step aside while it does (`driver::run_port`).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use al::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// [`BUSY_POLL_STREAK`] empty polls of a device's CQs, each this close

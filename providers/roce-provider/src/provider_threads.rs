@@ -3,7 +3,7 @@
 //! and a device's last handle dropped on one of them is never joined
 //! there.
 
-std::thread_local! {
+al::thread_local_value! {
     /// Set on the provider's own threads (receive and timer threads).
     static PROVIDER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -11,7 +11,7 @@ std::thread_local! {
 /// Marks the calling thread as one of the provider's own (a port's
 /// receive thread, the timer thread): see [`on_provider_thread`].
 pub(crate) fn mark_provider_thread() {
-    PROVIDER_THREAD.set(true);
+    PROVIDER_THREAD.with(|p| p.set(true));
 }
 
 /// Whether the calling thread is one of the provider's own. Its polls of
@@ -25,5 +25,5 @@ pub(crate) fn mark_provider_thread() {
 /// waited out a nap of 100 us to 1.6 ms (`perf conn-rate --transport
 /// udp`: p99 ~500 us, REQ -> REJ median 70 us instead of 17).
 pub(crate) fn on_provider_thread() -> bool {
-    PROVIDER_THREAD.get()
+    PROVIDER_THREAD.with(|p| p.get())
 }

@@ -10,10 +10,12 @@
 //! atomic operation, and one more to drop it). The memo is weak so that
 //! it keeps no QP, and through it no device, alive.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use al::sync::atomic::{AtomicU64, Ordering};
+use al::sync::Arc;
+#[cfg(not(ibal_loom))]
+use al::sync::Weak;
 
-use parking_lot::{RwLock, RwLockReadGuard};
+use al::sync::{RwLock, RwLockReadGuard};
 
 /// The map itself: the device's QPs (`Q`: `qp::QpInner`; generic so that
 /// this module, which the device's shared state holds, sits below the QPs
@@ -31,7 +33,37 @@ pub(crate) struct QpMap<Q> {
 pub(crate) struct QpMemo<Q> {
     key: u32,
     version: u64,
-    qp: Weak<Q>,
+    qp: MemoRef<Q>,
+}
+
+/// How the memo refers to its QP: weakly.
+#[cfg(not(ibal_loom))]
+type MemoRef<Q> = Weak<Q>;
+/// loom's `Arc` has no weak count (`al::sync::Weak` is the normal build's
+/// only), so under the model checker the memo holds its QP strongly and
+/// the feeder clears it when it gives up the port's feeding lock
+/// (`feed::Feeding`'s drop): across feeds it keeps nothing alive, as the
+/// weak memo never does. The version protocol the models check is the
+/// same code either way; that a weak memo keeps no QP alive is
+/// `qp_map::tests::a_memo_keeps_no_qp_alive`'s.
+#[cfg(ibal_loom)]
+type MemoRef<Q> = Option<Arc<Q>>;
+
+#[cfg(not(ibal_loom))]
+fn memo_ref<Q>(qp: &Arc<Q>) -> MemoRef<Q> {
+    Arc::downgrade(qp)
+}
+#[cfg(ibal_loom)]
+fn memo_ref<Q>(qp: &Arc<Q>) -> MemoRef<Q> {
+    Some(qp.clone())
+}
+#[cfg(not(ibal_loom))]
+fn upgrade<Q>(r: &MemoRef<Q>) -> Option<Arc<Q>> {
+    r.upgrade()
+}
+#[cfg(ibal_loom)]
+fn upgrade<Q>(r: &MemoRef<Q>) -> Option<Arc<Q>> {
+    r.clone()
 }
 
 // Not derived: a derive would ask `Q: Default`.
@@ -40,7 +72,7 @@ impl<Q> Default for QpMemo<Q> {
         QpMemo {
             key: 0,
             version: 0,
-            qp: Weak::new(),
+            qp: MemoRef::default(),
         }
     }
 }
@@ -75,7 +107,7 @@ impl<Q> QpMap<Q> {
         // past it, so a memo made from a map read later never outlives it.
         let version = self.version.load(Ordering::Acquire);
         if memo.key == key && memo.version == version {
-            if let Some(qp) = memo.qp.upgrade() {
+            if let Some(qp) = upgrade(&memo.qp) {
                 return Some(qp);
             }
         }
@@ -83,7 +115,7 @@ impl<Q> QpMap<Q> {
         *memo = QpMemo {
             key,
             version,
-            qp: Arc::downgrade(&qp),
+            qp: memo_ref(&qp),
         };
         Some(qp)
     }

@@ -1,12 +1,12 @@
 //! The provider ([`RoceProvider`]): a configured list of devices, the
 //! directory their ports share, and opening one.
 
+use al::sync::Arc;
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
 
+use al::sync::Mutex;
 use al::{Error, Result};
-use parking_lot::Mutex;
 use provider::{DeviceInfo, Gid, Provider};
 
 use crate::config::{DeviceConfig, Directory, ROCE_PORT};

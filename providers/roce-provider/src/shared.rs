@@ -2,8 +2,8 @@
 //! ports and their feeding locks, MRs, QPs, clock, limits and the watch on
 //! its pollers.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use al::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use al::sync::Arc;
 use std::time::Duration;
 
 use al::Result;
@@ -24,7 +24,9 @@ use crate::timers::Timers;
 /// Identities unique in the process (devices and PDs), so an object of
 /// another device or PD is recognised by one compare.
 pub(crate) fn new_identity() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
+    al::global! {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+    }
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 

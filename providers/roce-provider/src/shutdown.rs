@@ -19,14 +19,14 @@
 //! the same provider ([`wait_closed`], bounded by [`REOPEN_WAIT`]). Its
 //! end is also visible to the application through [`CloseWatch`].
 
+use al::sync::atomic::{AtomicBool, Ordering};
+use al::sync::thread::JoinHandle;
+use al::sync::Arc;
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use al::sync::{Condvar, Mutex};
 
 use crate::provider_threads::on_provider_thread;
 use crate::qp::Dev;
@@ -50,12 +50,19 @@ impl Closed {
 
     /// Waits until the shutdown is done or `timeout` passes; the name of
     /// the thread that joined, if done.
-    fn wait(&self, timeout: Duration) -> Option<String> {
-        let end = Instant::now() + timeout;
+    fn wait(&self, timeout: Option<Duration>) -> Option<String> {
+        let end = timeout.map_or_else(al::sync::Deadline::never, al::sync::Deadline::after);
         let mut by = self.joined_by.lock();
         while by.is_none() {
-            if self.done.wait_until(&mut by, end).timed_out() {
+            let left = end.remaining();
+            if left.is_some_and(|l| l.is_zero()) {
                 break;
+            }
+            match left {
+                Some(l) => {
+                    self.done.wait_timeout(&mut by, l);
+                }
+                None => self.done.wait(&mut by),
             }
         }
         by.clone()
@@ -84,7 +91,7 @@ impl CloseWatch {
     /// thread that joined the device's threads (a `roce-<name>-reaper`,
     /// never one of the device's own), or None if not finished yet.
     pub fn wait(&self, timeout: Duration) -> Option<String> {
-        self.0.wait(timeout)
+        self.0.wait(Some(timeout))
     }
 }
 
@@ -99,8 +106,10 @@ struct Closing {
     closed: Arc<Closed>,
 }
 
-/// Every device of the process whose reaper has not finished.
-static CLOSING: Mutex<Vec<Closing>> = Mutex::new(Vec::new());
+al::global! {
+    /// Every device of the process whose reaper has not finished.
+    static CLOSING: Mutex<Vec<Closing>> = Mutex::new(Vec::new());
+}
 
 /// The identity of a provider's set of open GUIDs.
 pub(crate) fn owner_of(open: &Arc<Mutex<HashSet<u64>>>) -> usize {
@@ -112,7 +121,7 @@ pub(crate) fn owner_of(open: &Arc<Mutex<HashSet<u64>>>) -> usize {
 /// is device `guid` of provider `owner`, is being reaped. Returns whether
 /// none is left.
 pub(crate) fn wait_closed(addrs: &[SocketAddr], owner: usize, guid: u64) -> bool {
-    let end = Instant::now() + REOPEN_WAIT;
+    let end = al::sync::Deadline::after(REOPEN_WAIT);
     loop {
         let pending = CLOSING
             .lock()
@@ -125,8 +134,8 @@ pub(crate) fn wait_closed(addrs: &[SocketAddr], owner: usize, guid: u64) -> bool
         let Some(closed) = pending else {
             return true;
         };
-        let left = end.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        let left = end.remaining();
+        if left.is_some_and(|l| l.is_zero()) {
             return false;
         }
         closed.wait(left);
@@ -155,7 +164,7 @@ pub(crate) fn signal_stop(shared: &Dev, stop: &AtomicBool) {
 /// Joins `threads` (all but the calling thread: a hook on a device thread
 /// may end the device; that thread then ends when the hook returns).
 pub(crate) fn join_all(threads: Vec<JoinHandle<()>>) {
-    let me = std::thread::current().id();
+    let me = al::sync::thread::current().id();
     for h in threads {
         if h.thread().id() != me {
             let _ = h.join();
@@ -194,7 +203,7 @@ impl Reap {
         drop(shared);
         open.lock().remove(&guid);
         CLOSING.lock().retain(|c| !Arc::ptr_eq(&c.closed, &closed));
-        let by = std::thread::current()
+        let by = al::sync::thread::current()
             .name()
             .unwrap_or("unnamed")
             .to_string();
@@ -218,7 +227,7 @@ pub(crate) fn reap(job: Reap, stop: &AtomicBool) {
     let name = format!("roce-{}-reaper", job.shared.attr.name);
     let slot = Arc::new(Mutex::new(Some(job)));
     let theirs = slot.clone();
-    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+    let spawned = al::sync::thread::Builder::new().name(name).spawn(move || {
         if let Some(job) = theirs.lock().take() {
             job.run(true);
         }

@@ -23,13 +23,13 @@
 //!   holds more than about twice the armed QPs, however often they re-arm
 //!   or are destroyed with a deadline set.
 
+use al::sync::atomic::{AtomicU64, Ordering};
+use al::sync::thread::Thread;
+use al::sync::{Arc, OnceLock};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::thread::Thread;
 
-use parking_lot::Mutex;
+use al::sync::Mutex;
 
 /// No deadline.
 pub(crate) const NO_DEADLINE: u64 = u64::MAX;

@@ -16,7 +16,7 @@ pub(crate) const TX_BATCH: usize = 32;
 /// each.
 type Encoded = (Vec<u8>, Vec<(SocketAddr, usize, usize)>);
 
-std::thread_local! {
+al::thread_local_value! {
     /// Each sending thread's encoding buffers, reused batch after batch
     /// (no allocation and no zeroing of a fresh buffer per packet).
     static TX_SCRATCH: std::cell::RefCell<Encoded> =
@@ -53,7 +53,7 @@ impl<'p> TxBatch<'p> {
             crate::trace::not_sent(self.qpn, Some(to), "no flow from this port to the address");
             return;
         };
-        if HOLDING_ACKS.get() && is_positive_ack(pkt) && pkt.payload.is_empty() {
+        if HOLDING_ACKS.with(|h| h.get()) && is_positive_ack(pkt) && pkt.payload.is_empty() {
             self.port
                 .held
                 .hold(self.qpn, self.sock, to, ep, pkt.headers);
@@ -75,7 +75,8 @@ impl<'p> TxBatch<'p> {
     /// Takes the thread's reusable buffers if this batch has none yet.
     fn scratch(&mut self) {
         if self.msgs.is_empty() && self.bytes.capacity() == 0 {
-            TX_SCRATCH.with_borrow_mut(|(b, m)| {
+            TX_SCRATCH.with(|cell| {
+                let (b, m) = &mut *cell.borrow_mut();
                 std::mem::swap(&mut self.bytes, b);
                 std::mem::swap(&mut self.msgs, m);
             });

@@ -1,11 +1,11 @@
 //! The verbs of an open device: `provider::Device` for [`RoceDevice`],
 //! with the checks every object's creation makes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use al::sync::atomic::{AtomicU64, Ordering};
+use al::sync::Arc;
 
+use al::sync::Mutex;
 use al::{Error, Result};
-use parking_lot::Mutex;
 use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
 use provider::{
     Access, AvAttr, CqArm, CqInit, Device, DeviceAttr, PortAttr, QpAttr, QpInit, QpModify, QpType,

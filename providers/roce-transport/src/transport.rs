@@ -1,8 +1,8 @@
 //! The per-QP transport: the glue that owns the requester, completer and
 //! responder state and exposes the sans-IO interface.
 
+use al::sync::Arc;
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Duration;
 
 use provider::{Access, QpState, QpType, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
@@ -17,13 +17,26 @@ use crate::wqe::{needs_response, RecvWqe, SendWqe, SgList};
 /// A packet's payload: bytes of its own (responses), or a window on a
 /// message the transport holds (requests), so that sending a packet of a
 /// long message copies nothing until the driver encodes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Payload {
     /// The packet's own bytes.
     Owned(Vec<u8>),
     /// `range` of a message gathered at post time.
     Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
 }
+
+// By value, as a derive over std's `Arc` compared (`al::sync::Arc` is
+// loom's under the model checker, which has no `PartialEq`).
+impl PartialEq for Payload {
+    fn eq(&self, other: &Payload) -> bool {
+        match (self, other) {
+            (Payload::Owned(a), Payload::Owned(b)) => a == b,
+            (Payload::Shared(a, r), Payload::Shared(b, s)) => r == s && **a == **b,
+            _ => false,
+        }
+    }
+}
+impl Eq for Payload {}
 
 impl std::ops::Deref for Payload {
     type Target = [u8];

@@ -1,7 +1,7 @@
 //! Work requests as the transport keeps them: a send's ([`SendWqe`]) and
 //! a receive's ([`RecvWqe`]), with their gather or scatter lists.
 
-use std::sync::Arc;
+use al::sync::Arc;
 
 use provider::{SendOp, Sge, WcOpcode, WcStatus};
 

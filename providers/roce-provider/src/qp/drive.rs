@@ -3,8 +3,8 @@
 //! drive sends what the transport has to send, moves its completions to
 //! the CQs, follows its state and publishes its next deadline.
 
+use al::sync::atomic::Ordering;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use provider::{AvAttr, QpState, RecvWr, Sge, WcOpcode, WcStatus};

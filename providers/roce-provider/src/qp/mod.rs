@@ -11,11 +11,11 @@ mod lazy_deque;
 mod modify;
 mod post;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use al::sync::atomic::{AtomicU64, Ordering};
+use al::sync::Arc;
 
 use al::sync::ArcCell;
-use parking_lot::Mutex;
+use al::sync::Mutex;
 use provider::{
     Access, AvAttr, MigState, Mtu, QpAttr, QpCaps, QpState, QpType, SendOp, Sge, Wc, WcOpcode,
     WcStatus,

@@ -2,7 +2,7 @@
 //! checks of `provider::qp_state`, the transport made at RTR, and the
 //! moves to RESET and ERR.
 
-use std::sync::atomic::Ordering;
+use al::sync::atomic::Ordering;
 
 use al::{Error, Result};
 use provider::qp_state;
