@@ -10,7 +10,7 @@
 #![allow(unsafe_code)]
 
 /// The monotonic clock, nanoseconds.
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(ibal_loom)))]
 pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -27,13 +27,34 @@ pub(crate) fn monotonic_ns() -> u64 {
 }
 
 /// The monotonic clock, nanoseconds from its first read.
-#[cfg(not(target_os = "linux"))]
+#[cfg(all(not(target_os = "linux"), not(ibal_loom)))]
 pub(crate) fn monotonic_ns() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START
         .get_or_init(std::time::Instant::now)
         .elapsed()
         .as_nanos() as u64
+}
+
+al::global! {
+    /// Under the model checker the clock is the model's: it stands still
+    /// until a model moves it ([`advance`]), so every execution of a model
+    /// sees the same times (loom replays executions and must not see the
+    /// real clock's) and a timer fires only when a model says time passed.
+    #[cfg(ibal_loom)]
+    static MODEL_NS: al::sync::atomic::AtomicU64 = al::sync::atomic::AtomicU64::new(1_000_000);
+}
+
+/// The model's clock (see `MODEL_NS`).
+#[cfg(ibal_loom)]
+pub(crate) fn monotonic_ns() -> u64 {
+    MODEL_NS.load(al::sync::atomic::Ordering::SeqCst)
+}
+
+/// Moves the model's clock `ns` forward.
+#[cfg(ibal_loom)]
+pub(crate) fn advance(ns: u64) {
+    MODEL_NS.fetch_add(ns, al::sync::atomic::Ordering::SeqCst);
 }
 
 #[cfg(test)]
