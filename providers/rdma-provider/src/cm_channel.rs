@@ -28,9 +28,9 @@
 //!   application's QP by number, and [`CmId::init_qp_modify`] turns
 //!   `rdma_init_qp_attr` into the modify the application makes itself.
 
+use al::sync::{Arc, Mutex};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 use al::{Error, Result};
 use provider::{Access, QpModify, QpState};
@@ -67,15 +67,11 @@ struct Shared {
 
 impl Shared {
     fn hook_of(&self, key: usize) -> Option<CmHook> {
-        self.hooks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned()
+        self.hooks.lock().get(&key).cloned()
     }
 
     fn set_hook(&self, key: usize, hook: Option<CmHook>) {
-        let mut h = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.hooks.lock();
         match hook {
             Some(hook) => h.insert(key, hook),
             None => h.remove(&key),
@@ -89,7 +85,7 @@ impl Shared {
                 Ok(r) if r[0] => {}
                 Ok(_) => continue,
                 Err(_) => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    al::sync::thread::sleep(std::time::Duration::from_millis(10));
                     continue;
                 }
             }
@@ -126,8 +122,10 @@ impl Shared {
 }
 
 fn channel() -> Result<Arc<Shared>> {
-    static CHANNEL: Mutex<Option<Arc<Shared>>> = Mutex::new(None);
-    let mut c = CHANNEL.lock().unwrap_or_else(|e| e.into_inner());
+    al::global! {
+        static CHANNEL: Mutex<Option<Arc<Shared>>> = Mutex::new(None);
+    }
+    let mut c = CHANNEL.lock();
     if let Some(s) = c.as_ref() {
         return Ok(s.clone());
     }
@@ -137,7 +135,7 @@ fn channel() -> Result<Arc<Shared>> {
         hooks: Mutex::new(HashMap::new()),
     });
     let st = shared.clone();
-    std::thread::Builder::new()
+    al::sync::thread::Builder::new()
         .name("rdma-cm-ev".into())
         .spawn(move || {
             crate::reaper::mark_provider_thread();

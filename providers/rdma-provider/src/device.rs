@@ -3,7 +3,7 @@
 //! Its verbs are `verbs.rs`, its objects `objects.rs`, its event thread
 //! `event_thread.rs`.
 
-use std::sync::Arc;
+use al::sync::Arc;
 
 use al::{Error, Result};
 use provider::qp_state::PortLimits;

@@ -21,13 +21,13 @@
 //! the join happens on the dropping thread, or on the reaper when that is a
 //! provider thread or a callback (`reaper.rs`).
 
+use al::sync::atomic::{AtomicU64, Ordering};
+use al::sync::thread::JoinHandle;
+use al::sync::{Arc, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
 use al::{Error, Result};
 use provider::{AsyncEvent, AsyncHook, CompletionHook};
@@ -36,7 +36,7 @@ use crate::events::{self, DeviceEventHook, Element, QpEventHook};
 use crate::sys::{self, CompChannel, Context};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock()
 }
 
 /// A CQ's hooks.
@@ -96,7 +96,7 @@ impl EventState {
                 Err(_) => {
                     // poll itself failed (EBADF/ENOMEM): retry slowly
                     // rather than spin; the wake-up still ends the loop.
-                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    al::sync::thread::sleep(std::time::Duration::from_millis(10));
                     continue;
                 }
             };
@@ -185,7 +185,7 @@ impl Events {
             Error::Other(format!("socketpair for {name}'s event thread: {e}").into())
         })?;
         let st = state.clone();
-        let thread = std::thread::Builder::new()
+        let thread = al::sync::thread::Builder::new()
             .name(format!("rdma-ev-{name}"))
             .spawn(move || {
                 crate::reaper::mark_provider_thread();
@@ -240,7 +240,7 @@ impl Drop for Events {
             // A hook may hold the last reference to the device: then this
             // runs on the event thread itself, which cannot join itself;
             // it sees the wake-up and ends once the hook returns.
-            if t.thread().id() == std::thread::current().id() {
+            if t.thread().id() == al::sync::thread::current().id() {
                 return;
             }
             // Anywhere else the thread ends at once (the wake-up), but the

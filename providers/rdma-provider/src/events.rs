@@ -5,7 +5,7 @@
 //! (built without the `rdma` feature too); the device's event thread
 //! routes them (`docs/rdma-provider.md`, "Asynchronous events").
 
-use std::sync::Arc;
+use al::sync::Arc;
 
 /// The `enum ibv_event_type` codes of `verbs.h` (checked against the
 /// installed headers by `sys::tests`).

@@ -18,8 +18,8 @@
 //! [`InFlight`]: provider::buffer::for_providers::InFlight
 //! [`InFlight::remove_span`]: provider::buffer::for_providers::InFlight::remove_span
 
+use al::sync::{Arc, Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use al::sync::atomic::{AtomicBool, Ordering};
 use provider::buffer::for_providers::{Lease, Memory, Span};
@@ -29,7 +29,7 @@ use provider::{Sge, Wc, WcOpcode, WcStatus};
 type Held = Vec<(Arc<Memory>, Lease)>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock()
 }
 
 fn release(held: Held) {

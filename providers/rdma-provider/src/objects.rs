@@ -2,7 +2,7 @@
 //! each holds its libibverbs object and what it must give back when it
 //! drops (its hooks in the event tables, its leases).
 
-use std::sync::{Arc, Mutex};
+use al::sync::{Arc, Mutex};
 
 use provider::{QpState, QpType};
 

@@ -9,12 +9,21 @@
 //! plain drop still finishes its teardown before it returns.
 
 use std::cell::Cell;
+// The one std primitive left in the provider crates: `al::sync` has no
+// channel (loom's differs in API). The reaper's hand-over is a plain
+// queue to one thread that only runs jobs; the rdma provider is never
+// built under the model checker (it needs libibverbs and a kernel device,
+// and its threads wait in the kernel's event channels, which loom cannot
+// model).
 use std::sync::mpsc::{channel, Sender};
-use std::sync::Mutex;
 
-thread_local! {
+use al::sync::Mutex;
+
+al::thread_local_value! {
     /// Set on the provider's own threads.
     static PROVIDER_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+al::thread_local_value! {
     /// Waiting teardowns run inline on this thread so far.
     static INLINE_WAITS: Cell<u64> = const { Cell::new(0) };
 }
@@ -41,13 +50,15 @@ pub fn waits_on_this_thread() -> u64 {
 }
 
 fn reaper() -> Option<Sender<Job>> {
-    static REAPER: Mutex<Option<Sender<Job>>> = Mutex::new(None);
-    let mut r = REAPER.lock().unwrap_or_else(|e| e.into_inner());
+    al::global! {
+        static REAPER: Mutex<Option<Sender<Job>>> = Mutex::new(None);
+    }
+    let mut r = REAPER.lock();
     if let Some(tx) = r.as_ref() {
         return Some(tx.clone());
     }
     let (tx, rx) = channel::<Job>();
-    std::thread::Builder::new()
+    al::sync::thread::Builder::new()
         .name("rdma-reaper".into())
         .spawn(move || {
             // Lives as long as the process (the sender stays in REAPER);
@@ -100,18 +111,18 @@ mod tests {
         let before = waits_on_this_thread();
         let t = tx.clone();
         teardown(move || {
-            t.send(std::thread::current().name().map(String::from))
+            t.send(al::sync::thread::current().name().map(String::from))
                 .unwrap()
         });
         assert_eq!(waits_on_this_thread(), before + 1);
         assert_eq!(
             rx.recv_timeout(Duration::from_secs(5)).unwrap(),
-            std::thread::current().name().map(String::from)
+            al::sync::thread::current().name().map(String::from)
         );
         std::thread::spawn(move || {
             mark_provider_thread();
             teardown(move || {
-                tx.send(std::thread::current().name().map(String::from))
+                tx.send(al::sync::thread::current().name().map(String::from))
                     .unwrap()
             });
             assert_eq!(waits_on_this_thread(), 0, "no wait on a provider thread");

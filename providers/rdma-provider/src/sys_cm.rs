@@ -31,7 +31,7 @@ use std::os::fd::RawFd;
 use std::os::raw::{c_int, c_void};
 use std::ptr::NonNull;
 
-use std::sync::{Mutex, MutexGuard};
+use al::sync::{Mutex, MutexGuard};
 
 use al::Result;
 use rdma_sys as ffi;
@@ -106,8 +106,10 @@ pub(crate) struct CmGuard(#[allow(dead_code)] MutexGuard<'static, ()>);
 
 /// Takes the process's CM lock.
 pub(crate) fn lock() -> CmGuard {
-    static CM_LOCK: Mutex<()> = Mutex::new(());
-    CmGuard(CM_LOCK.lock().unwrap_or_else(|e| e.into_inner()))
+    al::global! {
+        static CM_LOCK: Mutex<()> = Mutex::new(());
+    }
+    CmGuard(CM_LOCK.lock())
 }
 
 /// An event channel (`rdma_create_event_channel`): the fd every event of

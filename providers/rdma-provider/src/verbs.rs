@@ -1,8 +1,8 @@
 //! The verbs of an open RDMA device: `provider::Device` for
 //! [`RdmaDevice`], with the checks and conversions each makes.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use al::sync::atomic::AtomicU64;
+use al::sync::{Arc, Mutex};
 
 use al::{Error, Result};
 use provider::buffer::for_providers::{memory_of, region_memory, Memory, Span};
@@ -153,7 +153,7 @@ impl RdmaDevice {
     }
 
     fn qp_set(qp: &RdmaQp) -> QpSet {
-        *qp.set.lock().unwrap_or_else(|e| e.into_inner())
+        *qp.set.lock()
     }
 }
 
@@ -414,7 +414,7 @@ impl Device for RdmaDevice {
         provider::qp_state::check_transition(qp.qp_type, from, m.state, m.given())?;
         self.with_limits(|l| provider::qp_state::check_modify_values(now.port, m, l))?;
         let (raw, mask) = convert::modify_to_raw(m);
-        let mut set = qp.set.lock().unwrap_or_else(|e| e.into_inner());
+        let mut set = qp.set.lock();
         if from == QpState::Reset && m.state == QpState::Err {
             // IBTA allows RESET -> ERR; Linux's transition table does not
             // (EINVAL). Go through INIT with the attributes it requires

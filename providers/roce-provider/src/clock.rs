@@ -29,6 +29,7 @@ pub(crate) fn monotonic_ns() -> u64 {
 /// The monotonic clock, nanoseconds from its first read.
 #[cfg(all(not(target_os = "linux"), not(ibal_loom)))]
 pub(crate) fn monotonic_ns() -> u64 {
+    // Never under loom (the model clock above); process-wide, read only.
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START
         .get_or_init(std::time::Instant::now)

@@ -4,6 +4,9 @@
 use provider::{Gid, LinkLayer, Mtu, PortState, DEFAULT_PKEY};
 
 /// What [`Fabric::set_capture`](crate::Fabric::set_capture) hands each datagram to.
+///
+/// A std `Arc` on purpose: the application builds it (loom's `Arc` cannot
+/// hold an unsized closure), and the provider only calls it.
 pub type CaptureTap = std::sync::Arc<dyn Fn(&crate::packet::UdPacket) + Send + Sync>;
 
 /// Key of a GSI QP in an HCA's QP table (above every 24-bit QPN).

@@ -16,6 +16,10 @@ pub(crate) fn new_identity() -> Identity {
     // A plain std atomic, also under loom: the only property wanted is
     // uniqueness, which a relaxed fetch_add gives, and a static cannot
     // hold a loom atomic.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    // Per execution under loom (`al::global!`), so each replay of a model
+    // numbers its objects alike.
+    al::global! {
+        static NEXT: al::sync::atomic::AtomicU64 = al::sync::atomic::AtomicU64::new(1);
+    }
+    NEXT.fetch_add(1, al::sync::atomic::Ordering::Relaxed)
 }

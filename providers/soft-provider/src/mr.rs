@@ -77,8 +77,10 @@ pub(crate) const MAX_MRS: u32 = (1 << 24) - 1;
 fn next_tag() -> u32 {
     // A plain std atomic, also under loom: a static cannot hold a loom
     // atomic, and the tag only needs to differ from recent ones.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0x5a);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    al::global! {
+        static NEXT: al::sync::atomic::AtomicU32 = al::sync::atomic::AtomicU32::new(0x5a);
+    }
+    NEXT.fetch_add(1, al::sync::atomic::Ordering::Relaxed)
 }
 
 impl MrTable {

@@ -1,8 +1,8 @@
 //! Address handles (`ibv_create_ah`) and the `ibv_ah_attr` they are made
 //! from.
 
+use al::sync::Arc;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use al::Result;
 use rdma_sys as ffi;

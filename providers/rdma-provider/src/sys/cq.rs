@@ -2,11 +2,11 @@
 //! `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event`), and waiting on
 //! several channels' fds at once ([`poll_readable`]).
 
+use al::sync::Arc;
 use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::os::raw::c_void;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use al::Result;
 use rdma_sys as ffi;

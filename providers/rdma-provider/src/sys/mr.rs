@@ -1,9 +1,9 @@
 //! Protection domains and memory regions (`ibv_alloc_pd`, `ibv_reg_mr`,
 //! `ibv_dereg_mr`).
 
+use al::sync::Arc;
 use std::os::raw::c_void;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use al::Result;
 use provider::buffer::for_providers::{map_for_device, DeviceMapping, Memory};

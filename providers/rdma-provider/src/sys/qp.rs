@@ -1,9 +1,9 @@
 //! Queue pairs and shared receive queues: creating them, modifying and
 //! querying QPs (`ibv_qp_attr` both ways), and posting sends and receives.
 
+use al::sync::Arc;
 use std::os::raw::c_int;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use al::Result;
 use provider::{RecvWr, SendOp, Sge};
