@@ -255,6 +255,10 @@ pub mod roce {
         gid_of, ip_of, DeviceConfig, PortConfig, PortCounters, RoceDevice, RoceLimits,
         RoceProvider, ROCE_PORT,
     };
+    /// Scheduling delays at the provider's protocol points (feature
+    /// `delay-points`, for stress tests only).
+    #[cfg(feature = "delay-points")]
+    pub use roce_provider::delay;
 
     pub mod wire {
         //! The RoCEv2 wire codec the provider speaks (crate `roce`; no

@@ -118,7 +118,7 @@ impl StressArgs {
 /// points injected (on stderr, so `--json` stays one object).
 #[cfg(feature = "delay-points")]
 fn report_delays() {
-    let counts = roce_provider::delay::counts();
+    let counts = ibal::roce::delay::counts();
     let passes: u64 = counts.iter().map(|(_, c)| c.calls).sum();
     let delays: u64 = counts
         .iter()
