@@ -251,6 +251,10 @@ pub mod roce {
     //! IP address (IPv4-mapped or IPv6); address vectors carry a GRH, and
     //! there are no LIDs (connect with `ConnectRequest::new(service, 0)
     //! .remote_gid(gid)`). See `docs/roce-provider.md`.
+    /// Scheduling delays at the provider's protocol points (feature
+    /// `delay-points`, for stress tests only).
+    #[cfg(feature = "delay-points")]
+    pub use roce_provider::delay;
     pub use roce_provider::{
         gid_of, ip_of, DeviceConfig, PortConfig, PortCounters, RoceDevice, RoceLimits,
         RoceProvider, ROCE_PORT,

@@ -85,7 +85,7 @@ impl StressArgs {
         let _status = ibal_cli::status::StatusPrinter::for_process(Some(
             ibal_cli::status::StatusConfig::from_flags(status, json)?,
         ));
-        ibal_testkit::stress::main_on(
+        let result = ibal_testkit::stress::main_on(
             &ibal_testkit::stress::StressConfig {
                 seconds,
                 threads,
@@ -107,6 +107,32 @@ impl StressArgs {
                 ibal_testkit::stress::Transport::Soft
             },
             json,
-        )
+        );
+        #[cfg(feature = "delay-points")]
+        report_delays();
+        result
+    }
+}
+
+/// With the `delay-points` feature: what the RoCEv2 provider's protocol
+/// points injected (on stderr, so `--json` stays one object).
+#[cfg(feature = "delay-points")]
+fn report_delays() {
+    let counts = ibal::roce::delay::counts();
+    let passes: u64 = counts.iter().map(|(_, c)| c.calls).sum();
+    let delays: u64 = counts
+        .iter()
+        .map(|(_, c)| c.yields + c.spins + c.sleeps)
+        .sum();
+    eprintln!("delay points: {delays} delays injected in {passes} passes (IBAL_DELAY_POINTS)");
+    for (p, c) in counts.iter().filter(|(_, c)| c.calls > 0) {
+        eprintln!(
+            "  {:<16} {:>10} passes {:>8} yields {:>8} spins {:>8} sleeps",
+            format!("{p:?}"),
+            c.calls,
+            c.yields,
+            c.spins,
+            c.sleeps
+        );
     }
 }

@@ -62,6 +62,7 @@ impl CqInner {
             return;
         }
         s.q.push_back(wc);
+        crate::delay::point(crate::delay::Point::CqPushed);
         self.queued.store(s.q.len(), Ordering::Release);
         let fire = match s.armed {
             Some(CqArm::NextCompletion) => true,
@@ -83,6 +84,7 @@ impl CqInner {
         if self.queued.load(Ordering::Acquire) == 0 {
             return 0;
         }
+        crate::delay::point(crate::delay::Point::CqPollChecked);
         let mut s = self.state.lock();
         let n = out.len().min(s.q.len());
         for (slot, wc) in out.iter_mut().zip(s.q.drain(..n)) {

@@ -47,6 +47,7 @@ pub(crate) fn run_timers(dev: Arc<Dev>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         // Working: any arming from here on wakes the next sleep at once.
         timers.plan(NO_DEADLINE);
+        crate::delay::point(crate::delay::Point::TimerWorking);
         let now = nanos(dev.now());
         timers.take_due(now, find, &mut due);
         for q in due.drain(..) {
@@ -63,6 +64,7 @@ pub(crate) fn run_timers(dev: Arc<Dev>, stop: Arc<AtomicBool>) {
         timers.compact(find);
         let next = timers.next();
         timers.plan(next);
+        crate::delay::point(crate::delay::Point::TimerPlanned);
         if next == NO_DEADLINE {
             al::sync::thread::park();
         } else {
@@ -131,7 +133,9 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
         port.flush_held();
         if dev.polled_within(POLLERS_ACTIVE) {
             port.counters.add(&port.counters.rx_thread_naps, 1);
+            crate::delay::point(crate::delay::Point::NapBefore);
             al::sync::thread::sleep(nap);
+            crate::delay::point(crate::delay::Point::NapAfter);
             nap = next_nap(nap);
             if stop.load(Ordering::Acquire) {
                 break;
@@ -145,12 +149,14 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
         let mut feeding = feed_lock.feeding(port);
+        crate::delay::point(crate::delay::Point::FeedLocked);
         // A poller may have held an ACK after the flush above, before this
         // thread had the lock; none can while it has it (only the port's
         // feeder holds ACKs). Sent now, nothing is held while the thread
         // blocks, so no wake-up is ever needed to send it.
         port.flush_held();
         let n = batch.recv(&port.socket, RX_BATCH, true);
+        crate::delay::point(crate::delay::Point::RxReceived);
         port.counters.add(&port.counters.rx_thread_wakeups, 1);
         if stop.load(Ordering::Acquire) {
             break;
@@ -167,6 +173,7 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
             n,
             &mut Reached::Later(&mut reached),
         );
+        crate::delay::point(crate::delay::Point::RxFed);
         for qp in reached.drain(..) {
             qp.drive_now();
         }
@@ -289,6 +296,7 @@ fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration>
         let Some(mut feeding) = feed_lock.try_feeding(port) else {
             continue;
         };
+        crate::delay::point(crate::delay::Point::PollFeedLocked);
         // A lone datagram's QP is driven as the packet is taken, a
         // batch's QPs once the batch is fed; either way the completion
         // hooks run only once the scratch buffers are released: a hook
@@ -334,6 +342,7 @@ fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration>
         // Ports are taken in turn: the first that had a datagram had it
         // first.
         first = first.or(taken);
+        crate::delay::point(crate::delay::Point::PollFed);
         // The positive ACKs these drives produce are held: the caller's
         // application is about to see the completions and often answers
         // at once, and its packets take the ACKs along (`HeldAcks`).

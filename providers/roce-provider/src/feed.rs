@@ -93,6 +93,7 @@ impl<'p, Q> Feeding<'p, Q> {
     pub(crate) fn count(&self, which: impl FnOnce(&AtomicCounters) -> &AtomicU64, n: u64) {
         if n != 0 {
             let c = which(&self.port.counters);
+            crate::delay::point(crate::delay::Point::FeedCount);
             c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
         }
     }

@@ -116,6 +116,7 @@ impl HeldAcks {
             Some(old) => *old = held,
             None => list.push(held),
         }
+        crate::delay::point(crate::delay::Point::HoldChanged);
         self.publish(&list);
     }
 
@@ -151,6 +152,7 @@ impl HeldAcks {
             }
             false
         });
+        crate::delay::point(crate::delay::Point::TakeChanged);
         self.publish(&list);
         (taken, failed)
     }

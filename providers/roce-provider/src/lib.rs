@@ -28,6 +28,10 @@ mod clock;
 mod config;
 mod counters;
 mod cq;
+#[cfg(feature = "delay-points")]
+pub mod delay;
+#[cfg(not(feature = "delay-points"))]
+mod delay;
 mod device;
 mod driver;
 mod feed;

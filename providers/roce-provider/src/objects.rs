@@ -99,6 +99,7 @@ impl std::fmt::Debug for RoceQp {
 impl Drop for RoceQp {
     fn drop(&mut self) {
         self.inner.dev.qps.change(|qps| qps.remove(&self.inner.key));
+        crate::delay::point(crate::delay::Point::QpRemoved);
         self.inner.destroy();
     }
 }

@@ -95,6 +95,7 @@ impl<Q> QpMap<Q> {
     pub(crate) fn change<R>(&self, f: impl FnOnce(&mut Map<Q>) -> R) -> R {
         let mut map = self.map.write();
         let r = f(&mut map);
+        crate::delay::point(crate::delay::Point::MapChanged);
         self.version.fetch_add(1, Ordering::Release);
         r
     }
@@ -106,6 +107,7 @@ impl<Q> QpMap<Q> {
         // Read before the map: a change after this read moves the version
         // past it, so a memo made from a map read later never outlives it.
         let version = self.version.load(Ordering::Acquire);
+        crate::delay::point(crate::delay::Point::MemoVersionRead);
         if memo.key == key && memo.version == version {
             if let Some(qp) = upgrade(&memo.qp) {
                 return Some(qp);

@@ -148,6 +148,7 @@ pub(crate) fn signal_stop(shared: &Dev, stop: &AtomicBool) {
         p.flush_held();
     }
     stop.store(true, Ordering::Release);
+    crate::delay::point(crate::delay::Point::StopSignalled);
     shared.timers.wake();
     for p in &shared.ports {
         // Wake the receive thread (it blocks with no timeout): an empty

@@ -118,6 +118,7 @@ impl Timers {
         // SeqCst, against the timer thread's clearing of `queued` and its
         // read of the deadline: one of the two sees the other's write.
         if at < queued.load(Ordering::SeqCst) {
+            crate::delay::point(crate::delay::Point::TimerArmChecked);
             self.push(key, queued, at);
         }
     }
