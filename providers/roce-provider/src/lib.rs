@@ -30,6 +30,8 @@ mod counters;
 mod cq;
 mod device;
 mod driver;
+#[cfg(ibal_loom)]
+mod fake_net;
 mod feed;
 mod held_acks;
 mod keys;

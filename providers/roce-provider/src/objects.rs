@@ -99,6 +99,9 @@ impl std::fmt::Debug for RoceQp {
 impl Drop for RoceQp {
     fn drop(&mut self) {
         self.inner.dev.qps.change(|qps| qps.remove(&self.inner.key));
+        // The mistake: the QP only leaves the map; a feeder that found it
+        // before keeps feeding it (and completing its work) after this.
+        #[cfg(not(ibal_mutant = "qp_destroy_unmap_only"))]
         self.inner.destroy();
     }
 }
