@@ -186,10 +186,11 @@ fn poll_until(dev: &RoceDevice, cq: &RoceCq, n: usize) -> Vec<Wc> {
 /// port's datagrams: the peer sends two SENDs; the poller gets exactly two
 /// receive completions, in order, each datagram counted once. The device
 /// starts busy-polled (its receive thread, once it comes back from its
-/// socket, naps) and the clock moves past the pollers' window between the
-/// SENDs (the receive thread takes the socket back): both branches of the
-/// step-aside, and a receive thread blocked in the socket still wakes for
-/// the second SEND (or leaves it to the poller) and for the close.
+/// socket, naps) and the clock moves past the pollers' window once the
+/// poller has its first completion (the receive thread takes the socket
+/// back): both branches of the step-aside, and a receive thread blocked in
+/// the socket still wakes for a SEND (or leaves it to the poller) and for
+/// the close.
 ///
 /// The peer's sends are made by the poller's thread itself (loom's five
 /// threads: this one, the device's receive, timer and reaper threads).
@@ -199,10 +200,10 @@ fn receive_thread_vs_poller_feed_each_datagram_once() {
         let w = world(2);
         fake::mark_busy_polled(&w.dev);
         fake::send_imm(peer(), w.local, w.qpn, PSN, 1);
+        fake::send_imm(peer(), w.local, w.qpn, PSN + 1, 2);
         let mut got = poll_until(&w.dev, &w.cq, 1);
         clock::advance(1_000_000);
-        fake::send_imm(peer(), w.local, w.qpn, PSN + 1, 2);
-        got.extend(poll_until(&w.dev, &w.cq, 1));
+        got.extend(poll_until(&w.dev, &w.cq, 2 - got.len()));
         let seen: Vec<(u64, WcStatus, Option<u32>)> =
             got.iter().map(|c| (c.wr_id, c.status, c.imm)).collect();
         assert_eq!(
