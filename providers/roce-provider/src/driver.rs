@@ -148,6 +148,7 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
         // thread holds an earlier one it has not fed yet (that reordered
         // READ responses). Pollers only try the lock: while this thread
         // waits in the socket they leave the port to it.
+        #[cfg(not(ibal_mutant = "feed_no_lock_across_recv"))]
         let mut feeding = feed_lock.feeding(port);
         crate::delay::point(crate::delay::Point::FeedLocked);
         // A poller may have held an ACK after the flush above, before this
@@ -156,6 +157,9 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
         // blocks, so no wake-up is ever needed to send it.
         port.flush_held();
         let n = batch.recv(&port.socket, RX_BATCH, true);
+        // The mistake: the lock taken only once a datagram is in hand.
+        #[cfg(ibal_mutant = "feed_no_lock_across_recv")]
+        let mut feeding = feed_lock.feeding(port);
         crate::delay::point(crate::delay::Point::RxReceived);
         port.counters.add(&port.counters.rx_thread_wakeups, 1);
         if stop.load(Ordering::Acquire) {
@@ -178,6 +182,13 @@ pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
             qp.drive_now();
         }
         drop(feeding);
+        // The mistake: this thread's datagrams counted after it released
+        // the feeding lock, by a load and a store (`feed` left them out).
+        #[cfg(ibal_mutant = "feed_counter_unlocked")]
+        {
+            let c = &port.counters.rx_datagrams;
+            c.store(c.load(Ordering::Relaxed) + n as u64, Ordering::Relaxed);
+        }
         callbacks.run();
     }
 }
@@ -226,6 +237,12 @@ fn feed(
             reached,
         ));
     }
+    #[cfg(ibal_mutant = "feed_counter_unlocked")]
+    let datagrams = if crate::provider_threads::on_provider_thread() {
+        0 // counted by `run_port`, after the lock
+    } else {
+        datagrams
+    };
     fed.count(|c| &c.rx_datagrams, datagrams);
     fed.count(|c| &c.rx_bytes, bytes);
     Fed { accepted, at: now }

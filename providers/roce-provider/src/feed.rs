@@ -16,7 +16,11 @@ use crate::qp_map::QpMemo;
 /// threads never feed one port's packets concurrently (which could
 /// reorder them). Taken as a [`Feeding`]. `Q`: the QP type
 /// (`qp::QpInner`).
-pub(crate) struct FeedLock<Q>(Mutex<RxState<Q>>);
+pub(crate) struct FeedLock<Q> {
+    rx: Mutex<RxState<Q>>,
+    #[cfg(ibal_loom)]
+    gate: loom_gate::Gate,
+}
 
 /// What the feeder of a port's datagrams keeps between them.
 struct RxState<Q> {
@@ -28,10 +32,14 @@ struct RxState<Q> {
 
 impl<Q> Default for FeedLock<Q> {
     fn default() -> Self {
-        FeedLock(Mutex::new(RxState {
-            memo: QpMemo::default(),
-            gate: roce_transport::SolverGate::default(),
-        }))
+        FeedLock {
+            rx: Mutex::new(RxState {
+                memo: QpMemo::default(),
+                gate: roce_transport::SolverGate::default(),
+            }),
+            #[cfg(ibal_loom)]
+            gate: loom_gate::Gate::default(),
+        }
     }
 }
 
@@ -40,16 +48,22 @@ impl<Q> FeedLock<Q> {
     /// waiting for it.
     pub(crate) fn feeding<'p>(&'p self, port: &'p PortShared) -> Feeding<'p, Q> {
         Feeding {
+            #[cfg(ibal_loom)]
+            _gate: self.gate.enter(),
             port,
-            rx: self.0.lock(),
+            rx: self.rx.lock(),
         }
     }
 
     /// The right to feed `port`'s datagrams, if nobody holds it.
     pub(crate) fn try_feeding<'p>(&'p self, port: &'p PortShared) -> Option<Feeding<'p, Q>> {
+        #[cfg(ibal_loom)]
+        let _gate = self.gate.try_enter()?;
         Some(Feeding {
+            #[cfg(ibal_loom)]
+            _gate,
             port,
-            rx: self.0.try_lock()?,
+            rx: self.rx.try_lock()?,
         })
     }
 }
@@ -65,6 +79,9 @@ pub(crate) struct Feeding<'p, Q> {
     port: &'p PortShared,
     /// The lock, and what it guards.
     rx: MutexGuard<'p, RxState<Q>>,
+    /// Under loom, the lock's right to be taken (released after `rx`).
+    #[cfg(ibal_loom)]
+    _gate: loom_gate::Entered<'p>,
 }
 
 /// See `qp_map::MemoRef`: under loom the memo is strong, and is
@@ -95,6 +112,56 @@ impl<'p, Q> Feeding<'p, Q> {
             let c = which(&self.port.counters);
             crate::delay::point(crate::delay::Point::FeedCount);
             c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Under loom only: who may take a port's feeding lock. loom's
+/// `Mutex::try_lock` can block the trying thread until the lock is
+/// released when another thread takes the lock during the try
+/// (tokio-rs/loom#376): a poller's try would then wait out a receive
+/// thread that holds the feeding lock across a blocking receive, a
+/// deadlock the real lock never has. So under loom the lock is taken
+/// through this gate (a flag under a short-held lock, waited for on a
+/// condition variable), whose try never waits for a holder; the feeding
+/// lock itself is then only ever taken by the gate's holder, uncontended.
+#[cfg(ibal_loom)]
+mod loom_gate {
+    use al::sync::{Condvar, Mutex};
+
+    #[derive(Default)]
+    pub(super) struct Gate {
+        held: Mutex<bool>,
+        freed: Condvar,
+    }
+
+    /// The gate, held.
+    pub(super) struct Entered<'g>(&'g Gate);
+
+    impl Gate {
+        pub(super) fn enter(&self) -> Entered<'_> {
+            let mut held = self.held.lock();
+            while *held {
+                self.freed.wait(&mut held);
+            }
+            *held = true;
+            Entered(self)
+        }
+
+        pub(super) fn try_enter(&self) -> Option<Entered<'_>> {
+            let mut held = self.held.lock();
+            if *held {
+                return None;
+            }
+            *held = true;
+            Some(Entered(self))
+        }
+    }
+
+    impl Drop for Entered<'_> {
+        fn drop(&mut self) {
+            *self.0.held.lock() = false;
+            self.0.freed.notify_all();
         }
     }
 }

@@ -34,6 +34,8 @@ pub mod delay;
 mod delay;
 mod device;
 mod driver;
+#[cfg(ibal_loom)]
+mod fake_net;
 mod feed;
 mod held_acks;
 mod keys;

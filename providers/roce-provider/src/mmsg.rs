@@ -21,8 +21,15 @@
 //! On other systems [`RecvBatch::recv`] takes one datagram per call with
 //! `std` (the caller loops).
 #![allow(unsafe_code)]
+// Under the model checker the system calls are not made (`fake_net`).
+#![cfg_attr(ibal_loom, allow(dead_code))]
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
+#[cfg(not(ibal_loom))]
+use std::net::UdpSocket;
+
+#[cfg(ibal_loom)]
+use crate::port::UdpSocket;
 
 /// Buffers for up to `count` datagrams of up to `len` bytes each, and
 /// what the last [`RecvBatch::recv`] put there.
@@ -168,7 +175,7 @@ impl RecvBatch {
         if max == 0 {
             return 0;
         }
-        #[cfg(target_os = "linux")]
+        #[cfg(all(target_os = "linux", not(ibal_loom)))]
         if max == 1 && !wait {
             self.recv_one(socket);
             return self.got.len();
@@ -181,7 +188,7 @@ impl RecvBatch {
     /// the kernel's `recvmmsg` costs more per call even for one message
     /// (its header array in and out), and a polling thread asks for one
     /// at a time in a ping-pong.
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(ibal_loom)))]
     fn recv_one(&mut self, socket: &UdpSocket) {
         use rustix::net::{recvfrom, RecvFlags};
         let len = self.len;
@@ -197,7 +204,7 @@ impl RecvBatch {
         });
     }
 
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(ibal_loom)))]
     fn recv_sys(&mut self, socket: &UdpSocket, max: usize, wait: bool) {
         use std::os::fd::AsRawFd;
         let len = self.len;
@@ -243,7 +250,27 @@ impl RecvBatch {
         self.sys.written = n;
     }
 
-    #[cfg(not(target_os = "linux"))]
+    /// The fake network's queue: one datagram (waiting for it if
+    /// `wait`), then what else is queued, up to `max` (`MSG_WAITFORONE`).
+    #[cfg(ibal_loom)]
+    fn recv_sys(&mut self, socket: &UdpSocket, max: usize, wait: bool) {
+        let len = self.len;
+        while self.got.len() < max {
+            let first = self.got.is_empty();
+            let Some((bytes, from)) = socket.take(wait && first) else {
+                return;
+            };
+            let (i, n) = (self.got.len(), bytes.len().min(len));
+            self.bufs[i * len..i * len + n].copy_from_slice(&bytes[..n]);
+            self.got.push(Received {
+                n,
+                from: Some(from),
+                truncated: bytes.len() > len,
+            });
+        }
+    }
+
+    #[cfg(all(not(target_os = "linux"), not(ibal_loom)))]
     fn recv_sys(&mut self, socket: &UdpSocket, _max: usize, wait: bool) {
         let len = self.len;
         if socket.set_nonblocking(!wait).is_err() {

@@ -3,7 +3,9 @@
 //! them ([`PortShared::bind`]). Sending is `tx_batch`'s job, feeding
 //! received datagrams to QPs `feed`'s.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
+#[cfg(not(ibal_loom))]
+use std::net::UdpSocket;
 use std::time::Duration;
 
 use al::{Error, Result};
@@ -11,6 +13,8 @@ use provider::{Gid, LinkLayer, PortAttr, PortState};
 
 use crate::config::{gid_of, PortConfig};
 use crate::counters::AtomicCounters;
+#[cfg(ibal_loom)]
+pub(crate) use crate::fake_net::UdpSocket;
 use crate::held_acks::HeldAcks;
 
 /// How long a receive thread blocks before it looks at its stop flag
@@ -60,6 +64,7 @@ impl PortShared {
         // such packets and drops the rest, each drop costing a
         // retransmission. Ask for room for several windows (the kernel
         // caps it at net.core.rmem_max; a smaller buffer still works).
+        #[cfg(not(ibal_loom))]
         let _ = socket2::SockRef::from(&socket).set_recv_buffer_size(SOCKET_BUFFER);
         let local = socket
             .local_addr()
@@ -112,6 +117,7 @@ fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, Socket
             let port = 0xC000 | (h.finish() as u16 & 0x3fff);
             let addr = SocketAddr::new(local.ip(), port);
             if let Ok(s) = UdpSocket::bind(addr) {
+                #[cfg(not(ibal_loom))]
                 let _ = socket2::SockRef::from(&s).set_send_buffer_size(SOCKET_BUFFER);
                 if no_fragments(&s).is_err() {
                     continue;
@@ -125,6 +131,7 @@ fn source_sockets(local: SocketAddr, n: u8, salt: u64) -> Vec<(UdpSocket, Socket
 }
 
 /// Receive and send buffer size asked of the kernel for each socket.
+#[cfg(not(ibal_loom))]
 const SOCKET_BUFFER: usize = 4 << 20;
 /// IPv4 sockets: `IP_MTU_DISCOVER = IP_PMTUDISC_DO`. The kernel then sets
 /// DF and never fragments, and (`ip_select_ident_segs`) writes IPv4
@@ -135,12 +142,12 @@ const SOCKET_BUFFER: usize = 4 << 20;
 /// ICRC. A datagram above the route's MTU now fails to send (counted in
 /// `tx_errors`) instead of leaving in fragments no RoCE receiver accepts.
 fn no_fragments(socket: &UdpSocket) -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(ibal_loom)))]
     if socket.local_addr()?.is_ipv4() {
         use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
         set_ip_mtu_discover(socket, Ipv4PathMtuDiscovery::DO)?;
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(any(not(target_os = "linux"), ibal_loom))]
     let _ = socket;
     Ok(())
 }

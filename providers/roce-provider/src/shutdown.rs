@@ -157,6 +157,7 @@ pub(crate) fn signal_stop(shared: &Dev, stop: &AtomicBool) {
         // receive on Linux (the call itself reports ENOTCONN on an
         // unconnected socket, after doing it).
         if p.socket.send_to(&[], p.local).is_err() {
+            #[cfg(not(ibal_loom))]
             let _ = socket2::SockRef::from(&p.socket).shutdown(std::net::Shutdown::Read);
         }
     }

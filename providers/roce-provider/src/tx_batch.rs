@@ -2,12 +2,16 @@
 //! one `sendmmsg` per batch ([`TxBatch`]), the ACKs held on a port leading
 //! them (`HeldAcks`).
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
+#[cfg(not(ibal_loom))]
+use std::net::UdpSocket;
 
 use roce::{Endpoints, Packet};
 
 use crate::held_acks::{encode_onto, is_positive_ack, HOLDING_ACKS};
 use crate::port::PortShared;
+#[cfg(ibal_loom)]
+use crate::port::UdpSocket;
 
 /// Most packets one `sendmmsg` carries.
 pub(crate) const TX_BATCH: usize = 32;
@@ -120,10 +124,11 @@ impl<'p> TxBatch<'p> {
             return;
         }
         let c = &self.port.counters;
+        #[cfg_attr(ibal_loom, allow(unused_mut))]
         let mut sent = 0;
         // One packet (an ACK, a ping-pong's SEND) goes by `send_to` below:
         // `sendmmsg` would only add the four header vectors' allocations.
-        #[cfg(target_os = "linux")]
+        #[cfg(all(target_os = "linux", not(ibal_loom)))]
         if self.msgs.len() > 1 {
             use rustix::net::{sendmmsg, MMsgHdr, SendAncillaryBuffer, SendFlags, SocketAddrAny};
             let addrs: Vec<SocketAddrAny> =
@@ -176,10 +181,10 @@ impl<'p> TxBatch<'p> {
 /// glibc's wrapper, which `std` calls, also marks a thread-cancellation
 /// point around it, a cost on every packet this provider sends alone.
 fn send_one(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) -> std::io::Result<usize> {
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(ibal_loom)))]
     return rustix::net::sendto(socket, bytes, rustix::net::SendFlags::empty(), &to)
         .map_err(std::io::Error::from);
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(any(not(target_os = "linux"), ibal_loom))]
     socket.send_to(bytes, to)
 }
 

@@ -16,3 +16,5 @@ pub mod clock {
         crate::clock::monotonic_ns()
     }
 }
+
+pub mod device;
