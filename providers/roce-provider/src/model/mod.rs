@@ -16,3 +16,4 @@ pub mod clock {
         crate::clock::monotonic_ns()
     }
 }
+pub mod timers;
