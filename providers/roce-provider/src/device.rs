@@ -15,11 +15,12 @@ use provider::{AtomicCap, DeviceAttr};
 
 use crate::config::{DeviceConfig, Directory};
 use crate::counters::PortCounters;
-use crate::driver::{run_port, run_timers};
+use crate::driver::run_port;
 use crate::port::PortShared;
 use crate::provider_threads::mark_provider_thread;
 use crate::qp::{Dev, QPN_MASK};
 use crate::shutdown::{self, join_all, signal_stop, CloseWatch, Closed, Reap};
+use crate::timer_thread::run_timers;
 
 /// An open RoCEv2 device: its ports' sockets and receive threads, and its
 /// verbs objects. Cloning gives another handle to the same device (as the

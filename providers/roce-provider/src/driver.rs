@@ -21,59 +21,11 @@ use crate::feed::Feeding;
 use crate::held_acks::holding_acks;
 use crate::mmsg::RecvBatch;
 use crate::qp::{Dev, QpInner, GSI_KEY};
-use crate::timers::NO_DEADLINE;
-
-/// Shortest sleep of the timer thread (a deadline already passed again
-/// right after its timer ran must not make the thread spin).
-const MIN_SLEEP: Duration = Duration::from_micros(10);
 
 /// Receive buffer of one datagram: larger than any valid packet, so an
 /// oversized datagram is seen as such (the kernel truncates to the
 /// buffer and says so).
 const RX_BUF: usize = 8192;
-
-fn nanos(d: Duration) -> u64 {
-    d.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
-}
-
-/// The timer thread of a device until `stop` is set: each round takes
-/// the timer heap's due entries (work in proportion to them, not to the
-/// QPs), runs the timeouts that are due, arms the QPs again at their
-/// deadlines, and sleeps until the earliest entry, or until woken if none.
-pub(crate) fn run_timers(dev: Arc<Dev>, stop: Arc<AtomicBool>) {
-    let timers = &dev.timers;
-    let find = |key: u32| dev.qps.read().get(&key).cloned();
-    let mut due: Vec<Arc<QpInner>> = Vec::new();
-    while !stop.load(Ordering::Acquire) {
-        // Working: any arming from here on wakes the next sleep at once.
-        timers.plan(NO_DEADLINE);
-        crate::delay::point(crate::delay::Point::TimerWorking);
-        let now = nanos(dev.now());
-        timers.take_due(now, find, &mut due);
-        for q in due.drain(..) {
-            if q.deadline.load(Ordering::SeqCst) <= now {
-                // Counted first: what the timeout completes may be seen
-                // (and the counter read) before `on_timer` returns.
-                timers.note_fired();
-                q.on_timer();
-            }
-            // Whatever the drive published (or left as it was), the QP's
-            // deadline is covered by an entry again.
-            timers.rearm(q.key, &*q);
-        }
-        timers.compact(find);
-        let next = timers.next();
-        timers.plan(next);
-        crate::delay::point(crate::delay::Point::TimerPlanned);
-        if next == NO_DEADLINE {
-            al::sync::thread::park();
-        } else {
-            let left = Duration::from_nanos(next.saturating_sub(nanos(dev.now())));
-            al::sync::thread::park_timeout(left.max(MIN_SLEEP));
-        }
-        timers.note_wakeup();
-    }
-}
 
 /// Most datagrams one turn of a receive thread (or of a poller's
 /// [`progress`]) takes before it lets the QPs they reached answer.

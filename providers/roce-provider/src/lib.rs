@@ -55,6 +55,7 @@ mod qp_map;
 mod roce_provider;
 mod shared;
 mod shutdown;
+mod timer_thread;
 mod timers;
 mod trace;
 mod tx_batch;

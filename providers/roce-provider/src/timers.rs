@@ -1,5 +1,5 @@
 //! A device's timers ([`Timers`]): the QPs' transport deadlines in a
-//! binary heap, and what wakes the timer thread (`driver::run_timers`).
+//! binary heap, and what wakes the timer thread (`timer_thread::run`).
 //!
 //! The cost of a tick does not depend on how many QPs exist or are armed:
 //! the thread pops the entries that are due, and nothing else. The heap
@@ -15,7 +15,9 @@
 //!   is gone) is stale and skipped. A current one clears `queued`; the
 //!   thread then reads the QP's real deadline: due, the transport's
 //!   timeout runs; later (it moved since the entry was pushed), or again
-//!   after the timeout ran, it is armed anew.
+//!   after the timeout ran, it is armed anew ([`Timers::rearm`], which
+//!   reads the deadline again under the heap's lock: a QP destroyed
+//!   meanwhile, whose `forget` ran under that lock, is not covered again).
 //! * So a QP has one current entry, plus a stale one per time its deadline
 //!   moved *earlier* than the one it counted on. When stale entries
 //!   outnumber current ones (`covering`) by [`COMPACT_SLACK`] and more,
@@ -32,15 +34,17 @@ use std::collections::BinaryHeap;
 use al::sync::Mutex;
 
 /// No deadline.
-pub(crate) const NO_DEADLINE: u64 = u64::MAX;
+pub const NO_DEADLINE: u64 = u64::MAX;
 
 /// Stale entries the heap may hold beyond its current ones before the
 /// timer thread drops them (and at most twice as many as current ones).
 const COMPACT_SLACK: usize = 1024;
 
-/// What the timers need of a QP: its `queued` deadline (see the module
-/// doc), and its real one.
-pub(crate) trait Armed {
+/// What the timers need of a QP: its key, its `queued` deadline (see the
+/// module doc), and its real one.
+pub trait Armed {
+    /// The key the timer thread finds the QP by.
+    fn key(&self) -> u32;
     /// The deadline of the heap entry this QP counts on.
     fn queued(&self) -> &AtomicU64;
     /// The transport's deadline now ([`NO_DEADLINE`]: none).
@@ -74,7 +78,7 @@ pub struct TimerStats {
 }
 
 /// The timer thread's state, shared with the QPs that arm timers.
-pub(crate) struct Timers {
+pub struct Timers {
     /// The deadline (ns from the device's base) the thread sleeps
     /// towards; [`NO_DEADLINE`] while it works (so any arming wakes it).
     planned: AtomicU64,
@@ -99,7 +103,9 @@ impl Default for Timers {
 }
 
 impl Timers {
-    pub(crate) fn set_thread(&self, t: Thread) {
+    /// The thread [`Timers::wake`] unparks (set once, before any QP can
+    /// arm).
+    pub fn set_thread(&self, t: Thread) {
         let _ = self.thread.set(t);
     }
 
@@ -107,6 +113,32 @@ impl Timers {
     /// works, or sleeps until woken).
     pub(crate) fn plan(&self, at: u64) {
         self.planned.store(at, Ordering::SeqCst);
+    }
+
+    /// Publishes `at` as the deadline of the QP `key` (`deadline`, whose
+    /// heap entry is `queued`), arming it if it changed. Called with the
+    /// QP's lock held: every writer of `deadline` holds it, so the value
+    /// read is the last one written; an unchanged deadline (a drive after
+    /// a SEND taken, most drives) was published and covered in the heap
+    /// by the drive that set it: no store (a locked exchange) again. A
+    /// later one (a retransmit timer moved by a packet sent) is covered
+    /// by the entry already there: one load, no lock ([`Timers::arm`]).
+    #[inline]
+    pub fn publish(&self, key: u32, deadline: &AtomicU64, queued: &AtomicU64, at: u64) {
+        if deadline.load(Ordering::Relaxed) != at {
+            // SeqCst, against the timer thread's clearing of `queued` and
+            // its read of the deadline (see `arm`).
+            #[cfg(not(ibal_mutant = "timer_publish_relaxed"))]
+            deadline.store(at, Ordering::SeqCst);
+            // MUTANT (loom-tests/run.sh --mutants): "the deadline is
+            // written under the QP's lock", but the timer thread reads it
+            // without that lock.
+            #[cfg(ibal_mutant = "timer_publish_relaxed")]
+            deadline.store(at, Ordering::Relaxed);
+            if at != NO_DEADLINE {
+                self.arm(key, queued, at);
+            }
+        }
     }
 
     /// The QP `key` (whose `queued` is `queued`) has the deadline `at`:
@@ -119,14 +151,25 @@ impl Timers {
         // read of the deadline: one of the two sees the other's write.
         if at < queued.load(Ordering::SeqCst) {
             crate::delay::point(crate::delay::Point::TimerArmChecked);
-            self.push(key, queued, at);
+            self.push(key, queued, || at);
         }
     }
 
+    /// Pushes an entry at `at()` (read under the heap's lock) unless the
+    /// QP's `queued` covers it.
     #[inline(never)]
-    fn push(&self, key: u32, queued: &AtomicU64, at: u64) {
-        let compact = {
+    fn push(&self, key: u32, queued: &AtomicU64, at: impl Fn() -> u64) {
+        // MUTANT (loom-tests/run.sh --mutants): `queued` read before the
+        // lock, as the caller did, and trusted.
+        #[cfg(ibal_mutant = "timer_arm_no_recheck")]
+        let q = queued.load(Ordering::SeqCst);
+        let (at, compact) = {
             let mut h = self.heap.lock();
+            let at = at();
+            // Again under the lock: the timer thread may have taken (and
+            // cleared) the entry, or another arming pushed, since the
+            // caller's read.
+            #[cfg(not(ibal_mutant = "timer_arm_no_recheck"))]
             let q = queued.load(Ordering::SeqCst);
             if at >= q {
                 return;
@@ -136,8 +179,12 @@ impl Timers {
             }
             h.entries.push(Reverse((at, key)));
             queued.store(at, Ordering::SeqCst);
-            needs_compaction(&h)
+            (at, needs_compaction(&h))
         };
+        // MUTANT (loom-tests/run.sh --mutants): an earlier deadline does
+        // not wake the thread (only a compaction does).
+        #[cfg(ibal_mutant = "timer_wake_skipped")]
+        let at = NO_DEADLINE.max(at);
         if at < self.planned.load(Ordering::SeqCst) || compact {
             self.wake();
         }
@@ -145,16 +192,26 @@ impl Timers {
 
     /// A QP is gone: it counts on no entry any more (its entries are
     /// stale from now on).
-    pub(crate) fn forget(&self, queued: &AtomicU64) {
-        let mut h = self.heap.lock();
+    pub fn forget(&self, queued: &AtomicU64) {
+        #[cfg(not(ibal_mutant = "timer_forget_unlocked"))]
+        {
+            let mut h = self.heap.lock();
+            if queued.swap(NO_DEADLINE, Ordering::SeqCst) != NO_DEADLINE {
+                h.covering -= 1;
+            }
+        }
+        // MUTANT (loom-tests/run.sh --mutants): `queued` cleared outside
+        // the heap's lock, the count updated under it.
+        #[cfg(ibal_mutant = "timer_forget_unlocked")]
         if queued.swap(NO_DEADLINE, Ordering::SeqCst) != NO_DEADLINE {
-            h.covering -= 1;
+            let mut h = self.heap.lock();
+            h.covering = h.covering.wrapping_sub(1);
         }
     }
 
     /// Pops the entries due at `now`; the QPs of the current ones (found
     /// by `find`) go to `out`, their `queued` cleared.
-    pub(crate) fn take_due<Q: Armed>(
+    pub fn take_due<Q: Armed>(
         &self,
         now: u64,
         find: impl Fn(u32) -> Option<Arc<Q>>,
@@ -182,10 +239,22 @@ impl Timers {
 
     /// A QP [`Timers::take_due`] gave out, after its timeout ran (or not,
     /// if its deadline had moved): armed again at its deadline, if any.
-    pub(crate) fn rearm<Q: Armed>(&self, key: u32, q: &Q) {
+    ///
+    /// Unlike a drive's arming, this one runs without the QP's lock: a
+    /// destroy may reset the deadline and `forget` the QP between the read
+    /// of the deadline and the push. The push reads the deadline again
+    /// under the heap's lock (which `forget` takes after the reset), so a
+    /// destroyed QP is never covered again: its entry would be dropped
+    /// unfound and the armed count would never come back down.
+    pub(crate) fn rearm<Q: Armed>(&self, q: &Q) {
         let at = q.deadline();
-        if at != NO_DEADLINE {
-            self.arm(key, q.queued(), at);
+        if at != NO_DEADLINE && at < q.queued().load(Ordering::SeqCst) {
+            #[cfg(not(ibal_mutant = "timer_rearm_unchecked"))]
+            self.push(q.key(), q.queued(), || q.deadline());
+            // MUTANT (loom-tests/run.sh --mutants): the deadline read
+            // before the lock is pushed.
+            #[cfg(ibal_mutant = "timer_rearm_unchecked")]
+            self.push(q.key(), q.queued(), || at);
         }
     }
 
@@ -232,7 +301,8 @@ impl Timers {
         self.checks.fetch_add(examined, Ordering::Relaxed);
     }
 
-    pub(crate) fn stats(&self) -> TimerStats {
+    /// The counters and the heap's sizes now.
+    pub fn stats(&self) -> TimerStats {
         let (entries, armed) = {
             let h = self.heap.lock();
             (h.entries.len() as u64, h.covering as u64)
@@ -246,7 +316,8 @@ impl Timers {
         }
     }
 
-    pub(crate) fn wake(&self) {
+    /// Unparks the timer thread (the device's close; an earlier arming).
+    pub fn wake(&self) {
         if let Some(t) = self.thread.get() {
             t.unpark();
         }
@@ -264,11 +335,15 @@ mod tests {
 
     /// A QP as the timers see it.
     struct FakeQp {
+        key: u32,
         queued: AtomicU64,
         deadline: AtomicU64,
     }
 
     impl Armed for FakeQp {
+        fn key(&self) -> u32 {
+            self.key
+        }
         fn queued(&self) -> &AtomicU64 {
             &self.queued
         }
@@ -281,6 +356,7 @@ mod tests {
         (0..n)
             .map(|k| {
                 let q = FakeQp {
+                    key: k,
                     queued: AtomicU64::new(NO_DEADLINE),
                     deadline: AtomicU64::new(NO_DEADLINE),
                 };
@@ -308,7 +384,7 @@ mod tests {
                 q.deadline.store(NO_DEADLINE, Ordering::SeqCst);
                 fired.push(key);
             }
-            t.rearm(key, &*q);
+            t.rearm(&*q);
         }
         t.compact(|k| map.get(&k).cloned());
         fired.sort_unstable();

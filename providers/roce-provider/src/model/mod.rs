@@ -18,3 +18,4 @@ pub mod clock {
 }
 
 pub mod device;
+pub mod timers;

@@ -127,18 +127,11 @@ impl QpInner {
         let deadline = t.poll_timeout().map_or(NO_DEADLINE, |x| {
             x.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64
         });
-        // Every writer holds the QP's lock, so the value read is the last
-        // one written; an unchanged deadline (a drive after a SEND taken,
-        // most drives) was published and covered in the timer heap by the
-        // drive that set it: no store (a locked exchange) again. A later
-        // one (a retransmit timer moved by a packet sent) is covered by
-        // the entry already there: one load, no lock (`Timers::arm`).
-        if self.deadline.load(Ordering::Relaxed) != deadline {
-            self.deadline.store(deadline, Ordering::SeqCst);
-            if deadline != NO_DEADLINE {
-                self.dev.timers.arm(self.key, &self.queued, deadline);
-            }
-        }
+        // Published only if it changed (`Timers::publish`: every writer
+        // holds the QP's lock).
+        self.dev
+            .timers
+            .publish(self.key, &self.deadline, &self.queued, deadline);
         if t.state() == QpState::Err && !matches!(attr.state, QpState::Err | QpState::Reset) {
             attr.state = QpState::Err;
             self.publish_filter(attr);

@@ -348,6 +348,10 @@ impl QpInner {
 }
 
 impl crate::timers::Armed for QpInner {
+    fn key(&self) -> u32 {
+        self.key
+    }
+
     fn queued(&self) -> &AtomicU64 {
         &self.queued
     }
