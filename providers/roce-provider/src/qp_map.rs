@@ -95,6 +95,9 @@ impl<Q> QpMap<Q> {
     pub(crate) fn change<R>(&self, f: impl FnOnce(&mut Map<Q>) -> R) -> R {
         let mut map = self.map.write();
         let r = f(&mut map);
+        // The mistake the mutant puts back: a change that leaves the
+        // version as it was, so memos made before still match.
+        #[cfg(not(ibal_mutant = "qp_map_version_not_bumped"))]
         self.version.fetch_add(1, Ordering::Release);
         r
     }
@@ -112,6 +115,10 @@ impl<Q> QpMap<Q> {
             }
         }
         let qp = self.map.read().get(&key).cloned()?;
+        // The mistake: the version the memo keeps read again after the
+        // map, so a change between the two is stamped as already seen.
+        #[cfg(ibal_mutant = "qp_memo_version_after_map")]
+        let version = self.version.load(Ordering::Acquire);
         *memo = QpMemo {
             key,
             version,

@@ -16,3 +16,7 @@ pub mod clock {
         crate::clock::monotonic_ns()
     }
 }
+
+/// The CQ, the QP map and its memo, and the held ACKs
+/// (`loom-tests/tests/roce_components.rs`).
+pub mod components;
