@@ -128,7 +128,10 @@ fn roce_cq_two_pushers_vs_poller_overflow() {
             p.join().unwrap();
         }
         poll_until_empty(&cq, &mut got);
-        assert!(cq.is_empty(), "a queued completion the lock-free poll missed");
+        assert!(
+            cq.is_empty(),
+            "a queued completion the lock-free poll missed"
+        );
         let lost = cq.lost();
         assert_eq!(got.len() as u64 + lost, 2, "polled {got:?}, lost {lost}");
         let mut sorted = got.clone();
@@ -214,7 +217,10 @@ fn roce_qp_map_replace_remove_vs_find() {
                 generation >= before,
                 "found generation {generation} after change {before} had returned"
             );
-            assert!(generation >= last, "found generation {generation} after {last}");
+            assert!(
+                generation >= last,
+                "found generation {generation} after {last}"
+            );
             last = generation;
         }
         changer.join().unwrap();
@@ -284,7 +290,10 @@ fn check_acks(wire: &[(u32, bool, u32)], qpn: u32, last_psn: u32) {
         .filter(|s| s.0 == qpn && s.1)
         .map(|s| s.2)
         .collect();
-    assert!(acks.contains(&last_psn), "QP {qpn:#x}'s newest ACK: {wire:?}");
+    assert!(
+        acks.contains(&last_psn),
+        "QP {qpn:#x}'s newest ACK: {wire:?}"
+    );
     let n = acks.len();
     acks.sort_unstable();
     acks.dedup();
@@ -342,7 +351,10 @@ fn roce_held_acks_two_qps_vs_answer() {
             );
         }
         let own = wire.iter().position(|s| *s == (QP_A, true, 7)).unwrap();
-        assert!(answer < own, "A's own ACK stays held behind its answer: {wire:?}");
+        assert!(
+            answer < own,
+            "A's own ACK stays held behind its answer: {wire:?}"
+        );
     });
 }
 

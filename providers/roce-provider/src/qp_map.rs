@@ -135,6 +135,28 @@ mod tests {
     use crate::{DeviceConfig, PortConfig, RoceProvider};
     use provider::{CqInit, Device, Provider, QpCaps, QpInit, QpType};
 
+    /// A QP removed from the map and dropped by everyone else is gone,
+    /// though a memo still names it (the weak memo keeps no QP, and
+    /// through it no device, alive).
+    #[test]
+    fn a_memo_keeps_no_qp_alive() {
+        struct Qp(u32);
+        let map = QpMap::<Qp>::new();
+        let qp = Arc::new(Qp(7));
+        let alive = Arc::downgrade(&qp);
+        map.change(|m| m.insert(7, qp));
+        let mut memo = QpMemo::default();
+        assert_eq!(map.find(7, &mut memo).unwrap().0, 7);
+        assert_eq!(map.find(7, &mut memo).unwrap().0, 7, "from the memo");
+        assert_eq!(memo.key, 7, "the memo names it");
+        drop(map.change(|m| m.remove(&7)).unwrap());
+        assert!(
+            alive.upgrade().is_none(),
+            "the memo keeps a removed QP alive"
+        );
+        assert!(map.find(7, &mut memo).is_none());
+    }
+
     #[test]
     fn a_memo_follows_every_change_of_the_qp_map() {
         let port = PortConfig::new("127.0.0.1:0".parse().unwrap());
