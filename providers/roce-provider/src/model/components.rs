@@ -150,7 +150,14 @@ impl<Q> Port<Q> {
     /// batch pushed and flushed, the held ACKs of other QPs leading it.
     pub fn send(&self, qpn: u32, psn: u32, to: SocketAddr) {
         let mut b = self.port.batch(qpn);
-        b.push(to, &packet(roce::Headers::new(roce::Bth::new(roce::Opcode::RcSendOnly, qpn, psn))));
+        b.push(
+            to,
+            &packet(roce::Headers::new(roce::Bth::new(
+                roce::Opcode::RcSendOnly,
+                qpn,
+                psn,
+            ))),
+        );
         b.flush();
     }
 
