@@ -230,10 +230,12 @@ fn roce_qp_map_replace_remove_vs_find() {
 }
 
 /// A port's feeder (the receive thread or a poller, through the real
-/// feeding lock and its memo) feeds the key twice while the QP is
-/// destroyed (removed from the map, its last reference dropped): a feed
-/// after the destroy returned never reaches it, and once the feeder gave
-/// up the lock the memo keeps nothing alive: the QP is dropped.
+/// feeding lock and its memo) feeds two datagrams for the key in each of
+/// two turns while the QP is destroyed (removed from the map, its last
+/// reference dropped, then published): a datagram fed after the destroy
+/// returned never reaches it, not even from the memo within one turn, and
+/// once the feeder gave up the lock the memo keeps nothing alive: the QP
+/// has been dropped.
 #[test]
 fn roce_qp_map_destroy_vs_feed() {
     model("roce_qp_map_destroy_vs_feed", || {
@@ -249,20 +251,23 @@ fn roce_qp_map_destroy_vs_feed() {
                 destroyed.store(true, Ordering::Release);
             })
         };
-        for _ in 0..2 {
-            let after_destroy = destroyed.load(Ordering::Acquire);
-            let fed = port.feed(&qps, KEY);
-            assert!(
-                !(after_destroy && fed.is_some()),
-                "a destroyed QP fed one more datagram"
-            );
+        for _turn in 0..2 {
+            let mut fed = port.feeding();
+            for _datagram in 0..2 {
+                let after_destroy = destroyed.load(Ordering::Acquire);
+                let qp = fed.find(&qps, KEY);
+                assert!(
+                    !(after_destroy && qp.is_some()),
+                    "a destroyed QP fed one more datagram"
+                );
+            }
         }
         destroyer.join().unwrap();
         assert!(
             x_dropped.load(Ordering::SeqCst),
             "the feeding lock's memo keeps a destroyed QP alive"
         );
-        assert!(port.feed(&qps, KEY).is_none());
+        assert!(port.feeding().find(&qps, KEY).is_none());
     });
 }
 

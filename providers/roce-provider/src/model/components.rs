@@ -10,7 +10,7 @@ use al::sync::Arc;
 use provider::{AsyncHook, CompletionHook, CqArm, Wc};
 
 use crate::cq::{CqInner, Deferred};
-use crate::feed::FeedLock;
+use crate::feed::{FeedLock, Feeding};
 use crate::held_acks::holding_acks;
 use crate::port::PortShared;
 use crate::qp_map::{QpMap, QpMemo};
@@ -119,13 +119,10 @@ impl<Q> Port<Q> {
         }
     }
 
-    /// Takes the port's feeding lock, finds `key`'s QP in `qps` through
-    /// the lock's memo as the receive stage does, and gives the lock up
-    /// (`feed::Feeding`'s drop).
-    pub fn feed(&self, qps: &Qps<Q>, key: u32) -> Option<Arc<Q>> {
-        let mut fed = self.feed.feeding(&self.port);
-        let (memo, _gate) = fed.rx_state();
-        qps.0.find(key, memo)
+    /// Takes the port's feeding lock (`feed::FeedLock::feeding`), given up
+    /// when the [`Fed`] is dropped (`feed::Feeding`'s drop).
+    pub fn feeding(&self) -> Fed<'_, Q> {
+        Fed(self.feed.feeding(&self.port))
     }
 
     /// Which of the port's send sockets QP `qpn` sends on.
@@ -210,6 +207,18 @@ pub struct Sent {
     pub ack: bool,
     /// Its PSN.
     pub psn: u32,
+}
+
+/// A port's feeding lock, held ([`Port::feeding`]).
+pub struct Fed<'p, Q>(Feeding<'p, Q>);
+
+impl<Q> Fed<'_, Q> {
+    /// Finds a datagram's QP, `key`'s, in `qps` through the feeding
+    /// lock's memo, as the receive stage does (`driver`).
+    pub fn find(&mut self, qps: &Qps<Q>, key: u32) -> Option<Arc<Q>> {
+        let (memo, _gate) = self.0.rx_state();
+        qps.0.find(key, memo)
+    }
 }
 
 /// The peer: a loopback socket that receives what the ports send, in the
