@@ -63,7 +63,25 @@ impl CqInner {
         }
         s.q.push_back(wc);
         crate::delay::point(crate::delay::Point::CqPushed);
+        #[cfg(ibal_mutant = "cq_queued_outside_lock")]
+        {
+            // The mistake: the count published after the lock is given
+            // up, so an arm and a lock-free re-poll fit in between.
+            let fire = s.armed == Some(CqArm::NextCompletion);
+            if fire {
+                s.armed = None;
+            }
+            let len = s.q.len();
+            drop(s);
+            self.queued.store(len, Ordering::Release);
+            if let (true, Some(h)) = (fire, &self.on_completion) {
+                d.hooks.push(h.clone());
+            }
+            return;
+        }
+        #[cfg(not(ibal_mutant = "cq_queued_outside_lock"))]
         self.queued.store(s.q.len(), Ordering::Release);
+        #[cfg_attr(ibal_mutant = "cq_queued_outside_lock", allow(unreachable_code))]
         let fire = match s.armed {
             Some(CqArm::NextCompletion) => true,
             Some(CqArm::Solicited) => wc.solicited || wc.status != WcStatus::Success,
@@ -90,7 +108,16 @@ impl CqInner {
         for (slot, wc) in out.iter_mut().zip(s.q.drain(..n)) {
             *slot = wc;
         }
+        #[cfg(not(ibal_mutant = "cq_poll_queued_outside_lock"))]
         self.queued.store(s.q.len(), Ordering::Release);
+        #[cfg(ibal_mutant = "cq_poll_queued_outside_lock")]
+        {
+            // The mistake: the count published after the lock is given
+            // up, over a push's newer one.
+            let len = s.q.len();
+            drop(s);
+            self.queued.store(len, Ordering::Release);
+        }
         n
     }
 

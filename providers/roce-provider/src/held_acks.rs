@@ -112,12 +112,31 @@ impl HeldAcks {
             headers,
         };
         let mut list = self.list.lock();
+        // The mistake: the summary published from the list as it was
+        // before this ACK joined it.
+        #[cfg(ibal_mutant = "held_summary_stale")]
+        self.publish(&list);
         match list.iter_mut().find(|h| h.qpn == qpn) {
             Some(old) => *old = held,
             None => list.push(held),
         }
         crate::delay::point(crate::delay::Point::HoldChanged);
+        #[cfg(not(any(
+            ibal_mutant = "held_summary_stale",
+            ibal_mutant = "held_summary_outside_lock"
+        )))]
         self.publish(&list);
+        #[cfg(ibal_mutant = "held_summary_outside_lock")]
+        {
+            // The mistake: the summary computed under the lock but stored
+            // after it is given up, over a newer one.
+            let summary = match &list[..] {
+                [h] => sole_key(h.sock, h.qpn),
+                _ => SEVERAL_HELD,
+            };
+            drop(list);
+            self.summary.store(summary, Ordering::Release);
+        }
     }
 
     /// Encodes the ACKs held for socket `sock` that `pick` selects into

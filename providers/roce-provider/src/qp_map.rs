@@ -96,6 +96,9 @@ impl<Q> QpMap<Q> {
         let mut map = self.map.write();
         let r = f(&mut map);
         crate::delay::point(crate::delay::Point::MapChanged);
+        // The mistake the mutant puts back: a change that leaves the
+        // version as it was, so memos made before still match.
+        #[cfg(not(ibal_mutant = "qp_map_version_not_bumped"))]
         self.version.fetch_add(1, Ordering::Release);
         r
     }
@@ -114,6 +117,10 @@ impl<Q> QpMap<Q> {
             }
         }
         let qp = self.map.read().get(&key).cloned()?;
+        // The mistake: the version the memo keeps read again after the
+        // map, so a change between the two is stamped as already seen.
+        #[cfg(ibal_mutant = "qp_memo_version_after_map")]
+        let version = self.version.load(Ordering::Acquire);
         *memo = QpMemo {
             key,
             version,
@@ -129,6 +136,28 @@ mod tests {
     use crate::qp::QpInner;
     use crate::{DeviceConfig, PortConfig, RoceProvider};
     use provider::{CqInit, Device, Provider, QpCaps, QpInit, QpType};
+
+    /// A QP removed from the map and dropped by everyone else is gone,
+    /// though a memo still names it (the weak memo keeps no QP, and
+    /// through it no device, alive).
+    #[test]
+    fn a_memo_keeps_no_qp_alive() {
+        struct Qp(u32);
+        let map = QpMap::<Qp>::new();
+        let qp = Arc::new(Qp(7));
+        let alive = Arc::downgrade(&qp);
+        map.change(|m| m.insert(7, qp));
+        let mut memo = QpMemo::default();
+        assert_eq!(map.find(7, &mut memo).unwrap().0, 7);
+        assert_eq!(map.find(7, &mut memo).unwrap().0, 7, "from the memo");
+        assert_eq!(memo.key, 7, "the memo names it");
+        drop(map.change(|m| m.remove(&7)).unwrap());
+        assert!(
+            alive.upgrade().is_none(),
+            "the memo keeps a removed QP alive"
+        );
+        assert!(map.find(7, &mut memo).is_none());
+    }
 
     #[test]
     fn a_memo_follows_every_change_of_the_qp_map() {
