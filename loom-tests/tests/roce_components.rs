@@ -378,15 +378,14 @@ fn roce_held_acks_two_sockets_vs_flush() {
 }
 
 /// The same, and B's newest ACK, which the answering thread held itself,
-/// reaches the wire before A's answer. FAILS on the production code (a
-/// finding, docs/verification-comp.md): a flush (`send_held_on`) takes
-/// the ACKs out of the list under its lock and sends them after giving it
-/// up; in between the summary says nothing of B is held, so the answer
-/// goes at once, ahead of B's ACK still on its way to the socket. Ignored
-/// until `tx_batch` sends a flush's ACKs before the summary stops naming
-/// them.
+/// reaches the wire before A's answer. This model found the race (it
+/// failed on the code before this one): a flush (`send_held_on`) took the
+/// ACKs out of the list under its lock and sent them after giving it up;
+/// in between the summary said nothing of B was held, so the answer went
+/// at once, ahead of B's ACK still on its way to the socket. Now the list
+/// stays locked until the taken ACKs left (`held_acks::HeldList`); the
+/// mutant `held_published_before_sent` puts the old order back.
 #[test]
-#[ignore = "finding: a flush's taken ACKs can be overtaken (docs/verification-comp.md)"]
 fn roce_held_acks_flush_vs_answer_order() {
     model("roce_held_acks_flush_vs_answer_order", || {
         two_sockets_vs_flush(true)

@@ -85,6 +85,8 @@ counters!(
     /// Dropped: the opcode does not belong to the QP's type.
     rx_bad_opcode,
     /// Dropped: the QP does not receive in its state (RESET, INIT, ERR).
+    /// Also counts a packet already in `rx_packets` whose QP was destroyed
+    /// or modified before it took the packet.
     rx_bad_state,
     /// Dropped: P_Key mismatch.
     rx_bad_pkey,

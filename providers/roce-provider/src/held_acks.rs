@@ -139,21 +139,48 @@ impl HeldAcks {
         }
     }
 
+    /// The list, locked, to take ACKs from and send them ([`HeldList`]).
+    pub(crate) fn lock(&self) -> HeldList<'_> {
+        HeldList {
+            acks: self,
+            list: self.list.lock(),
+        }
+    }
+}
+
+/// The held ACKs, locked ([`HeldAcks::lock`]). The ACKs taken through it
+/// are sent while it is held, and the summary is published only when it
+/// is dropped, after they left: until then a sender reading the summary
+/// still sees them held, takes the slow path (`TxBatch::send`) and waits
+/// here for the lock. Publishing at the take let a packet of another QP
+/// overtake an ACK a concurrent flush had taken but not yet sent (the
+/// loom model `roce_held_acks_flush_vs_answer_order`; mutant
+/// `held_published_before_sent`).
+pub(crate) struct HeldList<'a> {
+    acks: &'a HeldAcks,
+    list: al::sync::MutexGuard<'a, Vec<HeldAck>>,
+}
+
+impl Drop for HeldList<'_> {
+    fn drop(&mut self) {
+        self.acks.publish(&self.list);
+    }
+}
+
+impl HeldList<'_> {
     /// Encodes the ACKs held for socket `sock` that `pick` selects into
     /// `bytes`/`msgs` and forgets them; returns how many were taken and
-    /// how many of those failed to encode (dropped).
+    /// how many of those failed to encode (dropped). The caller sends
+    /// them before it drops the list.
     pub(crate) fn take_for(
-        &self,
+        &mut self,
         sock: usize,
         pick: impl Fn(u32) -> bool,
         bytes: &mut Vec<u8>,
         msgs: &mut Vec<(SocketAddr, usize, usize)>,
     ) -> (usize, u64) {
-        if self.is_empty() {
-            return (0, 0);
-        }
         let (mut taken, mut failed) = (0, 0);
-        let mut list = self.list.lock();
+        let list = &mut self.list;
         list.retain(|h| {
             if h.sock != sock || !pick(h.qpn) {
                 return true;
@@ -172,14 +199,16 @@ impl HeldAcks {
             false
         });
         crate::delay::point(crate::delay::Point::TakeChanged);
-        self.publish(&list);
+        // The mistake: the summary published as the ACKs are taken, before
+        // they are sent.
+        #[cfg(ibal_mutant = "held_published_before_sent")]
+        self.acks.publish(&self.list);
         (taken, failed)
     }
 
     /// The socket indexes that have ACKs held.
     pub(crate) fn sockets(&self) -> Vec<usize> {
-        let list = self.list.lock();
-        let mut s: Vec<usize> = list.iter().map(|h| h.sock).collect();
+        let mut s: Vec<usize> = self.list.iter().map(|h| h.sock).collect();
         s.sort_unstable();
         s.dedup();
         s
@@ -188,7 +217,7 @@ impl HeldAcks {
     /// A socket other than `sock` with an ACK held, if any (no allocation:
     /// a batch asks this on every send while its own QP's ACK is held).
     pub(crate) fn other_socket(&self, sock: usize) -> Option<usize> {
-        self.list.lock().iter().map(|h| h.sock).find(|&s| s != sock)
+        self.list.iter().map(|h| h.sock).find(|&s| s != sock)
     }
 }
 
@@ -271,11 +300,14 @@ mod tests {
         held.hold(7, 0, to, ep, ack(7, 1));
         held.hold(7, 0, to, ep, ack(7, 2)); // the newer ACK of QP 7
         held.hold(8, 1, to, ep, ack(8, 3));
-        assert_eq!(held.sockets(), vec![0, 1]);
-        assert_eq!(held.other_socket(0), Some(1));
-        assert_eq!(held.other_socket(1), Some(0));
+        assert_eq!(held.lock().sockets(), vec![0, 1]);
+        assert_eq!(held.lock().other_socket(0), Some(1));
+        assert_eq!(held.lock().other_socket(1), Some(0));
         let (mut bytes, mut msgs) = (Vec::new(), Vec::new());
-        assert_eq!(held.take_for(0, |_| true, &mut bytes, &mut msgs), (1, 0));
+        assert_eq!(
+            held.lock().take_for(0, |_| true, &mut bytes, &mut msgs),
+            (1, 0)
+        );
         let newest = encoded(ack(7, 2));
         assert_eq!(msgs, vec![(to, 0, newest.len())]);
         assert_eq!(
@@ -283,8 +315,11 @@ mod tests {
             "only the newest ACK of QP 7 goes, encoded as sent"
         );
         assert!(!held.is_empty(), "socket 1's ACK stays");
-        assert_eq!(held.take_for(1, |q| q != 8, &mut bytes, &mut msgs), (0, 0));
-        held.take_for(1, |q| q == 8, &mut bytes, &mut msgs);
+        assert_eq!(
+            held.lock().take_for(1, |q| q != 8, &mut bytes, &mut msgs),
+            (0, 0)
+        );
+        held.lock().take_for(1, |q| q == 8, &mut bytes, &mut msgs);
         assert_eq!(&bytes[newest.len()..], &encoded(ack(8, 3))[..]);
         let decoded = Packet::decode(&bytes[newest.len()..], &ep).unwrap();
         assert_eq!(decoded.headers.bth.psn, 3, "a valid packet, ICRC included");

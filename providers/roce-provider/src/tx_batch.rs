@@ -8,7 +8,7 @@ use std::net::UdpSocket;
 
 use roce::{Endpoints, Packet};
 
-use crate::held_acks::{encode_onto, is_positive_ack, HOLDING_ACKS};
+use crate::held_acks::{encode_onto, is_positive_ack, HeldList, HOLDING_ACKS};
 use crate::port::PortShared;
 #[cfg(ibal_loom)]
 use crate::port::UdpSocket;
@@ -105,21 +105,28 @@ impl<'p> TxBatch<'p> {
             // A packet of another QP (a DREQ on QP1) must not overtake the
             // ACK of a request the application already saw complete: held
             // ACKs on other sockets go first by their own sockets, those of
-            // other QPs on this one lead this batch.
-            while let Some(sock) = self.port.held.other_socket(self.sock) {
-                self.port.send_held_on(sock);
+            // other QPs on this one lead this batch, and the list stays
+            // locked until all of it left (`HeldList`).
+            let mut held = self.port.held.lock();
+            while let Some(sock) = held.other_socket(self.sock) {
+                self.port.send_held_on(&mut held, sock);
             }
             self.scratch();
             let qpn = self.qpn;
             let (first, failed) =
-                self.port
-                    .held
-                    .take_for(self.sock, |q| q != qpn, &mut self.bytes, &mut self.msgs);
+                held.take_for(self.sock, |q| q != qpn, &mut self.bytes, &mut self.msgs);
             self.port
                 .counters
                 .add(&self.port.counters.tx_errors, failed);
             self.msgs.rotate_right(first);
+            self.transmit();
+            return;
         }
+        self.transmit();
+    }
+
+    /// Sends what is encoded, as it is.
+    fn transmit(&mut self) {
         if self.msgs.is_empty() {
             return;
         }
@@ -244,19 +251,19 @@ impl PortShared {
         if self.held.is_empty() {
             return;
         }
-        for sock in self.held.sockets() {
-            self.send_held_on(sock);
+        let mut held = self.held.lock();
+        for sock in held.sockets() {
+            self.send_held_on(&mut held, sock);
         }
     }
 
-    /// Sends the ACKs held for send socket `sock`.
-    fn send_held_on(&self, sock: usize) {
+    /// Sends the ACKs held for send socket `sock`, the list locked (they
+    /// have left before anyone sees them gone: `HeldList`).
+    fn send_held_on(&self, held: &mut HeldList<'_>, sock: usize) {
         let mut b = self.batch_on(sock, u32::MAX);
         b.scratch();
-        let (_, failed) = self
-            .held
-            .take_for(sock, |_| true, &mut b.bytes, &mut b.msgs);
+        let (_, failed) = held.take_for(sock, |_| true, &mut b.bytes, &mut b.msgs);
         self.counters.add(&self.counters.tx_errors, failed);
-        b.send();
+        b.transmit();
     }
 }

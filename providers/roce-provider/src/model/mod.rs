@@ -17,8 +17,8 @@ pub mod clock {
     }
 }
 
-pub mod device;
-pub mod timers;
 /// The CQ, the QP map and its memo, and the held ACKs
 /// (`loom-tests/tests/roce_components.rs`).
 pub mod components;
+pub mod device;
+pub mod timers;
