@@ -177,7 +177,7 @@ impl<Q> Port<Q> {
 
     /// The sockets with ACKs held (under the list's lock).
     pub fn held_sockets(&self) -> Vec<usize> {
-        self.port.held.sockets()
+        self.port.held.lock().sockets()
     }
 }
 
