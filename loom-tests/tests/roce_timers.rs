@@ -72,10 +72,6 @@ struct Dev {
 }
 
 impl Dev {
-    fn qp(&self) -> Arc<Qp> {
-        self.qps.lock().clone().expect("the QP")
-    }
-
     /// A drive of the QP: `change` moves its transport's deadline, then
     /// the deadline is published (with the QP's lock held, as
     /// `QpInner::drive`).

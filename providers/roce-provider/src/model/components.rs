@@ -4,7 +4,7 @@
 //! send batches (`held_acks`, `tx_batch`), each behind a thin wrapper that
 //! calls the crate's own code and nothing else.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 
 use al::sync::Arc;
 use provider::{AsyncHook, CompletionHook, CqArm, Wc};
@@ -221,16 +221,17 @@ impl<Q> Fed<'_, Q> {
     }
 }
 
-/// The peer: a loopback socket that receives what the ports send, in the
-/// order they sent it (one model thread runs at a time, and a loopback
-/// datagram is queued to its receiver within the sending call).
-pub struct Wire(UdpSocket);
+/// The peer: a socket of the model's loopback network (`fake_net`, where
+/// the ports' sockets are under loom) that receives what the ports send,
+/// in the order they sent it (a datagram is queued to its receiver within
+/// the sending call).
+pub struct Wire(crate::fake_net::UdpSocket);
 
 impl Wire {
     /// A socket on 127.0.0.1 (an ephemeral UDP port).
     pub fn bind() -> Wire {
-        let s = UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind the wire");
-        s.set_nonblocking(true).expect("nonblocking wire");
+        let s = crate::fake_net::UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind the wire");
         Wire(s)
     }
 
@@ -242,9 +243,8 @@ impl Wire {
     /// Everything received so far, in order.
     pub fn received(&self) -> Vec<Sent> {
         let mut out = Vec::new();
-        let mut buf = [0u8; 2048];
-        while let Ok((n, _)) = self.0.recv_from(&mut buf) {
-            let p = roce::Packet::decode_without_icrc(&buf[..n]).expect("a RoCEv2 packet");
+        while let Some((buf, _)) = self.0.take(false) {
+            let p = roce::Packet::decode_without_icrc(&buf).expect("a RoCEv2 packet");
             out.push(Sent {
                 qpn: p.headers.bth.dest_qp,
                 ack: p.headers.bth.opcode == roce::Opcode::RcAck,
