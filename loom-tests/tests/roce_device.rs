@@ -27,25 +27,12 @@ mod common;
 /// and its QP's setup alone are thousands of loom operations, and its
 /// receive loop, poll path and shutdown run in every execution) at bound
 /// 3 did not finish model (a) in 10 minutes; at bound 2 each model takes
-/// under a minute (docs/verification-dev.md).
+/// under a minute (docs/verification.md, "Whole-device models").
 const BOUND: usize = 2;
 
-/// [`common::model`] at most at [`BOUND`] (a lower `LOOM_MAX_PREEMPTIONS`
-/// is kept).
+/// [`common::model_bounded`] at [`BOUND`].
 fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
-    static EXECUTIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    EXECUTIONS.store(0, std::sync::atomic::Ordering::SeqCst);
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(builder.preemption_bound.unwrap_or(BOUND).min(BOUND));
-    builder.max_branches = builder.max_branches.max(100_000);
-    builder.check(move || {
-        EXECUTIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        f()
-    });
-    println!(
-        "loom model {name}: {} executions",
-        EXECUTIONS.load(std::sync::atomic::Ordering::SeqCst)
-    );
+    common::model_bounded(name, Some(BOUND), f);
 }
 
 /// The peer's address (nothing bound there: what the device sends it is
