@@ -27,7 +27,12 @@ struct Queue {
     arrived: Condvar,
 }
 
-/// Every bound address, and the next port a bind to port 0 gets.
+/// Every bound address, and the next port a bind to port 0 gets. The
+/// queues are shared through std's `Arc`: their lock and condvar, which
+/// carry the datagrams between threads, are loom's (`al::sync`); the count
+/// only keeps a queue while the registry or its socket holds it, which is
+/// not a protocol under test (and the registry lives in an execution's
+/// global, outside loom's leak check of its own `Arc`s).
 struct Net {
     bound: HashMap<SocketAddr, std::sync::Arc<Queue>>,
     next_port: u16,
