@@ -40,6 +40,69 @@ pub struct PortConfig {
     /// layout a consumer that reads GIDs at bytes 8 and 24 (InfiniBand's)
     /// understands, e.g. `cep`'s CM agent today.
     pub ipv4_grh_as_ipv6: bool,
+    /// Which of the kernel's UDP offloads the port uses (default: both,
+    /// unless the environment variable `IBAL_ROCE_UDP_OFFLOAD` says
+    /// otherwise; see [`UdpOffload::from_env`]).
+    pub udp_offload: UdpOffload,
+}
+
+/// The kernel's UDP offloads a port may use (Linux; elsewhere neither is
+/// tried). Both leave the packets on the wire exactly as without them:
+/// they change how many system calls and socket buffers carry them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpOffload {
+    /// GSO on send (`UDP_SEGMENT`): a QP's run of equal-sized packets to
+    /// one peer leaves as one super-datagram the kernel cuts into them,
+    /// each packet's ICRC computed for the IPv4 identification its
+    /// segment gets. If the kernel refuses one (no checksum offload on
+    /// the route's device, a segment above the route's MTU), its packets
+    /// go one by one and the port stops trying (`tx_gso_refused`).
+    pub gso: bool,
+    /// GRO on receive (`UDP_GRO`): the kernel may hand several packets of
+    /// one flow over as one buffer, cut back into them by the segment
+    /// size it reports.
+    pub gro: bool,
+}
+
+impl UdpOffload {
+    /// Both offloads.
+    pub const ON: UdpOffload = UdpOffload {
+        gso: true,
+        gro: true,
+    };
+    /// Neither: one datagram per packet each way, as before issue 31.
+    pub const OFF: UdpOffload = UdpOffload {
+        gso: false,
+        gro: false,
+    };
+
+    /// What `IBAL_ROCE_UDP_OFFLOAD` asks for: unset, empty or `on`: both;
+    /// `off` (or `0`, `none`): neither; `gso` or `gro`: that one only.
+    /// Anything else is read as `on`. An operator's switch for comparing
+    /// with and without (the CLI's `--udp-offload` sets the same).
+    pub fn from_env() -> UdpOffload {
+        std::env::var("IBAL_ROCE_UDP_OFFLOAD")
+            .map(|v| UdpOffload::parse(&v).unwrap_or(UdpOffload::ON))
+            .unwrap_or(UdpOffload::ON)
+    }
+
+    /// `on`, `off` (`0`, `none`), `gso` or `gro`; `None` for anything
+    /// else.
+    pub fn parse(v: &str) -> Option<UdpOffload> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" | "on" | "1" | "both" => Some(UdpOffload::ON),
+            "off" | "0" | "none" => Some(UdpOffload::OFF),
+            "gso" => Some(UdpOffload {
+                gso: true,
+                gro: false,
+            }),
+            "gro" => Some(UdpOffload {
+                gso: false,
+                gro: true,
+            }),
+            _ => None,
+        }
+    }
 }
 
 impl PortConfig {
@@ -51,7 +114,14 @@ impl PortConfig {
             mtu: Mtu::Mtu1024,
             source_ports: 8,
             ipv4_grh_as_ipv6: false,
+            udp_offload: UdpOffload::from_env(),
         }
+    }
+
+    /// Use the UDP offloads `o` names (see [`UdpOffload`]).
+    pub fn udp_offload(mut self, o: UdpOffload) -> PortConfig {
+        self.udp_offload = o;
+        self
     }
 
     /// Describe IPv4 datagrams in the GRH area with IPv4-mapped GIDs in

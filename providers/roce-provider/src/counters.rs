@@ -125,6 +125,22 @@ counters!(
     rnr_retries,
     /// Requests dropped because responder READ/atomic resources were busy.
     resources_busy,
+    /// GSO super-datagrams sent (`UDP_SEGMENT`): each carried
+    /// `tx_gso_segments / tx_gso_sends` packets on average (all of them
+    /// also in `tx_packets`).
+    tx_gso_sends,
+    /// Packets sent as segments of GSO super-datagrams.
+    tx_gso_segments,
+    /// GSO super-datagrams the kernel refused (no checksum offload on the
+    /// route's device, a segment above the route's MTU, a kernel without
+    /// `UDP_SEGMENT`): their packets went one by one, and the port stopped
+    /// using GSO.
+    tx_gso_refused,
+    /// Coalesced buffers received with GRO (`UDP_GRO`): each holds several
+    /// packets, which `rx_datagrams` counts one by one.
+    rx_gro_buffers,
+    /// Packets received inside coalesced GRO buffers.
+    rx_gro_segments,
 );
 
 impl AtomicCounters {

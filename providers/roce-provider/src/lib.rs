@@ -61,7 +61,7 @@ mod trace;
 mod tx_batch;
 mod verbs;
 
-pub use config::{gid_of, ip_of, DeviceConfig, PortConfig, RoceLimits, ROCE_PORT};
+pub use config::{gid_of, ip_of, DeviceConfig, PortConfig, RoceLimits, UdpOffload, ROCE_PORT};
 pub use counters::PortCounters;
 pub use device::RoceDevice;
 pub use objects::{RoceAv, RoceCq, RoceMr, RocePd, RoceQp, RoceSrq};

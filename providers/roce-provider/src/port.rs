@@ -3,6 +3,7 @@
 //! them ([`PortShared::bind`]). Sending is `tx_batch`'s job, feeding
 //! received datagrams to QPs `feed`'s.
 
+use al::sync::atomic::AtomicBool;
 use std::net::SocketAddr;
 #[cfg(not(ibal_loom))]
 use std::net::UdpSocket;
@@ -37,6 +38,13 @@ pub(crate) struct PortShared {
     pub(crate) view: roce_transport::Port,
     /// Positive ACKs a polling thread held back (see [`HeldAcks`]).
     pub(crate) held: HeldAcks,
+    /// Send runs of packets as GSO super-datagrams (`tx_batch`): the
+    /// configuration's choice, cleared for good when the kernel refuses
+    /// one (`tx_gso_refused`).
+    pub(crate) gso: AtomicBool,
+    /// The receive socket has `UDP_GRO` on: a received buffer may hold
+    /// several packets (`mmsg`).
+    pub(crate) gro: bool,
 }
 
 impl PortShared {
@@ -84,6 +92,10 @@ impl PortShared {
                 mtu: pc.mtu,
             },
             held: HeldAcks::default(),
+            gso: AtomicBool::new(
+                pc.udp_offload.gso && cfg!(all(target_os = "linux", not(ibal_loom))),
+            ),
+            gro: false,
         })
     }
 

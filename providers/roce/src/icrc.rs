@@ -303,6 +303,101 @@ fn unshift(mut r: u32, n: usize) -> u32 {
     r
 }
 
+/// `SHIFT[k]` = x^(8 * 2^k): advances a register over 2^k zero bytes.
+const fn shift_table() -> [u32; 16] {
+    // x^8, reflected (bit 31 is x^0).
+    let mut t = [0u32; 16];
+    t[0] = 1 << (31 - 8);
+    let mut k = 1;
+    while k < 16 {
+        t[k] = mul_mod(t[k - 1], t[k - 1]);
+        k += 1;
+    }
+    t
+}
+
+static SHIFT: [u32; 16] = shift_table();
+
+/// The register `r` becomes after `n` zero bytes (`n` below 65,536).
+fn shift(mut r: u32, n: usize) -> u32 {
+    for (k, m) in SHIFT.iter().enumerate() {
+        if n >> k & 1 != 0 {
+            r = mul_mod(r, *m);
+        }
+    }
+    r
+}
+
+/// How the ICRC of an IPv4 packet changes with its identification, for
+/// one packet length: what a sender needs to send packets it encoded for
+/// identification 0 as the segments of one UDP GSO datagram, which the
+/// kernel numbers 0, 1, 2, ... (DF set, unconnected socket; see
+/// `docs/roce-wire.md`).
+///
+/// The CRC is affine, so changing the identification from `a` to `b`
+/// changes the ICRC by a value that depends only on `a ^ b` and on how
+/// many bytes follow the field; it is linear in `a ^ b`'s bits, so sixteen
+/// registers (one per bit, computed once per length) give it for any
+/// pair with a few XORs: no pass over the packet again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4IdentificationPatch {
+    bth_to_end_len: usize,
+    per_bit: [u32; 16],
+}
+
+impl Ipv4IdentificationPatch {
+    /// The patch for packets whose UDP payload before the ICRC is
+    /// `bth_to_end_len` bytes; `None` if no IPv4 datagram is that long.
+    pub fn new(bth_to_end_len: usize) -> Option<Ipv4IdentificationPatch> {
+        let after = AFTER_IPV4_ID.checked_add(bth_to_end_len)?;
+        if after >> SHIFT.len() != 0 {
+            return None;
+        }
+        let mut per_bit = [0u32; 16];
+        for (bit, reg) in per_bit.iter_mut().enumerate() {
+            let two = crc32_update_sliced(0, &(1u16 << bit).to_be_bytes());
+            *reg = shift(two, after);
+        }
+        Some(Ipv4IdentificationPatch {
+            bth_to_end_len,
+            per_bit,
+        })
+    }
+
+    /// The length (UDP payload before the ICRC) this patch is for.
+    pub fn bth_to_end_len(&self) -> usize {
+        self.bth_to_end_len
+    }
+
+    /// What to XOR into the ICRC computed for identification `from` to
+    /// get the one for identification `to` (the same packet otherwise).
+    pub fn delta(&self, from: u16, to: u16) -> u32 {
+        let mut d = from ^ to;
+        let mut out = 0;
+        while d != 0 {
+            out ^= self.per_bit[d.trailing_zeros() as usize];
+            d &= d - 1;
+        }
+        out
+    }
+
+    /// Rewrites the ICRC at the end of `packet` (a whole UDP payload of
+    /// the patch's length, ICRC included), computed for identification
+    /// `from`, to the one for identification `to`. Returns false (and
+    /// leaves it) if the packet is not of the patch's length.
+    pub fn apply(&self, packet: &mut [u8], from: u16, to: u16) -> bool {
+        if packet.len() != self.bth_to_end_len + crate::ICRC_LEN {
+            return false;
+        }
+        let d = self.delta(from, to).to_le_bytes(); // the wire's byte order
+        let tail = packet.len() - crate::ICRC_LEN;
+        for (b, x) in packet[tail..].iter_mut().zip(d) {
+            *b ^= x;
+        }
+        true
+    }
+}
+
 /// Bytes of the masked IPv4 and UDP headers after the identification
 /// field (IPv4 bytes 6..20, then the UDP header).
 const AFTER_IPV4_ID: usize = IPV4_LEN - 6 + UDP_LEN;
@@ -390,6 +485,50 @@ mod tests {
         finish(crc32_update(LRH_SEED, &head[..n]), bth_to_end)
     }
 
+    #[test]
+    fn an_identification_patch_gives_the_icrc_computed_for_that_identification() {
+        let src: std::net::SocketAddr = "10.1.2.3:49155".parse().unwrap();
+        let dst: std::net::SocketAddr = "10.4.5.6:4791".parse().unwrap();
+        let mut seed = 0x1234_5678u32;
+        for len in [12usize, 13, 28, 60, 1036, 1052, 4108, 4124, 8000, 65_000] {
+            let body: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    (seed >> 16) as u8
+                })
+                .collect();
+            let patch = Ipv4IdentificationPatch::new(len).unwrap();
+            assert_eq!(patch.bth_to_end_len(), len);
+            let with = |id: u16| {
+                let mut ep = Endpoints::new(src, dst).unwrap();
+                if let Endpoints::V4(v4) = &mut ep {
+                    v4.identification = id;
+                }
+                icrc(&ep, &body).unwrap()
+            };
+            let zero = with(0);
+            for id in [0u16, 1, 2, 3, 7, 63, 64, 127, 0x8000, 0xffff, 0x1234] {
+                assert_eq!(zero ^ patch.delta(0, id), with(id), "len {len} id {id}");
+                assert_eq!(
+                    with(id) ^ patch.delta(id, 5),
+                    with(5),
+                    "len {len} {id} -> 5"
+                );
+            }
+            // Applied to the wire bytes, then undone.
+            let mut pkt = body.clone();
+            pkt.extend_from_slice(&to_wire(zero));
+            assert!(patch.apply(&mut pkt, 0, 9));
+            assert_eq!(pkt[len..], to_wire(with(9)));
+            assert!(patch.apply(&mut pkt, 9, 0));
+            assert_eq!(pkt[len..], to_wire(zero));
+            assert!(
+                !patch.apply(&mut pkt[1..], 0, 1),
+                "another length is left alone"
+            );
+        }
+        assert!(Ipv4IdentificationPatch::new(70_000).is_none());
+    }
     #[test]
     fn the_header_memo_never_answers_for_another_flow_or_length() {
         let ep = |s: &str, d: &str| Endpoints::new(s.parse().unwrap(), d.parse().unwrap()).unwrap();
