@@ -37,6 +37,7 @@ mod driver;
 #[cfg(ibal_loom)]
 mod fake_net;
 mod feed;
+mod gso;
 mod held_acks;
 mod keys;
 mod limits;
