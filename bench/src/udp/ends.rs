@@ -348,3 +348,34 @@ pub fn bench_mtu(bytes: usize) -> Option<Mtu> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_roce_ports_and_qps_run_at_the_mtu_asked() {
+        for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
+            let pair = Pair::on_with(&Target::Loopback, mtu, Some(UdpOffload::OFF), 4096, 16)
+                .expect("pair");
+            for e in &pair.ends {
+                let port = e.ca.port(&pair.al, 1).expect("port");
+                assert_eq!(port.active_mtu, mtu);
+                assert_eq!(e.qp.query(&pair.al).expect("query").path_mtu, mtu);
+            }
+        }
+        assert_eq!(bench_mtu(1024), Some(Mtu::Mtu1024));
+        assert_eq!(bench_mtu(4096), Some(Mtu::Mtu4096));
+        assert_eq!(bench_mtu(2048), None);
+        assert_eq!(write_datagram(1024), 1040);
+        assert_eq!(write_datagram(4096), WRITE_DATAGRAM);
+    }
+
+    #[test]
+    fn offload_names_are_what_parse_takes() {
+        for name in ["on", "off", "gso", "gro"] {
+            let o = UdpOffload::parse(name).expect("parses");
+            assert_eq!(offload_name(o), name);
+        }
+    }
+}

@@ -209,3 +209,31 @@ pub(super) fn udp_stream_working(count: u64, size: usize, mtu: usize) -> BenchRe
 fn ibal_roce_crc(bytes: &[u8]) -> u32 {
     ibal::roce::wire::icrc::crc32(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A short WRITE stream completes at either MTU with the offloads on
+    /// or off, and counts its data packets by the MTU.
+    #[test]
+    fn roce_writes_stream_with_and_without_offloads() {
+        for (mtu, offload) in [
+            (Mtu::Mtu1024, UdpOffload::OFF),
+            (Mtu::Mtu4096, UdpOffload::ON),
+        ] {
+            let start = Start::now();
+            let f = roce_stream(&Target::Loopback, 8, 65536, mtu, true, Some(offload))
+                .expect("stream");
+            let secs = start.figures(Some(End::now()), 1, 1).packets_per_sec.recip();
+            assert!(f.gbps > 0.0 && f.cpu_s_per_gib > 0.0, "{f:?}");
+            // 8 WRITEs of 64 KiB: 512 packets at MTU 1024, 128 at 4096,
+            // moved in less than the whole call took.
+            let packets = (8 * 65536 / mtu.bytes()) as f64;
+            let bytes = 8.0 * 65536.0;
+            let ratio = f.packets_per_sec / (f.gbps * 1e9 / 8.0 / bytes);
+            assert!((ratio - packets).abs() < 1e-6, "{ratio} vs {packets}");
+            assert!(bytes * 8.0 / (f.gbps * 1e9) <= secs);
+        }
+    }
+}
