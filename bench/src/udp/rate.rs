@@ -39,6 +39,9 @@ pub struct RateReport {
     pub udp_lost: u64,
     /// Batched raw UDP datagrams lost in the reported round.
     pub udp_batched_lost: u64,
+    /// Datagrams per `recvmmsg` of the batched baseline in its reported
+    /// round.
+    pub udp_batched_per_receive: f64,
 }
 
 /// Process CPU nanoseconds per 64-byte message.
@@ -74,7 +77,8 @@ impl RateReport {
              send_to / recv_from each (the target's baseline), \"batched\" sendmmsg of {BATCH} and\n\
              recvmmsg (the ceiling); {} messages, best of {} rounds; CPU: process CPU clock\n\
              (both ends and the provider's threads)\n\n\
-             {:<17} {:>12} {:>8} {:>10} {:>10} {:>6}\n{}{}{}\n\
+             {:<17} {:>12} {:>8} {:>10} {:>10} {:>6}\n{}{}{}\
+             (batched: {:.1} datagrams per recvmmsg)\n\n\
              ratio to plain:   {:.2}x (target >= {TARGET}x)\n\
              ratio to batched: {:.2}x (the ceiling; no target)\n",
             self.mtu,
@@ -90,6 +94,7 @@ impl RateReport {
             row("RoCEv2 SEND", &self.roce, None),
             row("raw UDP plain", &self.udp, Some(self.udp_lost)),
             row("raw UDP batched", &self.udp_batched, Some(self.udp_batched_lost)),
+            self.udp_batched_per_receive,
             self.ratio(),
             self.ratio_batched()
         )
@@ -111,7 +116,8 @@ impl RateReport {
         format!(
             "{{\"benchmark\":\"send-rate\",\"transport\":\"udp\",\"msgs\":{},\"rounds\":{},\
              \"mtu\":{},\"udp_offload\":\"{}\",\"cpu_clock\":\"process\",{},{},{},\
-             \"udp_lost\":{},\"udp_batched_lost\":{},\"batch\":{BATCH},\"ratio\":{},\
+             \"udp_lost\":{},\"udp_batched_lost\":{},\"batch\":{BATCH},\
+             \"udp_batched_per_receive\":{},\"ratio\":{},\
              \"ratio_batched\":{},\"target_ratio\":{TARGET},\"target_met\":{}}}",
             self.msgs,
             self.rounds,
@@ -122,6 +128,7 @@ impl RateReport {
             fig("udp_batched", &self.udp_batched),
             self.udp_lost,
             self.udp_batched_lost,
+            json_f64(self.udp_batched_per_receive, 2),
             json_f64(self.ratio(), 4),
             json_f64(self.ratio_batched(), 4),
             self.ratio() >= TARGET
@@ -142,6 +149,7 @@ pub fn run_send_rate(
     }
     let mut roce = Figures::NONE;
     let (mut udp, mut batched) = ((Figures::NONE, 0), (Figures::NONE, 0));
+    let mut per_receive = f64::NAN;
     for _ in 0..rounds.max(1) {
         roce = roce.best(roce_stream(
             &Target::Loopback,
@@ -160,6 +168,7 @@ pub fn run_send_rate(
         let f = m.figures(MSG);
         if f.gbps > batched.0.gbps || batched.0.gbps.is_nan() {
             batched = (f, m.lost(msgs));
+            per_receive = m.datagrams as f64 / m.receives as f64;
         }
     }
     Ok(RateReport {
@@ -172,6 +181,7 @@ pub fn run_send_rate(
         udp_batched: batched.0,
         udp_lost: udp.1,
         udp_batched_lost: batched.1,
+        udp_batched_per_receive: per_receive,
     })
 }
 
@@ -193,6 +203,7 @@ mod tests {
             udp_batched: f(4e6, 1.0),
             udp_lost: 3,
             udp_batched_lost: 0,
+            udp_batched_per_receive: 4.5,
         };
         assert!((r.ratio() - 1.25).abs() < 1e-12);
         assert!((r.ratio_batched() - 0.25).abs() < 1e-12);
@@ -211,6 +222,7 @@ mod tests {
             "\"target_ratio\":1",
             "\"target_met\":true",
             "\"mtu\":1024",
+            "\"udp_batched_per_receive\":4.50",
         ] {
             assert!(json.contains(key), "{key} missing: {json}");
         }

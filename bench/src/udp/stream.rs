@@ -223,9 +223,12 @@ mod tests {
             (Mtu::Mtu4096, UdpOffload::ON),
         ] {
             let start = Start::now();
-            let f = roce_stream(&Target::Loopback, 8, 65536, mtu, true, Some(offload))
-                .expect("stream");
-            let secs = start.figures(Some(End::now()), 1, 1).packets_per_sec.recip();
+            let f =
+                roce_stream(&Target::Loopback, 8, 65536, mtu, true, Some(offload)).expect("stream");
+            let secs = start
+                .figures(Some(End::now()), 1, 1)
+                .packets_per_sec
+                .recip();
             assert!(f.gbps > 0.0 && f.cpu_s_per_gib > 0.0, "{f:?}");
             // 8 WRITEs of 64 KiB: 512 packets at MTU 1024, 128 at 4096,
             // moved in less than the whole call took.
