@@ -20,11 +20,14 @@
 //!    the QP's primary path (its peer) and its destination IP is the
 //!    QP's own GID. The UDP source port is entropy (ECMP) and is not
 //!    checked. UD and GSI take datagrams from anyone, by design;
-//! 5. **ICRC** over the IP and UDP headers as the socket shows them
-//!    (IPv4 identification 0), and for IPv4 senders that write another
-//!    identification (Linux rxe, NICs), the identification that makes it
-//!    right ([`roce::icrc::solve_ipv4_identification_from`]), found only
-//!    for sources the [`SolverGate`] lets through.
+//! 5. **ICRC** over the IP and UDP headers as the socket shows them: for
+//!    IPv4 with the identification the sender's kernel wrote if it sent
+//!    the packet as segment `k` of a GSO super-datagram (`k`, which the
+//!    packet's place in a GRO buffer tells: [`receive_segment`]), else 0
+//!    (DF set, unconnected socket); and for IPv4 senders that write
+//!    another identification (Linux rxe, NICs), the identification that
+//!    makes it right ([`roce::icrc::solve_ipv4_identification_from`]),
+//!    found only for sources the [`SolverGate`] lets through.
 //!
 //! A datagram that fails a check is a [`Discard`] with its reason, for
 //! the port's counters; one that passes is [`Accepted`], with its QP and
@@ -182,7 +185,8 @@ pub struct Accepted<'a, Q> {
     /// The packet.
     pub packet: Packet<'a>,
     /// The flow its ICRC was verified for (for IPv4, with the
-    /// identification the sender wrote when it had to be solved for).
+    /// identification it was verified with: its index in a GRO buffer,
+    /// or the one the solver found when that one had to be solved for).
     pub endpoints: Endpoints,
     /// Whether the IPv4 identification had to be solved for.
     pub solved: bool,
@@ -231,11 +235,43 @@ pub fn admit(filter: &QpFilter, pkt: &Packet<'_>) -> Result<(), Discard> {
 /// `find` looks up the QP a destination QPN names on this port (with its
 /// [`QpFilter`]); `gate` decides whom the identification solver runs for.
 /// See the module documentation for the checks and their order.
+///
+/// A datagram the kernel did not coalesce: [`receive_segment`] at index 0.
 pub fn receive<'a, Q>(
     port: &Port,
     bytes: &'a [u8],
     src: Option<SocketAddr>,
     truncated: bool,
+    now: Duration,
+    gate: &mut SolverGate,
+    find: impl FnOnce(u32) -> Option<(Q, QpFilter)>,
+) -> Result<Accepted<'a, Q>, Discard> {
+    receive_segment(port, bytes, src, truncated, 0, now, gate, find)
+}
+
+/// The receive stage ([`receive`]) for the packet at `index` (from 0) of
+/// a buffer the kernel coalesced (UDP GRO), `truncated` if the kernel cut
+/// the buffer within or before its end.
+///
+/// A GSO sender's kernel gives segment `k` of a super-datagram the IPv4
+/// identification `k` (DF set, unconnected socket: it counts up from the
+/// header's 0), and a receiver's GRO on the same path hands the
+/// super-datagram over whole, so the packet's ICRC is checked for
+/// identification `index` first; a packet whose ICRC was computed for
+/// another identification (a GRO buffer that joined two super-datagrams,
+/// or coalesced plain datagrams that all carry 0, or hashed ones) goes to
+/// the solver as any other, under the same gate. IPv6 has no
+/// identification: `index` plays no part.
+// The stage's inputs are the datagram's and the port's, as for `receive`,
+// and one more: bundling them would only move the count into a struct
+// every caller builds for one call.
+#[allow(clippy::too_many_arguments)]
+pub fn receive_segment<'a, Q>(
+    port: &Port,
+    bytes: &'a [u8],
+    src: Option<SocketAddr>,
+    truncated: bool,
+    index: u16,
     now: Duration,
     gate: &mut SolverGate,
     find: impl FnOnce(u32) -> Option<(Q, QpFilter)>,
@@ -271,8 +307,12 @@ pub fn receive<'a, Q>(
             return Err(Discard::WrongDestination);
         }
     }
-    // 5. ICRC.
+    // 5. ICRC, first for the identification the packet's place in a GRO
+    // buffer says it has.
     let mut endpoints = Endpoints::new(src, port.local).map_err(|_| Discard::Malformed)?;
+    if let Endpoints::V4(v4) = &mut endpoints {
+        v4.identification = index;
+    }
     let (body, tail) = bytes.split_at(bytes.len() - roce::ICRC_LEN);
     let carried = roce::icrc::from_wire([tail[0], tail[1], tail[2], tail[3]]);
     let computed = roce::icrc::icrc(&endpoints, body).map_err(|_| Discard::Oversized)?;
