@@ -341,7 +341,6 @@ impl RecvBatch {
         }
     }
 
-
     /// How many datagrams a call takes at most.
     pub(crate) fn capacity(&self) -> usize {
         self.bufs.len() / self.len.max(1)
@@ -764,7 +763,12 @@ mod tests {
             std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
             libc::sendmsg(a.as_raw_fd(), &msg, 0)
         };
-        assert_eq!(sent, payload.len() as isize, "{}", std::io::Error::last_os_error());
+        assert_eq!(
+            sent,
+            payload.len() as isize,
+            "{}",
+            std::io::Error::last_os_error()
+        );
     }
 
     /// `n` packets of `seg` bytes (the last `last`), each a distinct byte
@@ -845,7 +849,10 @@ mod tests {
             a.send_to(b"tail", to).unwrap();
             assert_eq!(batch.recv(&b, 4, true), 3, "round {round}");
             let d0: Vec<_> = batch.get(0).unwrap().segments().collect();
-            assert_eq!((d0.len(), d0[0].index, d0[0].bytes), (1, 0, &[round; 40][..]));
+            assert_eq!(
+                (d0.len(), d0[0].index, d0[0].bytes),
+                (1, 0, &[round; 40][..])
+            );
             let d1: Vec<_> = batch.get(1).unwrap().segments().map(|s| s.bytes).collect();
             assert_eq!(d1, pkts.iter().map(|p| p.as_slice()).collect::<Vec<_>>());
             let d2: Vec<_> = batch.get(2).unwrap().segments().collect();
