@@ -79,6 +79,9 @@ impl PortShared {
             .local_addr()
             .map_err(|e| Error::insufficient_resources(format!("port {num}: {e}")))?;
         let tx = source_sockets(local, pc.source_ports, node_guid);
+        // GRO as configured, if the kernel takes it (Linux 5.0 and later);
+        // without it every packet arrives as its own datagram, as before.
+        let gro = pc.udp_offload.gro && crate::mmsg::enable_gro(&socket);
         Ok(PortShared {
             num,
             cfg: *pc,
@@ -96,7 +99,7 @@ impl PortShared {
             gso: AtomicBool::new(
                 pc.udp_offload.gso && cfg!(all(target_os = "linux", not(ibal_loom))),
             ),
-            gro: false,
+            gro,
         })
     }
 
