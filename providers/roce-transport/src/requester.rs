@@ -121,7 +121,7 @@ impl<R: Clone> Transport<R> {
             let mtu = self.mtu as usize;
             let len = w.len as usize;
             let at = (k as usize * mtu).min(len);
-            let mut bytes = vec![0; (at + mtu).min(len) - at];
+            let mut bytes = mem.packet_buffer((at + mtu).min(len) - at);
             if let Err(e) = mem.gather(&w.sges, at as u64, &mut bytes) {
                 // The memory went away under the request (its MR was
                 // deregistered): it fails when it reaches the head, as a

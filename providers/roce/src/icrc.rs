@@ -442,7 +442,11 @@ const fn header_id_bits() -> [u32; 16] {
             crc ^= bytes[j] as u32;
             let mut k = 0;
             while k < 8 {
-                crc = if crc & 1 != 0 { (crc >> 1) ^ POLY } else { crc >> 1 };
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ POLY
+                } else {
+                    crc >> 1
+                };
                 k += 1;
             }
             j += 1;
@@ -541,7 +545,6 @@ mod tests {
             .unwrap();
         finish(crc32_update(LRH_SEED, &head[..n]), bth_to_end)
     }
-
 
     #[test]
     fn a_non_zero_identification_s_register_equals_the_headers_run_through() {
