@@ -67,9 +67,9 @@ impl PortShared {
         socket
             .set_read_timeout(Some(RECV_TIMEOUT))
             .map_err(|e| Error::insufficient_resources(format!("port {num}: {e}")))?;
-        // A full send window (128 PSNs of up to 4 KiB) arrives back to
-        // back; the default receive buffer (~208 KiB) holds about 50
-        // such packets and drops the rest, each drop costing a
+        // A full send window (1 MiB: `roce_transport::MAX_UNACKED_BYTES`)
+        // arrives back to back; the default receive buffer (~208 KiB)
+        // holds a fifth of it and drops the rest, each drop costing a
         // retransmission. Ask for room for several windows (the kernel
         // caps it at net.core.rmem_max; a smaller buffer still works).
         #[cfg(not(ibal_loom))]

@@ -88,6 +88,7 @@ fn a_write_and_a_read_leave_as_super_datagrams_and_arrive_whole() {
     let (a, b) = devices_with(UdpOffload::ON, UdpOffload::ON);
     write_then_read(&a, &b);
     let (ca, cb) = (a.port_counters(1).unwrap(), b.port_counters(1).unwrap());
+    eprintln!("a: {ca:?}\nb: {cb:?}");
     // The WRITE's 1,024 packets went in runs: far fewer super-datagrams
     // than packets, none refused, none lost.
     assert!(ca.tx_gso_sends > 0, "a sent no super-datagram: {ca:?}");
