@@ -10,6 +10,7 @@ use roce::{Endpoints, Packet};
 
 use al::sync::atomic::Ordering;
 
+#[cfg(all(target_os = "linux", not(ibal_loom)))]
 use crate::gso;
 use crate::held_acks::{encode_onto, is_positive_ack, HeldList, HOLDING_ACKS};
 use crate::port::PortShared;
