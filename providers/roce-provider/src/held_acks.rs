@@ -245,17 +245,7 @@ pub(crate) fn encode_onto(
     ep: &Endpoints,
 ) -> Option<(usize, usize)> {
     let start = bytes.len();
-    bytes.resize(start + pkt.encoded_len(), 0);
-    match pkt.encode_into(ep, &mut bytes[start..]) {
-        Ok(n) => {
-            bytes.truncate(start + n);
-            Some((start, n))
-        }
-        Err(_) => {
-            bytes.truncate(start);
-            None
-        }
-    }
+    pkt.encode_append(ep, bytes).ok().map(|n| (start, n))
 }
 
 /// Whether `pkt` is a plain positive acknowledgement (may be held).

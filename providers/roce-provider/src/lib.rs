@@ -20,8 +20,9 @@
 //! See `docs/roce-provider.md` for addressing, threads, timers and what is
 //! not done yet.
 #![deny(missing_docs)]
-// `deny`, not `forbid`: `mmsg` (recvmmsg, which no safe crate wraps) and
-// `clock` (clock_gettime through libc) are the modules allowed `unsafe`.
+// `deny`, not `forbid`: `mmsg` (recvmmsg, which no safe crate wraps),
+// `gso` (sendmmsg with UDP_SEGMENT, likewise) and `clock` (clock_gettime
+// through libc) are the modules allowed `unsafe`.
 #![deny(unsafe_code)]
 
 mod clock;
@@ -37,6 +38,7 @@ mod driver;
 #[cfg(ibal_loom)]
 mod fake_net;
 mod feed;
+mod gso;
 mod held_acks;
 mod keys;
 mod limits;

@@ -44,6 +44,7 @@ pub(crate) struct PortShared {
     pub(crate) gso: AtomicBool,
     /// The receive socket has `UDP_GRO` on: a received buffer may hold
     /// several packets (`mmsg`).
+    #[allow(dead_code)] // read by the receive path once it takes GRO buffers
     pub(crate) gro: bool,
 }
 

@@ -56,6 +56,19 @@ pub(crate) fn send_failed(to: SocketAddr, error: &std::io::Error) {
     );
 }
 
+/// The kernel refused a GSO super-datagram: its packets went one by one
+/// and the port sends no more super-datagrams.
+#[cfg_attr(any(not(target_os = "linux"), ibal_loom), allow(dead_code))]
+pub(crate) fn gso_refused(port: u8, to: SocketAddr, error: &std::io::Error) {
+    tracing::info!(
+        target: "ibal::roce",
+        port,
+        to = %to,
+        error = %error,
+        "UDP GSO refused by the kernel: this port sends one datagram per packet from now on"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

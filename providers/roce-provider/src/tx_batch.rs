@@ -8,6 +8,9 @@ use std::net::UdpSocket;
 
 use roce::{Endpoints, Packet};
 
+use al::sync::atomic::Ordering;
+
+use crate::gso;
 use crate::held_acks::{encode_onto, is_positive_ack, HeldList, HOLDING_ACKS};
 use crate::port::PortShared;
 #[cfg(ibal_loom)]
@@ -15,6 +18,11 @@ use crate::port::UdpSocket;
 
 /// Most packets one `sendmmsg` carries.
 pub(crate) const TX_BATCH: usize = 32;
+
+/// Most packets one `sendmmsg` carries when the port sends GSO
+/// super-datagrams (each message up to `gso::MAX_SEGMENTS` packets): a
+/// window's worth at MTU 4096, two at 1024.
+const TX_BATCH_GSO: usize = 128;
 
 /// Encoded datagrams back to back, and (destination, start, length) of
 /// each.
@@ -71,8 +79,17 @@ impl<'p> TxBatch<'p> {
                 crate::trace::not_sent(self.qpn, Some(to), "the packet does not encode");
             }
         }
-        if self.msgs.len() >= TX_BATCH {
+        if self.msgs.len() >= self.limit() {
             self.flush();
+        }
+    }
+
+    /// Packets a batch holds before it is sent.
+    fn limit(&self) -> usize {
+        if self.port.gso.load(Ordering::Relaxed) {
+            TX_BATCH_GSO
+        } else {
+            TX_BATCH
         }
     }
 
@@ -130,6 +147,13 @@ impl<'p> TxBatch<'p> {
         if self.msgs.is_empty() {
             return;
         }
+        #[cfg(all(target_os = "linux", not(ibal_loom)))]
+        if self.msgs.len() > 1 && self.port.gso.load(Ordering::Relaxed) {
+            self.transmit_gso();
+            self.msgs.clear();
+            self.bytes.clear();
+            return;
+        }
         let c = &self.port.counters;
         #[cfg_attr(ibal_loom, allow(unused_mut))]
         let mut sent = 0;
@@ -182,6 +206,87 @@ impl<'p> TxBatch<'p> {
         self.msgs.clear();
         self.bytes.clear();
     }
+}
+
+#[cfg(all(target_os = "linux", not(ibal_loom)))]
+impl TxBatch<'_> {
+    /// Sends what is encoded as GSO super-datagrams where packets run to
+    /// one peer (`gso::plan`), each segment's ICRC moved to the
+    /// identification the kernel will give it, with as few `sendmmsg`
+    /// calls as the kernel takes. A super-datagram the kernel refuses goes
+    /// packet by packet, its ICRCs moved back, and if the refusal is for
+    /// good the port stops using GSO.
+    fn transmit_gso(&mut self) {
+        let mut scratch = GSO_SCRATCH.with(|s| s.take());
+        let GsoScratch { icrcs, plan } = &mut scratch;
+        gso::plan(&self.msgs, plan);
+        for m in plan.iter() {
+            icrcs.for_segments(&mut self.bytes, m);
+        }
+        let c = &self.port.counters;
+        let mut i = 0;
+        while i < plan.len() {
+            match gso::send_messages(self.socket, &self.bytes, &plan[i..]) {
+                Ok(k) if k > 0 => {
+                    for m in &plan[i..(i + k).min(plan.len())] {
+                        c.add(&c.tx_packets, m.segments as u64);
+                        c.add(&c.tx_bytes, m.len as u64);
+                        if m.segments > 1 {
+                            c.add(&c.tx_gso_sends, 1);
+                            c.add(&c.tx_gso_segments, m.segments as u64);
+                        }
+                    }
+                    i += k;
+                }
+                r => {
+                    let m = plan[i];
+                    if m.segments > 1 {
+                        icrcs.for_alone(&mut self.bytes, &m);
+                        if let Err(e) = &r {
+                            if gso::is_refusal(e) && self.port.gso.swap(false, Ordering::Relaxed) {
+                                crate::trace::gso_refused(self.port.num, m.to, e);
+                            }
+                        }
+                        c.add(&c.tx_gso_refused, 1);
+                    }
+                    self.send_alone(&m);
+                    i += 1;
+                }
+            }
+        }
+        GSO_SCRATCH.with(|s| s.replace(scratch));
+    }
+
+    /// Sends the packets of `m` one datagram each.
+    fn send_alone(&self, m: &gso::Message) {
+        let c = &self.port.counters;
+        let (mut at, end) = (m.start, m.start + m.len);
+        while at < end {
+            let n = m.seg.min(end - at);
+            match send_one(self.socket, &self.bytes[at..at + n], m.to) {
+                Ok(_) => {
+                    c.add(&c.tx_packets, 1);
+                    c.add(&c.tx_bytes, n as u64);
+                }
+                Err(e) => {
+                    c.add(&c.tx_errors, 1);
+                    crate::trace::send_failed(m.to, &e);
+                }
+            }
+            at += n;
+        }
+    }
+}
+
+/// A sending thread's GSO plan and ICRC patches, reused batch after batch.
+#[derive(Default)]
+struct GsoScratch {
+    icrcs: gso::SegmentIcrcs,
+    plan: Vec<gso::Message>,
+}
+
+al::thread_local_value! {
+    static GSO_SCRATCH: std::cell::RefCell<GsoScratch> = std::cell::RefCell::new(GsoScratch::default());
 }
 
 /// One datagram to `to`. On Linux a plain `sendto` system call (rustix):

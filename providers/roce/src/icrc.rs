@@ -353,10 +353,13 @@ impl Ipv4IdentificationPatch {
         if after >> SHIFT.len() != 0 {
             return None;
         }
+        // x^(8 * after): carrying a register over `after` zero bytes is a
+        // multiplication by it (one per bit below, not a shift each).
+        let carry = shift(1 << 31, after);
         let mut per_bit = [0u32; 16];
         for (bit, reg) in per_bit.iter_mut().enumerate() {
             let two = crc32_update_sliced(0, &(1u16 << bit).to_be_bytes());
-            *reg = shift(two, after);
+            *reg = mul_mod(two, carry);
         }
         Some(Ipv4IdentificationPatch {
             bth_to_end_len,

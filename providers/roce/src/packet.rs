@@ -227,6 +227,44 @@ impl<'a> Packet<'a> {
         Ok(total)
     }
 
+    /// Appends the UDP payload (BTH .. payload, pad, ICRC) for `endpoints`
+    /// to `out` and returns its length; on an error `out` is left as it
+    /// was. The same bytes as [`Packet::encode_into`], written once each:
+    /// a sender that reuses one buffer for many packets does not zero the
+    /// room first (a 4 KiB packet's payload is copied from its MR, then
+    /// read once for the ICRC while it is in cache).
+    pub fn encode_append(
+        &self,
+        endpoints: &Endpoints,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, EncodeError> {
+        let opcode = self.headers.bth.opcode;
+        if !opcode.layout().payload && !self.payload.is_empty() {
+            return Err(EncodeError::PayloadNotAllowed {
+                opcode,
+                len: self.payload.len(),
+            });
+        }
+        let mut head = [0u8; 128];
+        let pad = self.pad_count();
+        let n = self.headers.encode(pad, &mut head)?;
+        let start = out.len();
+        out.reserve(self.encoded_len());
+        out.extend_from_slice(&head[..n]);
+        out.extend_from_slice(self.payload);
+        out.extend_from_slice(&[0u8; 3][..pad as usize]);
+        match icrc::icrc(endpoints, &out[start..]) {
+            Ok(crc) => {
+                out.extend_from_slice(&icrc::to_wire(crc));
+                Ok(out.len() - start)
+            }
+            Err(e) => {
+                out.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
     /// The UDP payload (BTH .. payload, pad, ICRC) for `endpoints`.
     pub fn encode(&self, endpoints: &Endpoints) -> Result<Vec<u8>, EncodeError> {
         let mut v = vec![0; self.encoded_len()];

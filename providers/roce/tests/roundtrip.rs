@@ -163,6 +163,11 @@ proptest! {
         let bytes = p.encode(&ep).unwrap();
         prop_assert_eq!(bytes.len(), p.encoded_len());
         prop_assert_eq!(bytes.len() % 4, 0);
+        // Appended to a buffer already holding bytes: the same packet.
+        let mut appended = vec![0xa5; 7];
+        prop_assert_eq!(p.encode_append(&ep, &mut appended).unwrap(), bytes.len());
+        prop_assert_eq!(&appended[..7], &[0xa5; 7][..]);
+        prop_assert_eq!(&appended[7..], &bytes[..]);
         let back = Packet::decode(&bytes, &ep).unwrap();
         let mut expected = headers;
         expected.bth.pad_count = p.pad_count();
@@ -284,6 +289,20 @@ fn pad_and_payload_rules() {
         Packet::new(missing, &[]).encode(&ep),
         Err(roce::EncodeError::MissingHeader { header: "AETH", .. })
     ));
+    // Appending refuses the same, and leaves the buffer as it was; so
+    // does a packet too long for an IPv4 datagram.
+    let mut out = vec![9u8; 5];
+    assert!(Packet::new(ack, &[1]).encode_append(&ep, &mut out).is_err());
+    assert!(Packet::new(missing, &[])
+        .encode_append(&ep, &mut out)
+        .is_err());
+    let mut write = roce::Headers::new(Bth::new(Opcode::RcWriteOnly, 5, 9));
+    write.reth = Some(Reth::default());
+    let huge = vec![0u8; 70_000];
+    assert!(Packet::new(write, &huge)
+        .encode_append(&ep, &mut out)
+        .is_err());
+    assert_eq!(out, [9u8; 5]);
     let mut extra = ack;
     extra.reth = Some(Reth::default());
     assert!(matches!(
