@@ -225,7 +225,7 @@ for what in payload ipid; do
 import struct, sys
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3]
 b = bytearray(open(src, "rb").read())
-# classic pcap (tshark -w FILE.pcap writes pcapng unless told: read the format)
+# tshark -w writes pcapng unless told otherwise: read either format
 assert b[:4] in (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x0a\x0d\x0d\x0a"), "unknown capture format"
 if b[:4] == b"\x0a\x0d\x0d\x0a":
     # pcapng: walk blocks, Enhanced Packet Blocks (type 6) hold the packets
@@ -244,6 +244,9 @@ else:
         off += 16 + caplen
 # RoCEv2 frames on lo (Ethernet header of 14 bytes, IPv4, UDP): take the middle one
 roce = [(o, n) for o, n in recs if n > 14 + 20 + 8 + 16 and b[o + 12:o + 14] == b"\x08\x00" and b[o + 23] == 17]
+# (for the identification: a GSO segment after the first of its super-datagram if any)
+if what == "ipid" and any(b[o + 18:o + 20] != b"\0\0" for o, _ in roce):
+    roce = [(o, n) for o, n in roce if b[o + 18:o + 20] != b"\0\0"]
 o, n = roce[len(roce) // 2]
 at = o + n - 5 if what == "payload" else o + 14 + 5  # the byte before the ICRC / the identification's low byte
 b[at] ^= 0x01
