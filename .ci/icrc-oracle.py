@@ -97,6 +97,11 @@ def main():
     by_scapy = 0
     wakeups = 0
     bad = []
+    bad_frames = set()
+
+    def flag(frame, what):
+        bad.append(what)
+        bad_frames.add(frame)
     ids = collections.Counter()  # (source, "id 0" | "id != 0") -> packets
     opcodes = collections.Counter()
     gso_ids = 0
@@ -128,7 +133,7 @@ def main():
             wakeups += 1
             continue
         if len(payload) < 12 + 4:
-            bad.append(f"frame {frame}: {src} -> {dst}: {len(payload)} bytes of UDP payload, "
+            flag(frame, f"frame {frame}: {src} -> {dst}: {len(payload)} bytes of UDP payload, "
                        f"too short for a BTH and an ICRC")
             continue
         carried = payload[-4:]
@@ -142,7 +147,7 @@ def main():
             gso_ids += 1
         short = short_icrc(raw_ip, ihl)
         if short != carried:
-            bad.append(f"{where}: ICRC carried {carried.hex()}, computed {short.hex()}")
+            flag(frame, f"{where}: ICRC carried {carried.hex()}, computed {short.hex()}")
         if (checked - 1) % a.scapy_every == 0:
             by_scapy += 1
             ip = IP(raw_ip)
@@ -152,23 +157,23 @@ def main():
             udp.add_payload(BTH(payload))
             bth = ip[BTH]
             if struct.pack("!I", bth.icrc) != carried:
-                bad.append(f"{where}: scapy reads the ICRC as {bth.icrc:#010x}, the packet ends "
+                flag(frame, f"{where}: scapy reads the ICRC as {bth.icrc:#010x}, the packet ends "
                            f"with {carried.hex()}")
             expected = bth.compute_icrc(None)  # scapy's ICRC of the packet as captured
             if expected != carried:
-                bad.append(f"{where}: ICRC carried {carried.hex()}, scapy computes {expected.hex()}")
+                flag(frame, f"{where}: ICRC carried {carried.hex()}, scapy computes {expected.hex()}")
             if expected != short:
-                bad.append(f"{where}: scapy's ICRC {expected.hex()} and this script's "
+                flag(frame, f"{where}: scapy's ICRC {expected.hex()} and this script's "
                            f"{short.hex()} disagree")
         if tshark is not None:
             t = tshark.get(frame)
             if t is None or struct.pack("!I", t) != carried:
-                bad.append(f"{where}: tshark's infiniband.invariant.crc "
+                flag(frame, f"{where}: tshark's infiniband.invariant.crc "
                            f"{'missing' if t is None else f'{t:#010x}'} differs from the "
                            f"packet's last four bytes {carried.hex()}")
 
     print(f"icrc-oracle: {a.pcap}: {checked} RoCEv2 packets checked (UDP ports "
-          f"{sorted(ports)}), {by_scapy} of them by scapy too, {len(bad)} bad"
+          f"{sorted(ports)}), {by_scapy} of them by scapy too, {len(bad_frames)} bad"
           + (f"; {wakeups} empty datagrams from a port to itself left out" if wakeups else ""))
     for (src, klass), n in sorted(ids.items()):
         print(f"  from {src}: {n} packets with IPv4 {klass}")
