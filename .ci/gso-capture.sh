@@ -184,7 +184,7 @@ PY
 
 # ---- tshark: every datagram to the RoCEv2 ports decodes as InfiniBand, none is flagged,
 # and none is larger than a packet (a super-datagram would mean the capture missed segments)
-say "capture: $(du -h "$CAP" | cut -f1) in $CAP"
+say "capture: $(du -h "$CAP" | cut -f1) in $CAP ($(grep -o '[0-9]* packets dropped' "$CAP.log" || echo "no drop reported") by tshark)"
 # RoCEv2 on both ports; no guessing what a payload holds (Wireshark's heuristics take some
 # SEND payloads for RPCoRDMA or an ethertype and flag them malformed).
 DEC="-d udp.port==$PB,infiniband -o infiniband.identify_payload:FALSE"
