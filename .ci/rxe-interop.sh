@@ -372,23 +372,46 @@ ibal->rxe, $(drops INPUT) rxe->ibal]" /tmp/rdma_peer_loss.log
     fi
 fi
 
-# ---- 5c. a SEND stream: ibal client -> a guest ibv_rc_pingpong server of 64 KiB messages
-T=send-stream
-say "$T: ibal --connect $GUEST_IP:18519 --size $SEND_SIZE --iters $SEND_ITERS (ibv_rc_pingpong -s $SEND_SIZE in the guest)"
-guest "timeout 150 ibv_rc_pingpong -g $GIDX -d rxe0 -p 18519 -m 1024 -s $SEND_SIZE -n $SEND_ITERS >/tmp/send_srv.log 2>&1 &" >/dev/null
-if wait_guest_listen 18519 \
-        && UDP0=$(udp_drops) && ip netns exec "$NS" timeout 150 "$BIN" qp-exchange --connect "$GUEST_IP:18519" \
-            --local "$HOST_IP" --mode rc --size $SEND_SIZE --mtu 1024 --iters $SEND_ITERS --timeout 20 --json \
-            >"$OUT/$T.json" 2>"$OUT/$T.err" \
-        && check_ibal $T $SEND_ITERS; then
-    sleep 1
-    if guest "grep -q '$SEND_ITERS iters in' /tmp/send_srv.log"; then
-        say "$T: PASS (guest: $(guest "grep 'iters in' /tmp/send_srv.log | tail -1"); $(udp_delta "$UDP0"))"
-    else
-        fail $T "ibal finished but the guest server did not print its summary" /tmp/send_srv.log
+# ---- 5c. a SEND stream: ibal client -> a guest ibv_rc_pingpong server of 64 KiB messages.
+# Seen once in 11 runs (2026-12-05, GSO on; docs/two-process.md): a stall after ~50 round
+# trips in which rxe kept re-sending a message that ibal had received and ACKed (the ACKs
+# in the capture, ICRCs right), then went quiet. A wrong ICRC stalls every try, so a stall
+# of ibal's client that says "the peer stopped answering" is run once more (on another
+# port) and said; a second one fails the run.
+send_stream() { # PORT: 0 passed; 1 failed (fail() called); 2 the stall above (not yet failed)
+    local port=$1
+    say "$T: ibal --connect $GUEST_IP:$port --size $SEND_SIZE --iters $SEND_ITERS (ibv_rc_pingpong -s $SEND_SIZE in the guest)"
+    guest "timeout 150 ibv_rc_pingpong -g $GIDX -d rxe0 -p $port -m 1024 -s $SEND_SIZE -n $SEND_ITERS >/tmp/send_srv_$port.log 2>&1 &" >/dev/null
+    if wait_guest_listen "$port" \
+            && UDP0=$(udp_drops) && ip netns exec "$NS" timeout 150 "$BIN" qp-exchange --connect "$GUEST_IP:$port" \
+                --local "$HOST_IP" --mode rc --size $SEND_SIZE --mtu 1024 --iters $SEND_ITERS --timeout 20 --json \
+                >"$OUT/$T.json" 2>"$OUT/$T.err" \
+            && check_ibal $T $SEND_ITERS; then
+        sleep 1
+        if guest "grep -q '$SEND_ITERS iters in' /tmp/send_srv_$port.log"; then
+            say "$T: PASS (guest: $(guest "grep 'iters in' /tmp/send_srv_$port.log | tail -1"); $(udp_delta "$UDP0"))"
+            return 0
+        fi
+        fail $T "ibal finished but the guest server did not print its summary" /tmp/send_srv_$port.log
+        return 1
     fi
-else
-    fail $T "ibal stopped: $(ibal_error $T) [$(udp_delta "${UDP0:-0 0}")]" /tmp/send_srv.log
+    if grep -q "timed out: no completion .*the peer stopped answering" "$OUT/$T.err" 2>/dev/null; then
+        return 2
+    fi
+    fail $T "ibal stopped: $(ibal_error $T) [$(udp_delta "${UDP0:-0 0}")]" /tmp/send_srv_$port.log
+    return 1
+}
+T=send-stream
+ss_rc=0
+send_stream 18519 || ss_rc=$?
+if [ "$ss_rc" = 2 ]; then
+    say "$T: STALLED ONCE: $(ibal_error $T) (rxe re-sending an ACKed message? see the capture); once more"
+    cp "$OUT/$T.err" "$OUT/$T.stalled.err"
+    ss_rc=0
+    send_stream 18522 || ss_rc=$?
+    if [ "$ss_rc" = 2 ]; then
+        fail $T "ibal stopped twice: $(ibal_error $T) [$(udp_delta "${UDP0:-0 0}")]" /tmp/send_srv_18522.log
+    fi
 fi
 
 # ---- 6-9. rping through the CMs: ibal's CM and rdma_cm addressing against Linux's ib_cm and
