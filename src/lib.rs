@@ -257,7 +257,7 @@ pub mod roce {
     pub use roce_provider::delay;
     pub use roce_provider::{
         gid_of, ip_of, DeviceConfig, PortConfig, PortCounters, RoceDevice, RoceLimits,
-        RoceProvider, ROCE_PORT,
+        RoceProvider, UdpOffload, ROCE_PORT,
     };
 
     pub mod wire {

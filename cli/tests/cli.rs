@@ -372,7 +372,7 @@ fn perf_send_rate_json() {
 
 #[test]
 fn perf_over_udp_json() {
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 8] = [
         (
             &["perf", "send-lat", "--flood", "--iters", "200", "--json"],
             &[
@@ -426,7 +426,30 @@ fn perf_over_udp_json() {
                 "udp_msgs_per_sec",
                 "ratio",
                 "target_met",
+                "udp_batched_msgs_per_sec",
+                "ratio_batched",
+                "roce_cpu_s_per_gib",
+                "udp_cpu_ns_per_msg",
+                "udp_offload",
             ],
+        ),
+        (
+            &[
+                "perf",
+                "send-rate",
+                "--transport",
+                "udp",
+                "--msgs",
+                "2000",
+                "--rounds",
+                "1",
+                "--mtu",
+                "4096",
+                "--udp-offload",
+                "off",
+                "--json",
+            ],
+            &["mtu", "udp_offload", "udp_batched_lost", "ratio"],
         ),
         (
             &[
@@ -442,13 +465,66 @@ fn perf_over_udp_json() {
                 "1",
                 "--json",
             ],
-            &["roce_gbps", "udp_gbps", "min_ratio", "target_met"],
+            &[
+                "roce_gbps",
+                "udp_gbps",
+                "min_ratio",
+                "target_met",
+                "mtu",
+                "udp_gso_gbps",
+                "ratio_gso",
+                "roce_pps",
+                "udp_gso_pps",
+                "roce_cpu_s_per_gib",
+                "udp_gso_cpu_s_per_gib",
+                "min_ratio_gso",
+                "target_met_gso",
+            ],
+        ),
+        (
+            &[
+                "perf",
+                "write-bw",
+                "--transport",
+                "udp",
+                "--sizes",
+                "64K",
+                "--iters",
+                "4",
+                "--rounds",
+                "1",
+                "--mtu",
+                "4096",
+                "--udp-offload",
+                "gso",
+                "--json",
+            ],
+            &["udp_gso_gbps", "udp_offload", "target_met_gso"],
         ),
     ];
     for (args, keys) in cases {
         let out = ok(args);
         has_keys(&one_json_object(&out), keys);
         assert!(out.contains("\"transport\":\"udp\""), "{out}");
+        // The flags reach the report (issue 31).
+        if args.contains(&"--udp-offload") {
+            assert!(
+                out.contains("\"udp_offload\":\"off\"") || out.contains("\"udp_offload\":\"gso\""),
+                "{out}"
+            );
+        }
+        if args.contains(&"--mtu") {
+            assert!(
+                out.contains("\"mtu\":4096") && !out.contains("\"mtu\":1024"),
+                "{out}"
+            );
+        } else if args[1] == "write-bw" {
+            // Both MTUs by default, one result each.
+            assert!(
+                out.contains("\"mtu\":4096") && out.contains("\"mtu\":1024"),
+                "{out}"
+            );
+        }
     }
 }
 
@@ -462,6 +538,17 @@ fn bad_arguments_fail_with_a_message_on_stderr() {
         &["perf", "send-rate", "--transport", "udp", "--msgs", "0"][..],
         &["perf", "send-lat", "--iters", "0"][..],
         &["perf", "send-lat", "--transport", "soft"][..],
+        &["perf", "write-bw", "--transport", "udp", "--mtu", "2048"][..],
+        &["perf", "write-bw", "--mtu", "1024", "--iters", "1"][..],
+        &[
+            "perf",
+            "send-rate",
+            "--transport",
+            "udp",
+            "--udp-offload",
+            "maybe",
+        ][..],
+        &["perf", "send-rate", "--udp-offload", "off", "--msgs", "1"][..],
     ] {
         let out = ibal(args);
         assert!(!out.status.success(), "ibal {args:?} succeeded");

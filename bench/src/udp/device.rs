@@ -88,7 +88,8 @@ pub fn run_device_send_rate(device: &str, msgs: u64, rounds: usize) -> BenchResu
     let target = Target::Device(device.into());
     let mut best = 0f64;
     for _ in 0..rounds.max(1) {
-        best = best.max(roce_stream(&target, msgs, MSG, Mtu::Mtu4096, false)? / MSG as f64);
+        best =
+            best.max(roce_stream(&target, msgs, MSG, Mtu::Mtu4096, false, None)?.packets_per_sec);
     }
     Ok(DeviceReport {
         bench: "send-rate",
@@ -122,7 +123,7 @@ pub fn run_device_write_bw(
         let iters = (bytes_per_round / size as u64).max(4);
         let mut best = 0f64;
         for _ in 0..rounds.max(1) {
-            best = best.max(roce_stream(&target, iters, size, Mtu::Mtu4096, true)? * 8.0 / 1e9);
+            best = best.max(roce_stream(&target, iters, size, Mtu::Mtu4096, true, None)?.gbps);
         }
         results.push((format!("WRITE {size} B x {iters}"), best, "Gbit/s"));
     }

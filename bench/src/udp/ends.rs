@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibal::prelude::*;
-use ibal::roce::{DeviceConfig, PortConfig};
+use ibal::roce::{DeviceConfig, PortConfig, UdpOffload};
 use ibal::verbs::QpCaps;
 
 use crate::BenchResult;
@@ -18,7 +18,15 @@ pub const MSG: usize = 64;
 /// UDP payload of one 64-byte RoCEv2 SEND-only packet (BTH + data + ICRC).
 pub const SEND_DATAGRAM: usize = 12 + MSG + 4;
 /// UDP payload of one full WRITE-middle packet at MTU 4096.
-pub const WRITE_DATAGRAM: usize = 12 + 4096 + 4;
+pub const WRITE_DATAGRAM: usize = write_datagram(4096);
+/// A WRITE-middle packet's bytes besides its payload: BTH 12 + ICRC 4.
+pub const WRITE_HEADERS: usize = 12 + 4;
+
+/// UDP payload of one full WRITE-middle packet at MTU `mtu` bytes (4112
+/// at 4096, 1040 at 1024): the datagram the baselines stream.
+pub const fn write_datagram(mtu: usize) -> usize {
+    mtu + WRITE_HEADERS
+}
 /// How the streaming benchmarks' threads wait for completions.
 pub(super) const STREAM_WAIT: Wait = Wait::Sleep(Duration::from_micros(50));
 /// Longest any wait of a benchmark may take.
@@ -65,8 +73,21 @@ pub(super) struct Route {
 
 impl Pair {
     pub(super) fn on(target: &Target, mtu: Mtu, buf_len: usize, depth: u32) -> BenchResult<Pair> {
+        Pair::on_with(target, mtu, None, buf_len, depth)
+    }
+
+    /// As [`Pair::on`], our ports (on loopback) using the UDP offloads
+    /// `offload` names (`None`: `PortConfig`'s default, from
+    /// `IBAL_ROCE_UDP_OFFLOAD`).
+    pub(super) fn on_with(
+        target: &Target,
+        mtu: Mtu,
+        offload: Option<UdpOffload>,
+        buf_len: usize,
+        depth: u32,
+    ) -> BenchResult<Pair> {
         let al = Al::open().map_err(err("open AL"))?;
-        let (cas, mtu) = open_cas(&al, target, mtu)?;
+        let (cas, mtu) = open_cas(&al, target, mtu, offload)?;
         let mut ends = Vec::new();
         let mut routes = Vec::new();
         for (ca, route) in cas {
@@ -116,12 +137,23 @@ impl Pair {
 pub(super) type Ends = Vec<(Handle<Ca>, Route)>;
 
 /// The two CAs of `target`, how each is reached, and the path MTU (at
-/// most `mtu`, at most the device port's active MTU).
-pub(super) fn open_cas(al: &Al, target: &Target, mtu: Mtu) -> BenchResult<(Ends, Mtu)> {
+/// most `mtu`, at most the device port's active MTU). Our ports on
+/// loopback have MTU `mtu` and use the UDP offloads `offload` names
+/// (`None`: the default); an RDMA device ignores `offload`.
+pub(super) fn open_cas(
+    al: &Al,
+    target: &Target,
+    mtu: Mtu,
+    offload: Option<UdpOffload>,
+) -> BenchResult<(Ends, Mtu)> {
     match target {
         Target::Loopback => {
             let port = |ip: &str| {
-                PortConfig::new(SocketAddr::new(ip.parse().expect("literal"), 0)).mtu(mtu)
+                let p = PortConfig::new(SocketAddr::new(ip.parse().expect("literal"), 0)).mtu(mtu);
+                match offload {
+                    Some(o) => p.udp_offload(o),
+                    None => p,
+                }
             };
             let provider = RoceProvider::new(vec![
                 DeviceConfig::new("bench-a", 0xbe0a, vec![port("127.0.0.1")]),
@@ -296,4 +328,54 @@ pub(crate) fn udp_pair() -> BenchResult<(UdpSocket, UdpSocket)> {
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// How `--udp-offload` and the JSON name `o`: `on`, `off`, `gso` or `gro`.
+pub fn offload_name(o: UdpOffload) -> &'static str {
+    match (o.gso, o.gro) {
+        (true, true) => "on",
+        (false, false) => "off",
+        (true, false) => "gso",
+        (false, true) => "gro",
+    }
+}
+
+/// The MTU of `bytes` if the RoCEv2 benchmarks take it (1024 or 4096).
+pub fn bench_mtu(bytes: usize) -> Option<Mtu> {
+    match bytes {
+        1024 => Some(Mtu::Mtu1024),
+        4096 => Some(Mtu::Mtu4096),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_roce_ports_and_qps_run_at_the_mtu_asked() {
+        for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
+            let pair = Pair::on_with(&Target::Loopback, mtu, Some(UdpOffload::OFF), 4096, 16)
+                .expect("pair");
+            for e in &pair.ends {
+                let port = e.ca.port(&pair.al, 1).expect("port");
+                assert_eq!(port.active_mtu, mtu);
+                assert_eq!(e.qp.query(&pair.al).expect("query").path_mtu, mtu);
+            }
+        }
+        assert_eq!(bench_mtu(1024), Some(Mtu::Mtu1024));
+        assert_eq!(bench_mtu(4096), Some(Mtu::Mtu4096));
+        assert_eq!(bench_mtu(2048), None);
+        assert_eq!(write_datagram(1024), 1040);
+        assert_eq!(write_datagram(4096), WRITE_DATAGRAM);
+    }
+
+    #[test]
+    fn offload_names_are_what_parse_takes() {
+        for name in ["on", "off", "gso", "gro"] {
+            let o = UdpOffload::parse(name).expect("parses");
+            assert_eq!(offload_name(o), name);
+        }
+    }
 }

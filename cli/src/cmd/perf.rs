@@ -1,6 +1,8 @@
 //! `ibal perf`: the benchmarks' flags; each subcommand runs its benchmark
 //! in `ibal_bench` and prints the report.
 
+use ibal::roce::UdpOffload;
+
 use super::parse::parse_size;
 use super::print_report;
 
@@ -58,9 +60,17 @@ pub enum PerfCommand {
         #[arg(long, default_value_t = ibal_bench::verbs::WRITE_SIGNAL_EVERY)]
         signal_every: u32,
         /// `soft` (two soft HCAs, vs memcpy) or `udp` (two RoCEv2 ports on
-        /// loopback at MTU 4096, vs raw UDP one-way throughput).
+        /// loopback, vs raw UDP one-way throughput, plain and GSO+GRO).
         #[arg(long, value_enum, default_value_t = Transport::Soft)]
         transport: Transport,
+        /// With --transport udp: the path MTUs, comma-separated (1024,
+        /// 4096), one table each [default: both].
+        #[arg(long, value_delimiter = ',', value_parser = parse_mtu)]
+        mtu: Vec<usize>,
+        /// With --transport udp: the kernel UDP offloads the RoCEv2 ports
+        /// use: on, off, gso or gro [default: IBAL_ROCE_UDP_OFFLOAD, else on].
+        #[arg(long, value_name = "on|off|gso|gro", value_parser = parse_udp_offload)]
+        udp_offload: Option<UdpOffload>,
         /// Run on this RDMA device instead (two contexts of it, looping
         /// back through port 1; no baseline: compare with perftest,
         /// docs/benchmarks.md). Needs a build with the rdma feature.
@@ -76,9 +86,18 @@ pub enum PerfCommand {
         #[arg(long)]
         msgs: Option<u64>,
         /// `soft` (vs mpsc) or `udp` (two RoCEv2 ports on loopback, vs raw
-        /// UDP datagrams streamed between two sockets).
+        /// UDP datagrams streamed between two sockets, one per system call
+        /// and 32 per sendmmsg/recvmmsg).
         #[arg(long, value_enum, default_value_t = Transport::Soft)]
         transport: Transport,
+        /// With --transport udp: the RoCEv2 ports' MTU, 1024 or 4096 (a
+        /// 64-byte SEND is one packet at either) [default: 1024].
+        #[arg(long, value_parser = parse_mtu)]
+        mtu: Option<usize>,
+        /// With --transport udp: the kernel UDP offloads the RoCEv2 ports
+        /// use: on, off, gso or gro [default: IBAL_ROCE_UDP_OFFLOAD, else on].
+        #[arg(long, value_name = "on|off|gso|gro", value_parser = parse_udp_offload)]
+        udp_offload: Option<UdpOffload>,
         /// Rounds; the fastest round of each contender is reported.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
@@ -165,6 +184,58 @@ pub enum PerfCommand {
     ScaleListener(super::perf_scale::ListenerArgs),
 }
 
+/// `--mtu`: 1024 or 4096 (what the RoCEv2 benchmarks over UDP take).
+fn parse_mtu(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&b| ibal_bench::udp::bench_mtu(b).is_some())
+        .ok_or_else(|| format!("{s}: 1024 or 4096"))
+}
+
+/// `--udp-offload`: on, off, gso or gro.
+fn parse_udp_offload(s: &str) -> Result<UdpOffload, String> {
+    UdpOffload::parse(s).ok_or_else(|| format!("{s}: on, off, gso or gro"))
+}
+
+/// The error for `--mtu` or `--udp-offload` outside `--transport udp`
+/// (the soft fabric has no packets; a device's MTU is its port's).
+fn udp_only_flags(bench: &PerfCommand) -> Result<(), String> {
+    let misused = match bench {
+        PerfCommand::WriteBw {
+            transport,
+            device,
+            mtu,
+            udp_offload,
+            ..
+        } => {
+            (*transport != Transport::Udp || device.is_some())
+                && (!mtu.is_empty() || udp_offload.is_some())
+        }
+        PerfCommand::SendRate {
+            transport,
+            device,
+            mtu,
+            udp_offload,
+            ..
+        } => {
+            (*transport != Transport::Udp || device.is_some())
+                && (mtu.is_some() || udp_offload.is_some())
+        }
+        _ => false,
+    };
+    if misused {
+        Err("--mtu and --udp-offload apply to --transport udp only (not the soft fabric or --device)".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// The MTU of `bytes` (already checked by [`parse_mtu`]).
+fn mtu_of(bytes: usize) -> Result<ibal::prelude::Mtu, String> {
+    ibal_bench::udp::bench_mtu(bytes).ok_or_else(|| format!("--mtu {bytes}: 1024 or 4096"))
+}
+
 /// `perf conn-rate --mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ConnModeArg {
@@ -176,6 +247,7 @@ pub enum ConnModeArg {
 /// Runs the benchmark `bench` names and prints its report.
 pub fn run(bench: PerfCommand) -> Result<(), String> {
     use ibal_bench::udp as pu;
+    udp_only_flags(&bench)?;
     match bench {
         PerfCommand::Scale(args) => super::perf_scale::run(args),
         PerfCommand::ScaleListener(args) => super::perf_scale::listener(args),
@@ -266,13 +338,26 @@ pub fn run(bench: PerfCommand) -> Result<(), String> {
             rounds,
             signal_every,
             transport: Transport::Udp,
+            mtu,
+            udp_offload,
             json,
             ..
         } => {
             let bytes = iters.map_or(256 << 20, |i| {
                 i * sizes.iter().max().copied().unwrap_or(1) as u64
             });
-            let report = ibal_bench::udp::run_write_bw(&sizes, bytes, rounds)?;
+            let mtus = if mtu.is_empty() {
+                vec![1024, 4096]
+            } else {
+                mtu
+            };
+            let report = ibal_bench::udp::run_write_bw(&ibal_bench::udp::UdpBwConfig {
+                sizes,
+                bytes_per_round: bytes,
+                rounds,
+                mtus: mtus.into_iter().map(mtu_of).collect::<Result<_, _>>()?,
+                offload: udp_offload,
+            })?;
             let _ = signal_every;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
@@ -299,10 +384,17 @@ pub fn run(bench: PerfCommand) -> Result<(), String> {
             msgs,
             rounds,
             transport: Transport::Udp,
+            mtu,
+            udp_offload,
             json,
             ..
         } => {
-            let report = ibal_bench::udp::run_send_rate(msgs.unwrap_or(100_000), rounds)?;
+            let report = ibal_bench::udp::run_send_rate(
+                msgs.unwrap_or(100_000),
+                rounds,
+                mtu_of(mtu.unwrap_or(1024))?,
+                udp_offload,
+            )?;
             print_report(json, report.to_json(), report.to_text());
             Ok(())
         }

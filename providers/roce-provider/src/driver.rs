@@ -19,7 +19,8 @@ use std::time::Duration;
 use crate::cq::Deferred;
 use crate::feed::Feeding;
 use crate::held_acks::holding_acks;
-use crate::mmsg::RecvBatch;
+use crate::mmsg::{RecvBatch, Segment};
+use crate::port::PortShared;
 use crate::qp::{Dev, QpInner, GSI_KEY};
 
 /// Receive buffer of one datagram: larger than any valid packet, so an
@@ -30,6 +31,27 @@ const RX_BUF: usize = 8192;
 /// Most datagrams one turn of a receive thread (or of a poller's
 /// [`progress`]) takes before it lets the QPs they reached answer.
 const RX_BATCH: usize = crate::mmsg::MAX_BATCH;
+
+/// With GRO, buffers a receive thread's turn takes: each slot is a whole
+/// coalesced buffer (`mmsg::GRO_SLOT`, 64 KiB, up to ~60 packets at MTU
+/// 1024), so 8 slots are 512 KiB per port, where 32 plain ones are
+/// 256 KiB. The memory is touched only as far as datagrams fill it.
+const RX_GRO_BATCH: usize = 8;
+
+/// With GRO, buffers of a polling thread's scratch batch ([`progress`]):
+/// 256 KiB, as much as its plain batch (every thread that polls a CQ has
+/// one).
+const RX_GRO_SCRATCH: usize = 4;
+
+/// A receive batch for `port`: with GRO, `gro_slots` whole coalesced
+/// buffers; without, [`RX_BATCH`] datagrams of [`RX_BUF`].
+fn batch_for(port: &PortShared, gro_slots: usize) -> RecvBatch {
+    if port.gro {
+        RecvBatch::with_gro(gro_slots)
+    } else {
+        RecvBatch::new(RX_BATCH, RX_BUF)
+    }
+}
 
 /// A device whose CQs were polled this recently has active pollers.
 const POLLERS_ACTIVE: Duration = Duration::from_micros(200);
@@ -58,7 +80,7 @@ fn next_nap(nap: Duration) -> Duration {
 /// once, as before.
 pub(crate) fn run_port(dev: Arc<Dev>, idx: usize, stop: Arc<AtomicBool>) {
     let (port, feed_lock) = (&dev.ports[idx], &dev.feed_locks[idx]);
-    let mut batch = RecvBatch::new(RX_BATCH, RX_BUF);
+    let mut batch = batch_for(port, RX_GRO_BATCH);
     let mut reached: Vec<Arc<QpInner>> = Vec::with_capacity(RX_BATCH);
     let mut nap = NAP_FIRST;
     // Block with no timeout (the socket was bound with a read timeout,
@@ -158,13 +180,14 @@ pub(crate) enum Reached<'a> {
 
 /// What [`feed`] did with a batch.
 struct Fed {
-    /// Datagrams the receive stage passed.
+    /// Packets the receive stage passed.
     accepted: usize,
     /// The clock when the batch was fed.
     at: Duration,
 }
 
-/// Feeds the `n` datagrams of `batch` to their QPs.
+/// Feeds the `n` datagrams of `batch` to their QPs: each packet of each,
+/// a buffer the kernel coalesced (GRO) cut into its packets.
 fn feed(
     dev: &Dev,
     fed: &mut Feeding<'_, QpInner>,
@@ -172,22 +195,25 @@ fn feed(
     n: usize,
     reached: &mut Reached<'_>,
 ) -> Fed {
-    // Every datagram and its bytes, counted once per batch; one clock
-    // reading for the batch (they arrived together).
+    // Every packet and its bytes, counted once per batch (`rx_datagrams`
+    // counts the packets of a coalesced buffer one by one, as they would
+    // have arrived without GRO); one clock reading for the batch (they
+    // arrived together).
     let (mut datagrams, mut bytes, mut accepted) = (0u64, 0u64, 0);
+    let (mut gro_buffers, mut gro_segments) = (0u64, 0u64);
     let now = dev.now();
     for d in (0..n).filter_map(|i| batch.get(i)) {
-        datagrams += 1;
-        bytes += d.bytes.len() as u64;
-        accepted += usize::from(handle_datagram(
-            dev,
-            fed,
-            d.bytes,
-            d.from,
-            d.truncated,
-            now,
-            reached,
-        ));
+        let mut segments = 0u64;
+        for seg in d.segments() {
+            segments += 1;
+            bytes += seg.bytes.len() as u64;
+            accepted += usize::from(handle_datagram(dev, fed, seg, d.from, now, reached));
+        }
+        datagrams += segments;
+        if segments > 1 {
+            gro_buffers += 1;
+            gro_segments += segments;
+        }
     }
     #[cfg(ibal_mutant = "feed_counter_unlocked")]
     let datagrams = if crate::provider_threads::on_provider_thread() {
@@ -197,6 +223,8 @@ fn feed(
     };
     fed.count(|c| &c.rx_datagrams, datagrams);
     fed.count(|c| &c.rx_bytes, bytes);
+    fed.count(|c| &c.rx_gro_buffers, gro_buffers);
+    fed.count(|c| &c.rx_gro_segments, gro_segments);
     Fed { accepted, at: now }
 }
 
@@ -204,10 +232,29 @@ fn feed(
 /// each is full and holds nothing the receive stage passes.
 const DRAIN_BATCHES: usize = 8;
 
+/// A polling thread's receive buffers for [`progress`], made when first
+/// needed: one batch for ports without GRO, one for ports with it.
+struct Scratch {
+    plain: Option<RecvBatch>,
+    gro: Option<RecvBatch>,
+}
+
+impl Scratch {
+    /// The batch for `port`.
+    fn batch(&mut self, port: &PortShared) -> &mut RecvBatch {
+        let slot = if port.gro {
+            &mut self.gro
+        } else {
+            &mut self.plain
+        };
+        slot.get_or_insert_with(|| batch_for(port, RX_GRO_SCRATCH))
+    }
+}
+
 al::thread_local_value! {
     /// A polling thread's receive buffers for [`progress`].
-    static RX_SCRATCH: std::cell::RefCell<Option<RecvBatch>> =
-        const { std::cell::RefCell::new(None) };
+    static RX_SCRATCH: std::cell::RefCell<Scratch> =
+        const { std::cell::RefCell::new(Scratch { plain: None, gro: None }) };
 }
 al::thread_local_value! {
     /// Whether this poller's next receive asks for a whole batch
@@ -273,9 +320,11 @@ fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration>
         // device's progress).
         let mut hooks = Deferred::default();
         let taken = RX_SCRATCH.with(|cell| {
-            let slot = &mut *cell.borrow_mut();
-            let batch = slot.get_or_insert_with(|| RecvBatch::new(RX_BATCH, RX_BUF));
-            let mut asked = poller_batch();
+            let scratch = &mut *cell.borrow_mut();
+            let batch = scratch.batch(port);
+            // What a call can take at most (fewer, larger slots with GRO).
+            let wide = batch.capacity();
+            let mut asked = poller_batch().min(wide);
             let mut first: Option<Duration> = None;
             for _ in 0..DRAIN_BATCHES {
                 let n = batch.recv(&port.socket, asked, false);
@@ -283,7 +332,8 @@ fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration>
                 if n == 0 {
                     break;
                 }
-                if n == 1 {
+                // (A coalesced buffer is a batch of packets: fed as one.)
+                if batch.lone_packet(n) {
                     // A lone datagram (a ping-pong's): its QP is driven as
                     // it takes the packet, its positive ACK held as below.
                     let fed = holding_acks(|| {
@@ -303,7 +353,7 @@ fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration>
                 if n < asked || fed.accepted > 0 {
                     break;
                 }
-                asked = RX_BATCH;
+                asked = wide;
             }
             first
         });
@@ -324,25 +374,26 @@ fn progress_with(dev: &Dev, reached: &mut Vec<Arc<QpInner>>) -> Option<Duration>
     first
 }
 
-/// One datagram from `src` (already counted as a datagram by [`feed`]),
-/// taken at `now`: through the receive stage
-/// ([`roce_transport::receive()`]: shape, destination QP on this port,
-/// opcode, state, keys, the connection's addresses, ICRC), then to its
-/// QP, or dropped and counted by reason. Nothing here panics on any
-/// input, and nothing of a QP but its filter is read before the stage
-/// has passed the datagram.
+/// One packet `seg` from `src` (a datagram, or a segment of a coalesced
+/// buffer; already counted as a datagram by [`feed`]), taken at `now`:
+/// through the receive stage ([`roce_transport::receive_segment()`]:
+/// shape, destination QP on this port, opcode, state, keys, the
+/// connection's addresses, ICRC for the identification its place in the
+/// buffer says a GSO sender gave it), then to its QP, or dropped and
+/// counted by reason. Nothing here panics on any input, and nothing of a
+/// QP but its filter is read before the stage has passed the packet.
 ///
 /// The QP the packet reached is driven or listed as `reached` says.
 /// Returns whether the stage passed the datagram.
 fn handle_datagram(
     dev: &Dev,
     fed: &mut Feeding<'_, QpInner>,
-    bytes: &[u8],
+    seg: Segment<'_>,
     src: Option<SocketAddr>,
-    truncated: bool,
     now: Duration,
     reached: &mut Reached<'_>,
 ) -> bool {
+    let bytes = seg.bytes;
     let port = fed.port();
     let (memo, gate) = fed.rx_state();
     let find = |dqp: u32| {
@@ -355,8 +406,16 @@ fn handle_datagram(
         let filter = qp.filter();
         Some((qp, filter))
     };
-    let accepted = match roce_transport::receive(&port.view, bytes, src, truncated, now, gate, find)
-    {
+    let accepted = match roce_transport::receive_segment(
+        &port.view,
+        bytes,
+        src,
+        seg.truncated,
+        seg.index,
+        now,
+        gate,
+        find,
+    ) {
         Ok(a) => a,
         Err(why) => {
             fed.count(|c| c.discarded(why), 1);

@@ -18,6 +18,14 @@
 //! alongside, and nothing is read back beyond what the kernel reports it
 //! wrote (`msg_len`, `msg_namelen`).
 //!
+//! With `UDP_GRO` on the socket ([`enable_gro`]; issue 31) the kernel may
+//! hand over several datagrams of one flow coalesced into one buffer, and
+//! says so in a `SOL_UDP`/`UDP_GRO` control message: the size of each
+//! segment (the last may be shorter). A batch made for such a socket
+//! ([`RecvBatch::with_gro`]) has slots large enough for a whole coalesced
+//! buffer and a control buffer per slot, and [`Datagram::segments`] cuts
+//! each buffer back into its packets.
+//!
 //! On other systems [`RecvBatch::recv`] takes one datagram per call with
 //! `std` (the caller loops).
 #![allow(unsafe_code)]
@@ -37,6 +45,9 @@ pub(crate) struct RecvBatch {
     len: usize,
     bufs: Vec<u8>,
     got: Vec<Received>,
+    /// Made for a socket with `UDP_GRO` on: the kernel's control message
+    /// is read with every datagram.
+    gro: bool,
     /// The system call's headers, set up once and kept from call to call
     /// (zeroing them anew cost every empty poll ~7 KiB of stores, and
     /// setting their pointers anew ~400 stores).
@@ -45,24 +56,36 @@ pub(crate) struct RecvBatch {
 }
 
 /// `recvmmsg`'s headers: one `mmsghdr`, `iovec` and `sockaddr_storage`
-/// per datagram, pointing at each other and at the datagram buffers.
-/// Everything pointed at lives in heap blocks of `Vec`s that are never
-/// resized after [`Sys::new`], so moving the batch does not move them and
-/// the pointers stay valid for the batch's life.
+/// per datagram (and with GRO one control buffer), pointing at each other
+/// and at the datagram buffers. Everything pointed at lives in heap blocks
+/// of `Vec`s that are never resized after [`Sys::new`], so moving the
+/// batch does not move them and the pointers stay valid for the batch's
+/// life.
 #[cfg(target_os = "linux")]
 struct Sys {
     hdrs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
     names: Vec<libc::sockaddr_storage>,
+    /// One per header with GRO, none without (no control buffer: the
+    /// kernel writes no control message).
+    controls: Vec<Control>,
     /// Headers the kernel wrote in the last call (their `msg_namelen` and
     /// `msg_flags` must be reset before the next).
     written: usize,
 }
 
+/// A control buffer: room for one `cmsghdr` and its `int` (the GRO
+/// segment size; `CMSG_SPACE(4)` is 24 bytes on 64-bit Linux, 16 on
+/// 32-bit), aligned as a `cmsghdr` must be. The socket enables no other
+/// control message.
+#[cfg(target_os = "linux")]
+type Control = [u64; 4];
+
 #[cfg(target_os = "linux")]
 impl Sys {
-    /// Headers for the `count` chunks of `len` bytes of `bufs`.
-    fn new(bufs: &mut [u8], count: usize, len: usize) -> Sys {
+    /// Headers for the `count` chunks of `len` bytes of `bufs`, each with
+    /// a control buffer if `gro`.
+    fn new(bufs: &mut [u8], count: usize, len: usize, gro: bool) -> Sys {
         // SAFETY: all-zero bytes are a valid value of these plain C
         // structs (integers and null pointers).
         let (hdr, iov, name) = unsafe {
@@ -76,10 +99,15 @@ impl Sys {
             hdrs: vec![hdr; count],
             iovs: vec![iov; count],
             names: vec![name; count],
+            controls: vec![[0; 4]; if gro { count } else { 0 }],
             written: 0,
         };
         let Sys {
-            hdrs, iovs, names, ..
+            hdrs,
+            iovs,
+            names,
+            controls,
+            ..
         } = &mut sys;
         for (i, chunk) in bufs.chunks_exact_mut(len.max(1)).take(count).enumerate() {
             iovs[i].iov_base = chunk.as_mut_ptr().cast();
@@ -88,7 +116,10 @@ impl Sys {
             h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
             h.msg_iov = &mut iovs[i];
             h.msg_iovlen = 1;
-            h.msg_control = std::ptr::null_mut();
+            h.msg_control = match controls.get_mut(i) {
+                Some(c) => c.as_mut_ptr().cast(),
+                None => std::ptr::null_mut(),
+            };
             h.msg_controllen = 0;
         }
         sys.reset(count);
@@ -96,15 +127,83 @@ impl Sys {
     }
 
     /// Makes the first `n` headers ready for the kernel again: the name
-    /// length it overwrote and the flags it set.
+    /// and control lengths it overwrote and the flags it set.
     fn reset(&mut self, n: usize) {
+        let control = if self.controls.is_empty() {
+            0
+        } else {
+            std::mem::size_of::<Control>()
+        };
         for h in self.hdrs.iter_mut().take(n) {
             h.msg_hdr.msg_namelen =
                 std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = control as _;
             h.msg_hdr.msg_flags = 0;
             h.msg_len = 0;
         }
     }
+}
+
+/// The segment size of a coalesced buffer, from the `SOL_UDP`/`UDP_GRO`
+/// control message the kernel wrote into `h`'s control buffer (0: none,
+/// the buffer is one datagram).
+#[cfg(target_os = "linux")]
+fn gro_segment_size(h: &libc::msghdr) -> usize {
+    if h.msg_control.is_null() {
+        return 0;
+    }
+    let want = std::mem::size_of::<libc::c_int>() as libc::c_uint;
+    // SAFETY: `h` is a header of a `Sys`, after a call that succeeded:
+    // `msg_control` points at its own `Control` buffer and the kernel set
+    // `msg_controllen` to what it wrote there, at most the buffer's size
+    // (`reset`). `CMSG_FIRSTHDR` and `CMSG_NXTHDR` return only headers that
+    // lie wholly within `msg_control[..msg_controllen]` (or null), and the
+    // `int` is read (unaligned) only from a message whose `cmsg_len` says
+    // it holds one.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            let m = &*c;
+            if m.cmsg_level == libc::SOL_UDP
+                && m.cmsg_type == libc::UDP_GRO
+                && m.cmsg_len as usize >= libc::CMSG_LEN(want) as usize
+            {
+                let size = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return usize::try_from(size).unwrap_or(0);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    0
+}
+
+/// Turns `UDP_GRO` on for `socket`: the kernel may then coalesce datagrams
+/// of one flow into one buffer (and must be read with a [`RecvBatch`] made
+/// [`RecvBatch::with_gro`]). Returns whether the kernel took it (it needs
+/// Linux 5.0).
+#[cfg(all(target_os = "linux", not(ibal_loom)))]
+pub(crate) fn enable_gro(socket: &UdpSocket) -> bool {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: `socket` is an open socket for the call's length (borrowed),
+    // and the option value is a live `int` whose size is passed with it;
+    // the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    r == 0
+}
+
+/// No GRO off Linux, nor under the model checker (`fake_net`).
+#[cfg(any(not(target_os = "linux"), ibal_loom))]
+pub(crate) fn enable_gro(_socket: &UdpSocket) -> bool {
+    false
 }
 
 /// One received datagram.
@@ -115,6 +214,9 @@ struct Received {
     from: Option<SocketAddr>,
     /// The datagram was longer than the buffer and was cut.
     truncated: bool,
+    /// GRO: the size of each segment of the coalesced buffer (0: not
+    /// coalesced).
+    segment_size: usize,
 }
 
 /// A datagram of the last [`RecvBatch::recv`].
@@ -126,22 +228,114 @@ pub(crate) struct Datagram<'a> {
     pub(crate) from: Option<SocketAddr>,
     /// Longer than the buffer: the kernel cut it.
     pub(crate) truncated: bool,
+    /// GRO: the segment size the kernel reported (0: not coalesced).
+    segment_size: usize,
+}
+
+impl<'a> Datagram<'a> {
+    /// Its packets: a buffer the kernel coalesced (GRO) cut by the segment
+    /// size it reported, in order, the last possibly shorter; otherwise
+    /// the whole datagram, one packet. Never none (an empty datagram is
+    /// one empty packet).
+    pub(crate) fn segments(&self) -> Segments<'a> {
+        Segments {
+            rest: self.bytes,
+            size: self.segment_size,
+            index: 0,
+            truncated: self.truncated,
+            done: false,
+        }
+    }
+}
+
+/// One packet of a [`Datagram`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment<'a> {
+    /// Its bytes.
+    pub(crate) bytes: &'a [u8],
+    /// Its place in the coalesced buffer, from 0: the IPv4 identification
+    /// a GSO sender's kernel gave it (0 for a datagram not coalesced).
+    pub(crate) index: u16,
+    /// The kernel cut the buffer within or before the end of this packet
+    /// (only ever the last).
+    pub(crate) truncated: bool,
+}
+
+/// The packets of a [`Datagram`] ([`Datagram::segments`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Segments<'a> {
+    rest: &'a [u8],
+    /// The segment size; 0: the datagram is one packet.
+    size: usize,
+    index: u16,
+    truncated: bool,
+    done: bool,
+}
+
+impl<'a> Iterator for Segments<'a> {
+    type Item = Segment<'a>;
+
+    fn next(&mut self) -> Option<Segment<'a>> {
+        if self.done {
+            return None;
+        }
+        let index = self.index;
+        // A segment size of 0 (which no kernel reports) cannot cut
+        // anything: the buffer is taken as one packet, which the receive
+        // stage drops as oversized if it is longer than one can be.
+        if self.size == 0 || self.rest.len() <= self.size {
+            self.done = true;
+            return Some(Segment {
+                bytes: self.rest,
+                index,
+                truncated: self.truncated,
+            });
+        }
+        let (bytes, rest) = self.rest.split_at(self.size);
+        self.rest = rest;
+        // At most 65,535 segments (a buffer of at most 65,536 bytes, each
+        // at least one): the index never saturates in practice.
+        self.index = self.index.saturating_add(1);
+        Some(Segment {
+            bytes,
+            index,
+            truncated: false,
+        })
+    }
 }
 
 /// Most datagrams one batch takes.
 pub(crate) const MAX_BATCH: usize = 32;
 
+/// A slot of a batch made [`RecvBatch::with_gro`]: a whole coalesced
+/// buffer (a UDP payload is at most 65,527 bytes; a smaller slot would
+/// have the kernel cut a coalesced buffer and lose its tail).
+pub(crate) const GRO_SLOT: usize = 1 << 16;
+
 impl RecvBatch {
-    /// Room for `count` (at most [`MAX_BATCH`]) datagrams of `len` bytes.
+    /// Room for `count` (at most [`MAX_BATCH`]) datagrams of `len` bytes,
+    /// from a socket without GRO.
     pub(crate) fn new(count: usize, len: usize) -> RecvBatch {
+        RecvBatch::build(count, len, false)
+    }
+
+    /// Room for `count` (at most [`MAX_BATCH`]) coalesced buffers of
+    /// [`GRO_SLOT`] bytes, and the kernel's word on how each is cut: for a
+    /// socket with `UDP_GRO` on ([`enable_gro`]).
+    pub(crate) fn with_gro(count: usize) -> RecvBatch {
+        RecvBatch::build(count, GRO_SLOT, true)
+    }
+
+    fn build(count: usize, len: usize, gro: bool) -> RecvBatch {
         let count = count.clamp(1, MAX_BATCH);
         let mut bufs = vec![0; count * len];
         #[cfg(target_os = "linux")]
-        let sys = Sys::new(&mut bufs, count, len);
+        let sys = Sys::new(&mut bufs, count, len, gro);
         RecvBatch {
             len,
             bufs,
             got: Vec::with_capacity(count),
+            gro,
             #[cfg(target_os = "linux")]
             sys,
         }
@@ -160,7 +354,14 @@ impl RecvBatch {
             bytes: &self.bufs[at..at + r.n],
             from: r.from,
             truncated: r.truncated,
+            segment_size: r.segment_size,
         })
+    }
+
+    /// Whether the last [`RecvBatch::recv`] took `n` = 1 datagram that
+    /// is one packet (not a coalesced buffer of several).
+    pub(crate) fn lone_packet(&self, n: usize) -> bool {
+        n == 1 && self.get(0).is_some_and(|d| d.segments().nth(1).is_none())
     }
 
     /// Receives up to `max` datagrams (at most the capacity) from `socket`.
@@ -177,7 +378,11 @@ impl RecvBatch {
         }
         #[cfg(all(target_os = "linux", not(ibal_loom)))]
         if max == 1 && !wait {
-            self.recv_one(socket);
+            if self.gro {
+                self.recv_one_gro(socket);
+            } else {
+                self.recv_one(socket);
+            }
             return self.got.len();
         }
         self.recv_sys(socket, max, wait);
@@ -201,6 +406,44 @@ impl RecvBatch {
             from: from.and_then(|a| SocketAddr::try_from(a).ok()),
             // TRUNC: the datagram's real length, which may exceed the buffer.
             truncated: full > len,
+            segment_size: 0,
+        });
+    }
+
+    /// One datagram or coalesced buffer without waiting, on a socket with
+    /// GRO: `recvfrom` cannot read the control message that says how a
+    /// coalesced buffer is cut, so `recvmsg` with the first slot's header
+    /// (still one system call, with no header array to copy in and out).
+    #[cfg(all(target_os = "linux", not(ibal_loom)))]
+    fn recv_one_gro(&mut self, socket: &UdpSocket) {
+        use std::os::fd::AsRawFd;
+        let len = self.len;
+        let written = std::mem::take(&mut self.sys.written);
+        self.sys.reset(written.max(1));
+        let Sys {
+            hdrs,
+            names,
+            written,
+            ..
+        } = &mut self.sys;
+        let h = &mut hdrs[0].msg_hdr;
+        // SAFETY: `h` is the first header `Sys::new` set up (a batch has
+        // at least one): it names one iovec covering the first `len`-byte
+        // chunk of `self.bufs`, the first `sockaddr_storage` and, with
+        // GRO, the first control buffer, all in heap blocks owned by
+        // `self` (never resized; borrowed mutably for this call), with
+        // their true lengths (`reset`). The kernel uses them only during
+        // the call.
+        let n = unsafe { libc::recvmsg(socket.as_raw_fd(), h, libc::MSG_DONTWAIT) };
+        let Ok(n) = usize::try_from(n) else {
+            return; // -1: nothing queued, or an error
+        };
+        *written = 1;
+        self.got.push(Received {
+            n: n.min(len),
+            from: sockaddr(&names[0], h.msg_namelen),
+            truncated: h.msg_flags & libc::MSG_TRUNC != 0,
+            segment_size: gro_segment_size(h),
         });
     }
 
@@ -220,11 +463,12 @@ impl RecvBatch {
         // SAFETY: `hdrs[..max]` (max <= their length, the capacity) were
         // set up by `Sys::new`: each names one iovec of the batch's
         // `iovs`, covering a distinct `len`-byte chunk of `self.bufs`, and
-        // one `sockaddr_storage` of `names`, and has no control buffer.
+        // one `sockaddr_storage` of `names`, and (with GRO) one `Control`
+        // buffer of `controls`, or none.
         // Those heap blocks are owned by `self`, never resized (so the
         // pointers are still valid), and borrowed mutably for this call;
         // `reset` gave every header the kernel wrote last time back its
-        // true name length. The kernel uses them only during the call.
+        // true name and control lengths. The kernel uses them only during the call.
         // The timeout may be null.
         let n = unsafe {
             libc::recvmmsg(
@@ -245,6 +489,7 @@ impl RecvBatch {
                 n: (h.msg_len as usize).min(len),
                 from,
                 truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+                segment_size: gro_segment_size(&h.msg_hdr),
             });
         }
         self.sys.written = n;
@@ -266,6 +511,7 @@ impl RecvBatch {
                 n,
                 from: Some(from),
                 truncated: bytes.len() > len,
+                segment_size: 0,
             });
         }
     }
@@ -283,6 +529,7 @@ impl RecvBatch {
                 n: n.min(len),
                 from: Some(from),
                 truncated: false,
+                segment_size: 0,
             });
         }
     }
@@ -471,6 +718,250 @@ mod tests {
         assert_eq!(batch.recv(&b, 4, true), 1);
         assert_eq!(batch.get(0).unwrap().bytes, b"late");
         sender.join().unwrap();
+    }
+
+    /// Sends `payload` from `a` to `to` as one GSO super-datagram
+    /// (`UDP_SEGMENT` = `seg`): the kernel cuts it into `seg`-byte
+    /// datagrams (the last shorter), or on loopback hands it whole to a
+    /// receiver with `UDP_GRO`.
+    fn send_gso(a: &UdpSocket, to: SocketAddr, payload: &[u8], seg: u16) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: all-zero is a valid `sockaddr_storage` and `msghdr`.
+        let (mut name, mut msg) = unsafe {
+            (
+                std::mem::zeroed::<libc::sockaddr_storage>(),
+                std::mem::zeroed::<libc::msghdr>(),
+            )
+        };
+        let name_len = match to {
+            SocketAddr::V4(to) => {
+                // SAFETY: a `sockaddr_storage` is larger than and at
+                // least as aligned as a `sockaddr_in`.
+                let sin = unsafe {
+                    &mut *(&mut name as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+                };
+                sin.sin_family = libc::AF_INET as libc::sa_family_t;
+                sin.sin_port = to.port().to_be();
+                sin.sin_addr.s_addr = u32::from(*to.ip()).to_be();
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(to) => {
+                // SAFETY: as above, a `sockaddr_in6`.
+                let sin6 = unsafe {
+                    &mut *(&mut name as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+                };
+                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                sin6.sin6_port = to.port().to_be();
+                sin6.sin6_addr.s6_addr = to.ip().octets();
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        let mut iov = libc::iovec {
+            iov_base: payload.as_ptr() as *mut libc::c_void,
+            iov_len: payload.len(),
+        };
+        let mut control: Control = [0; 4];
+        msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+        msg.msg_namelen = name_len as libc::socklen_t;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: the control buffer is 32 bytes, aligned for a
+        // `cmsghdr`, and `CMSG_SPACE(2)` (24) fits in it: `CMSG_FIRSTHDR`
+        // returns its start, and the `u16` is written within it. The
+        // kernel reads the name, iovec (the payload, only read) and
+        // control buffer during the call, all alive on this frame.
+        let sent = unsafe {
+            msg.msg_controllen = libc::CMSG_SPACE(2) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = libc::UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+            libc::sendmsg(a.as_raw_fd(), &msg, 0)
+        };
+        assert_eq!(
+            sent,
+            payload.len() as isize,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// `n` packets of `seg` bytes (the last `last`), each a distinct byte
+    /// pattern, back to back.
+    fn packets(n: usize, seg: usize, last: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| {
+                let len = if i + 1 == n { last } else { seg };
+                (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+            })
+            .collect()
+    }
+
+    /// A receiver with GRO on.
+    fn gro_pair() -> (UdpSocket, UdpSocket) {
+        let (a, b) = pair("127.0.0.1").unwrap();
+        assert!(enable_gro(&b), "UDP_GRO refused (Linux 5.0+)");
+        (a, b)
+    }
+
+    #[test]
+    fn a_gso_super_datagram_is_one_gro_buffer_cut_back_into_its_packets() {
+        let (a, b) = gro_pair();
+        let pkts = packets(7, 1100, 333);
+        send_gso(&a, b.local_addr().unwrap(), &pkts.concat(), 1100);
+        let mut batch = RecvBatch::with_gro(4);
+        assert_eq!(batch.recv(&b, 4, true), 1, "one coalesced buffer");
+        assert!(!batch.lone_packet(1));
+        let d = batch.get(0).unwrap();
+        assert_eq!(d.from, Some(a.local_addr().unwrap()));
+        assert!(!d.truncated);
+        let segs: Vec<Segment<'_>> = d.segments().collect();
+        assert_eq!(segs.len(), pkts.len());
+        for (k, (s, p)) in segs.iter().zip(&pkts).enumerate() {
+            assert_eq!(usize::from(s.index), k);
+            assert_eq!(s.bytes, p.as_slice(), "packet {k}");
+            assert!(!s.truncated);
+        }
+        // The lone-datagram path (`recvmsg`) reads the segment size too.
+        send_gso(&a, b.local_addr().unwrap(), &pkts.concat(), 1100);
+        assert_eq!(batch.recv(&b, 1, false), 1);
+        let d = batch.get(0).unwrap();
+        let got: Vec<(u16, &[u8])> = d.segments().map(|s| (s.index, s.bytes)).collect();
+        let want: Vec<(u16, &[u8])> = (0..).zip(pkts.iter().map(|p| p.as_slice())).collect();
+        assert_eq!(got, want);
+        assert_eq!(batch.recv(&b, 4, false), 0, "nothing left");
+    }
+
+    #[test]
+    fn without_gro_the_kernel_delivers_the_segments_one_by_one() {
+        let (a, b) = pair("127.0.0.1").unwrap();
+        let pkts = packets(5, 300, 17);
+        send_gso(&a, b.local_addr().unwrap(), &pkts.concat(), 300);
+        let mut batch = RecvBatch::new(8, 2048);
+        assert_eq!(batch.recv(&b, 8, true), 5);
+        for (i, p) in pkts.iter().enumerate() {
+            let d = batch.get(i).unwrap();
+            assert_eq!(d.bytes, p.as_slice());
+            assert_eq!(d.from, Some(a.local_addr().unwrap()));
+            let segs: Vec<_> = d.segments().collect();
+            assert_eq!(segs.len(), 1);
+            assert_eq!(segs[0].index, 0);
+        }
+    }
+
+    /// Plain datagrams on a GRO socket are one packet each, at index 0,
+    /// through both paths; buffers and plain datagrams mix in one batch,
+    /// and the slots (and their control buffers) are reused correctly.
+    #[test]
+    fn plain_datagrams_and_coalesced_buffers_mix_on_a_gro_socket() {
+        let (a, b) = gro_pair();
+        let to = b.local_addr().unwrap();
+        let mut batch = RecvBatch::with_gro(4);
+        for round in 0..3u8 {
+            a.send_to(&[round; 40], to).unwrap();
+            let pkts = packets(3, 64, 64);
+            send_gso(&a, to, &pkts.concat(), 64);
+            a.send_to(b"tail", to).unwrap();
+            assert_eq!(batch.recv(&b, 4, true), 3, "round {round}");
+            let d0: Vec<_> = batch.get(0).unwrap().segments().collect();
+            assert_eq!(
+                (d0.len(), d0[0].index, d0[0].bytes),
+                (1, 0, &[round; 40][..])
+            );
+            let d1: Vec<_> = batch.get(1).unwrap().segments().map(|s| s.bytes).collect();
+            assert_eq!(d1, pkts.iter().map(|p| p.as_slice()).collect::<Vec<_>>());
+            let d2: Vec<_> = batch.get(2).unwrap().segments().collect();
+            assert_eq!((d2.len(), d2[0].bytes), (1, &b"tail"[..]));
+            a.send_to(b"lone", to).unwrap();
+            assert_eq!(batch.recv(&b, 1, false), 1);
+            assert!(batch.lone_packet(1), "round {round}");
+            assert_eq!(batch.get(0).unwrap().bytes, b"lone");
+        }
+    }
+
+    fn cut(bytes: &[u8], size: usize, truncated: bool) -> Vec<(u16, Vec<u8>, bool)> {
+        Datagram {
+            bytes,
+            from: None,
+            truncated,
+            segment_size: size,
+        }
+        .segments()
+        .map(|s| (s.index, s.bytes.to_vec(), s.truncated))
+        .collect()
+    }
+
+    #[test]
+    fn segments_of_odd_buffers() {
+        let b: Vec<u8> = (0..10).collect();
+        // Not coalesced, or a size of 0 (no kernel reports it): one packet.
+        assert_eq!(cut(&b, 0, false), vec![(0, b.clone(), false)]);
+        // A size above the length: one packet, the whole buffer.
+        assert_eq!(cut(&b, 64, false), vec![(0, b.clone(), false)]);
+        // Exact multiples, and a shorter last one.
+        assert_eq!(
+            cut(&b, 5, false),
+            vec![(0, b[..5].to_vec(), false), (1, b[5..].to_vec(), false)]
+        );
+        assert_eq!(
+            cut(&b, 4, false),
+            vec![
+                (0, b[..4].to_vec(), false),
+                (1, b[4..8].to_vec(), false),
+                (2, b[8..].to_vec(), false)
+            ]
+        );
+        // A buffer the kernel cut: only the last packet says so.
+        assert_eq!(
+            cut(&b, 4, true),
+            vec![
+                (0, b[..4].to_vec(), false),
+                (1, b[4..8].to_vec(), false),
+                (2, b[8..].to_vec(), true)
+            ]
+        );
+        // An empty datagram is one empty packet, whatever the size.
+        assert_eq!(cut(&[], 4, false), vec![(0, vec![], false)]);
+        // The smallest size on the largest buffer: every index distinct.
+        let big = vec![0u8; GRO_SLOT - 1];
+        let idx: Vec<u16> = Datagram {
+            bytes: &big,
+            from: None,
+            truncated: false,
+            segment_size: 1,
+        }
+        .segments()
+        .map(|s| s.index)
+        .collect();
+        assert_eq!(idx.len(), GRO_SLOT - 1);
+        assert_eq!(idx.last(), Some(&u16::MAX.wrapping_sub(1)));
+    }
+
+    #[test]
+    fn a_control_buffer_holds_the_gro_message() {
+        // SAFETY: a pure computation on a constant.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as _) };
+        assert!(space as usize <= std::mem::size_of::<Control>());
+    }
+
+    #[test]
+    fn ipv6_super_datagrams_are_cut_too() {
+        let Some((a, b)) = pair("::1") else {
+            eprintln!("no IPv6 loopback: skipped");
+            return;
+        };
+        assert!(enable_gro(&b));
+        let pkts = packets(4, 500, 499);
+        send_gso(&a, b.local_addr().unwrap(), &pkts.concat(), 500);
+        let mut batch = RecvBatch::with_gro(2);
+        assert_eq!(batch.recv(&b, 2, true), 1);
+        let d = batch.get(0).unwrap();
+        assert_eq!(d.from, Some(a.local_addr().unwrap()));
+        let got: Vec<(u16, &[u8])> = d.segments().map(|s| (s.index, s.bytes)).collect();
+        let want: Vec<(u16, &[u8])> = (0..).zip(pkts.iter().map(|p| p.as_slice())).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -309,7 +309,40 @@ impl<'a> DevMem<'a> {
     }
 }
 
+al::thread_local_value! {
+    /// A sending thread's packet buffer, given back once its packet was
+    /// encoded ([`recycle_packet_buffer`]) and handed out for the next
+    /// packet read from memory (`Memory::packet_buffer`): no allocation
+    /// and free per packet of a long WRITE or READ response.
+    static SPARE_PACKET: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Gives a sent packet's buffer back for the thread's next packet read
+/// from memory (the larger of it and the one kept is kept).
+pub(crate) fn recycle_packet_buffer(v: Vec<u8>) {
+    let _ = SPARE_PACKET.try_with(|cell| {
+        let kept = cell.take();
+        cell.set(if v.capacity() > kept.capacity() {
+            v
+        } else {
+            kept
+        });
+    });
+}
+
+/// A zeroed buffer of `len` bytes: the thread's recycled one if it has one.
+fn take_packet_buffer(len: usize) -> Vec<u8> {
+    let mut v = SPARE_PACKET.try_with(|c| c.take()).unwrap_or_default();
+    v.clear();
+    v.resize(len, 0);
+    v
+}
+
 impl roce_transport::Memory for DevMem<'_> {
+    fn packet_buffer(&mut self, len: usize) -> Vec<u8> {
+        take_packet_buffer(len)
+    }
+
     fn check_local(&mut self, sges: &[Sge], need: Access) -> std::result::Result<u64, MemError> {
         let mut total = 0u64;
         for s in sges {
@@ -444,5 +477,24 @@ impl roce_transport::Memory for DevMem<'_> {
         // Memory windows and invalidation are not implemented: a SEND
         // with Invalidate is refused (NAK invalid request).
         Err(MemError::BadKey)
+    }
+}
+
+#[cfg(test)]
+mod packet_buffer_tests {
+    use super::*;
+
+    /// A recycled packet buffer comes back for the next packet zeroed to
+    /// its length, with its room kept (no allocation); the larger of two
+    /// is kept.
+    #[test]
+    fn a_recycled_packet_buffer_is_reused_zeroed() {
+        recycle_packet_buffer(vec![7u8; 5000]);
+        recycle_packet_buffer(vec![9u8; 10]);
+        let v = take_packet_buffer(100);
+        assert_eq!(v, vec![0u8; 100]);
+        assert!(v.capacity() >= 5000, "the larger buffer was kept");
+        // Taken: the next one is new.
+        assert!(take_packet_buffer(100).capacity() < 5000);
     }
 }

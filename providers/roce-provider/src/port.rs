@@ -44,7 +44,6 @@ pub(crate) struct PortShared {
     pub(crate) gso: AtomicBool,
     /// The receive socket has `UDP_GRO` on: a received buffer may hold
     /// several packets (`mmsg`).
-    #[allow(dead_code)] // read by the receive path once it takes GRO buffers
     pub(crate) gro: bool,
 }
 
@@ -68,9 +67,9 @@ impl PortShared {
         socket
             .set_read_timeout(Some(RECV_TIMEOUT))
             .map_err(|e| Error::insufficient_resources(format!("port {num}: {e}")))?;
-        // A full send window (128 PSNs of up to 4 KiB) arrives back to
-        // back; the default receive buffer (~208 KiB) holds about 50
-        // such packets and drops the rest, each drop costing a
+        // A full send window (1 MiB: `roce_transport::MAX_UNACKED_BYTES`)
+        // arrives back to back; the default receive buffer (~208 KiB)
+        // holds a fifth of it and drops the rest, each drop costing a
         // retransmission. Ask for room for several windows (the kernel
         // caps it at net.core.rmem_max; a smaller buffer still works).
         #[cfg(not(ibal_loom))]
@@ -79,6 +78,9 @@ impl PortShared {
             .local_addr()
             .map_err(|e| Error::insufficient_resources(format!("port {num}: {e}")))?;
         let tx = source_sockets(local, pc.source_ports, node_guid);
+        // GRO as configured, if the kernel takes it (Linux 5.0 and later);
+        // without it every packet arrives as its own datagram, as before.
+        let gro = pc.udp_offload.gro && crate::mmsg::enable_gro(&socket);
         Ok(PortShared {
             num,
             cfg: *pc,
@@ -96,7 +98,7 @@ impl PortShared {
             gso: AtomicBool::new(
                 pc.udp_offload.gso && cfg!(all(target_os = "linux", not(ibal_loom))),
             ),
-            gro: false,
+            gro,
         })
     }
 

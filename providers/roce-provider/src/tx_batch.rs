@@ -10,6 +10,7 @@ use roce::{Endpoints, Packet};
 
 use al::sync::atomic::Ordering;
 
+#[cfg(all(target_os = "linux", not(ibal_loom)))]
 use crate::gso;
 use crate::held_acks::{encode_onto, is_positive_ack, HeldList, HOLDING_ACKS};
 use crate::port::PortShared;
@@ -279,12 +280,14 @@ impl TxBatch<'_> {
 }
 
 /// A sending thread's GSO plan and ICRC patches, reused batch after batch.
+#[cfg(all(target_os = "linux", not(ibal_loom)))]
 #[derive(Default)]
 struct GsoScratch {
     icrcs: gso::SegmentIcrcs,
     plan: Vec<gso::Message>,
 }
 
+#[cfg(all(target_os = "linux", not(ibal_loom)))]
 al::thread_local_value! {
     static GSO_SCRATCH: std::cell::RefCell<GsoScratch> = std::cell::RefCell::new(GsoScratch::default());
 }

@@ -39,9 +39,10 @@ pub use completer::RNR_RETRY_INFINITE;
 pub use config::{Config, Error};
 pub use memory::{AtomicOp, MemError, Memory};
 pub use receive::{
-    admit, pkey_match, receive, Accepted, Discard, PathGids, Port, QpFilter, SolverGate,
+    admit, pkey_match, receive, receive_segment, Accepted, Discard, PathGids, Port, QpFilter,
+    SolverGate,
 };
-pub use requester::{ACKREQ_EVERY, MAX_UNACKED_PSNS};
+pub use requester::{max_unacked_psns, ACKREQ_EVERY, MAX_UNACKED_BYTES, MAX_UNACKED_PSNS};
 pub use responder::grh_bytes;
 pub use transport::{Counters, Payload, Source, Transmit, Transport, LEASE_MIN};
 

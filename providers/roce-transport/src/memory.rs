@@ -56,6 +56,14 @@ pub trait Memory {
     /// of local read) and returns their total length.
     fn check_local(&mut self, sges: &[Sge], need: Access) -> Result<u64, MemError>;
 
+    /// A zeroed buffer of `len` bytes for one packet read from memory as it
+    /// leaves (a long message's, a READ response's), which the packet's
+    /// [`crate::Payload::Owned`] then carries to the driver. Default: a new
+    /// allocation; a driver may hand out buffers of packets it has sent.
+    fn packet_buffer(&mut self, len: usize) -> Vec<u8> {
+        vec![0; len]
+    }
+
     /// Copies `out.len()` bytes of the message `sges` describe, starting
     /// `offset` bytes into it, into `out`.
     fn gather(&mut self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError>;

@@ -20,11 +20,14 @@
 //!    the QP's primary path (its peer) and its destination IP is the
 //!    QP's own GID. The UDP source port is entropy (ECMP) and is not
 //!    checked. UD and GSI take datagrams from anyone, by design;
-//! 5. **ICRC** over the IP and UDP headers as the socket shows them
-//!    (IPv4 identification 0), and for IPv4 senders that write another
-//!    identification (Linux rxe, NICs), the identification that makes it
-//!    right ([`roce::icrc::solve_ipv4_identification_from`]), found only
-//!    for sources the [`SolverGate`] lets through.
+//! 5. **ICRC** over the IP and UDP headers as the socket shows them: for
+//!    IPv4 with the identification the sender's kernel wrote if it sent
+//!    the packet as segment `k` of a GSO super-datagram (`k`, which the
+//!    packet's place in a GRO buffer tells: [`receive_segment`]), else 0
+//!    (DF set, unconnected socket); and for IPv4 senders that write
+//!    another identification (Linux rxe, NICs), the identification that
+//!    makes it right ([`roce::icrc::solve_ipv4_identification_from`]),
+//!    found only for sources the [`SolverGate`] lets through.
 //!
 //! A datagram that fails a check is a [`Discard`] with its reason, for
 //! the port's counters; one that passes is [`Accepted`], with its QP and
@@ -182,7 +185,8 @@ pub struct Accepted<'a, Q> {
     /// The packet.
     pub packet: Packet<'a>,
     /// The flow its ICRC was verified for (for IPv4, with the
-    /// identification the sender wrote when it had to be solved for).
+    /// identification it was verified with: its index in a GRO buffer,
+    /// or the one the solver found when that one had to be solved for).
     pub endpoints: Endpoints,
     /// Whether the IPv4 identification had to be solved for.
     pub solved: bool,
@@ -231,11 +235,43 @@ pub fn admit(filter: &QpFilter, pkt: &Packet<'_>) -> Result<(), Discard> {
 /// `find` looks up the QP a destination QPN names on this port (with its
 /// [`QpFilter`]); `gate` decides whom the identification solver runs for.
 /// See the module documentation for the checks and their order.
+///
+/// A datagram the kernel did not coalesce: [`receive_segment`] at index 0.
 pub fn receive<'a, Q>(
     port: &Port,
     bytes: &'a [u8],
     src: Option<SocketAddr>,
     truncated: bool,
+    now: Duration,
+    gate: &mut SolverGate,
+    find: impl FnOnce(u32) -> Option<(Q, QpFilter)>,
+) -> Result<Accepted<'a, Q>, Discard> {
+    receive_segment(port, bytes, src, truncated, 0, now, gate, find)
+}
+
+/// The receive stage ([`receive`]) for the packet at `index` (from 0) of
+/// a buffer the kernel coalesced (UDP GRO), `truncated` if the kernel cut
+/// the buffer within or before its end.
+///
+/// A GSO sender's kernel gives segment `k` of a super-datagram the IPv4
+/// identification `k` (DF set, unconnected socket: it counts up from the
+/// header's 0), and a receiver's GRO on the same path hands the
+/// super-datagram over whole, so the packet's ICRC is checked for
+/// identification `index` first; a packet whose ICRC was computed for
+/// another identification (a GRO buffer that joined two super-datagrams,
+/// or coalesced plain datagrams that all carry 0, or hashed ones) goes to
+/// the solver as any other, under the same gate. IPv6 has no
+/// identification: `index` plays no part.
+// The stage's inputs are the datagram's and the port's, as for `receive`,
+// and one more: bundling them would only move the count into a struct
+// every caller builds for one call.
+#[allow(clippy::too_many_arguments)]
+pub fn receive_segment<'a, Q>(
+    port: &Port,
+    bytes: &'a [u8],
+    src: Option<SocketAddr>,
+    truncated: bool,
+    index: u16,
     now: Duration,
     gate: &mut SolverGate,
     find: impl FnOnce(u32) -> Option<(Q, QpFilter)>,
@@ -271,8 +307,12 @@ pub fn receive<'a, Q>(
             return Err(Discard::WrongDestination);
         }
     }
-    // 5. ICRC.
+    // 5. ICRC, first for the identification the packet's place in a GRO
+    // buffer says it has.
     let mut endpoints = Endpoints::new(src, port.local).map_err(|_| Discard::Malformed)?;
+    if let Endpoints::V4(v4) = &mut endpoints {
+        v4.identification = index;
+    }
     let (body, tail) = bytes.split_at(bytes.len() - roce::ICRC_LEN);
     let carried = roce::icrc::from_wire([tail[0], tail[1], tail[2], tail[3]]);
     let computed = roce::icrc::icrc(&endpoints, body).map_err(|_| Discard::Oversized)?;
@@ -725,6 +765,151 @@ mod tests {
             verdict_with(&newcomer, "10.0.0.3:7", &qps, &mut gate, at(1)),
             Ok((1, true))
         );
+    }
+
+    /// The verdict on segment `index` of a GRO buffer, with the
+    /// identification it was verified for.
+    fn segment_verdict(
+        bytes: &[u8],
+        from: &str,
+        index: u16,
+        qps: &[QpFilter],
+        gate: &mut SolverGate,
+    ) -> Result<(u32, bool, Option<u16>), Discard> {
+        let find = |qpn: u32| qps.iter().find(|f| f.qpn == qpn).map(|f| (f.qpn, *f));
+        receive_segment(
+            &port(),
+            bytes,
+            Some(from.parse().unwrap()),
+            false,
+            index,
+            Duration::ZERO,
+            gate,
+            find,
+        )
+        .map(|a| {
+            let id = match a.endpoints {
+                Endpoints::V4(v4) => Some(v4.identification),
+                Endpoints::V6(_) => None,
+            };
+            (a.qp, a.solved, id)
+        })
+    }
+
+    #[test]
+    fn a_gso_segment_verifies_for_its_index_without_the_solver() {
+        let qps = [rc(), ud(QpType::Ud)];
+        let mut gate = SolverGate::default();
+        for k in [0u16, 1, 2, 7, 63, 0x1234] {
+            let seg = datagram(send(0x11, u32::from(k)), &[k as u8; 64], PEER, k);
+            assert_eq!(
+                segment_verdict(&seg, PEER, k, &qps, &mut gate),
+                Ok((0x11, false, Some(k))),
+                "segment {k}"
+            );
+            // The same at another index: right only through the solver
+            // (a connected QP's peer: always allowed).
+            if k != 0 {
+                assert_eq!(
+                    segment_verdict(&seg, PEER, 0, &qps, &mut gate),
+                    Ok((0x11, true, Some(k)))
+                );
+            }
+            // A UD packet from a stranger too: no solver run spent on it.
+            let stranger = "10.0.0.99:1";
+            let udp = datagram(ud_send(0x22, 0x1234), b"gso", stranger, k);
+            let mut fresh = SolverGate::default();
+            assert_eq!(
+                segment_verdict(&udp, stranger, k, &qps, &mut fresh),
+                Ok((0x22, false, Some(k)))
+            );
+            assert!(fresh.peers().next().is_none(), "the solver did not run");
+        }
+        assert!(gate.peers().next().is_some());
+    }
+
+    /// A buffer the kernel coalesced from datagrams that all carry
+    /// identification 0 (plain sends, GRO on a NIC), or one that joined
+    /// two super-datagrams: a segment at index k > 0 whose ICRC is for
+    /// another identification still verifies through the solver, for a
+    /// connection's peer always and for UD within the gate.
+    #[test]
+    fn a_segment_computed_for_another_identification_goes_through_the_solver() {
+        let qps = [rc(), ud(QpType::Ud)];
+        let mut gate = SolverGate::default();
+        let plain = datagram(send(0x11, 5), b"plain", PEER, 0);
+        assert_eq!(
+            segment_verdict(&plain, PEER, 3, &qps, &mut gate),
+            Ok((0x11, true, Some(0)))
+        );
+        let second_run = datagram(send(0x11, 6), b"second", PEER, 1);
+        assert_eq!(
+            segment_verdict(&second_run, PEER, 9, &qps, &mut gate),
+            Ok((0x11, true, Some(1)))
+        );
+        // A UD stranger's: solved within the first-contact budget, then
+        // refused until it refills (as a non-coalesced datagram would be).
+        let stranger = "10.0.0.99:1";
+        let udp = datagram(ud_send(0x22, 0x1234), b"x", stranger, 0);
+        let mut gate = SolverGate::default();
+        let mut verdicts = Vec::new();
+        for _ in 0..FIRST_CONTACT_BURST + 1 {
+            verdicts.push(segment_verdict(&udp, stranger, 4, &qps, &mut gate));
+        }
+        // Solved once, the source is known: every later one passes.
+        assert!(verdicts.iter().all(|v| *v == Ok((0x22, true, Some(0)))));
+        let mut flood = SolverGate::default();
+        let other = datagram(ud_send(0x22, 0x1234), b"x", "10.0.0.98:1", 0);
+        let mut bad = other.clone();
+        *bad.last_mut().unwrap() ^= 0x5a;
+        let refused = (0..FIRST_CONTACT_BURST + 3)
+            .filter(|_| {
+                segment_verdict(&bad, "10.0.0.98:1", 4, &qps, &mut flood)
+                    == Err(Discard::IcrcUnsolved)
+            })
+            .count();
+        assert_eq!(refused, 3);
+        // A corrupt segment is still refused.
+        let mut corrupt = datagram(send(0x11, 7), b"bad", PEER, 2);
+        *corrupt.last_mut().unwrap() ^= 1;
+        assert_eq!(
+            segment_verdict(&corrupt, PEER, 2, &qps, &mut gate),
+            Err(Discard::BadIcrc)
+        );
+    }
+
+    #[test]
+    fn ipv6_segments_ignore_their_index() {
+        let six_peer = "[fd00::2]:49152";
+        let port6 = Port {
+            local: "[fd00::1]:4791".parse().unwrap(),
+            ..port()
+        };
+        let ip = |s: &str| roce::gid_of(s.parse::<SocketAddr>().unwrap().ip());
+        let filter = QpFilter {
+            path: Some(PathGids {
+                remote: ip(six_peer),
+                local: ip("[fd00::1]:4791"),
+            }),
+            ..rc()
+        };
+        let ep = Endpoints::new(six_peer.parse().unwrap(), port6.local).unwrap();
+        let seg = Packet::new(send(0x11, 0), b"six").encode(&ep).unwrap();
+        for index in [0u16, 1, 5] {
+            let mut gate = SolverGate::default();
+            let got = receive_segment(
+                &port6,
+                &seg,
+                Some(six_peer.parse().unwrap()),
+                false,
+                index,
+                Duration::ZERO,
+                &mut gate,
+                |_| Some(((), filter)),
+            )
+            .map(|a| (a.solved, a.endpoints == ep));
+            assert_eq!(got, Ok((false, true)), "index {index}");
+        }
     }
 
     #[test]

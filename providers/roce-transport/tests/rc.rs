@@ -43,13 +43,13 @@ fn every_operation_clean_mtu_256_and_4096() {
 
 #[test]
 fn large_messages_exercise_window_and_ackreq() {
-    // 100 KiB at MTU 256 = 400 packets: beyond the 128-PSN window.
+    // 400 KiB at MTU 256 = 1,600 packets: beyond the 1,024-PSN window.
     let mut net = Net::rc_pair(Mtu::Mtu256, 2);
     let w = Workload::new(
         &mut net,
         &[
-            (Kind::Write, 100 << 10),
-            (Kind::Read, 100 << 10),
+            (Kind::Write, 400 << 10),
+            (Kind::Read, 400 << 10),
             (Kind::Send, 70_000),
         ],
     );
@@ -159,7 +159,7 @@ fn a_leased_message_whose_memory_goes_fails_locally() {
         &mut net,
         &[
             (Kind::Send, 100),
-            (Kind::Write, 200 << 10),
+            (Kind::Write, 2 << 20), // more packets than the send window
             (Kind::Send, 100),
         ],
     );
@@ -713,4 +713,36 @@ fn duplicate_reads_leave_the_read_resources_to_new_reads() {
     );
     assert_eq!(t.state(), QpState::Rts);
     assert_eq!(t.counters().naks_sent, 0);
+}
+
+/// The requester sends at most its window (1 MiB of payload, 128 to
+/// 1,024 PSNs by the MTU) before an acknowledgement: with nothing
+/// acknowledged, a message longer than the window stops at exactly the
+/// window.
+#[test]
+fn the_send_window_is_a_mebibyte_in_128_to_1024_psns() {
+    use roce_transport::{max_unacked_psns, MAX_UNACKED_BYTES, MAX_UNACKED_PSNS};
+    assert_eq!(
+        [256, 1024, 2048, 4096].map(max_unacked_psns),
+        [1024, 1024, 512, 256]
+    );
+    assert_eq!(max_unacked_psns(1 << 20), 128);
+    for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
+        let mut net = Net::rc_pair(mtu, 3);
+        let w = Workload::new(&mut net, &[(Kind::Write, 3 << 20)]);
+        w.post(&mut net);
+        let side = &mut net.sides[0];
+        let mut sent = 0u32;
+        while side
+            .t
+            .poll_transmit(Duration::ZERO, &mut side.mem)
+            .is_some()
+        {
+            sent += 1;
+            assert!(sent <= MAX_UNACKED_PSNS, "no end to the burst");
+        }
+        let window = max_unacked_psns(mtu.bytes() as u32);
+        assert_eq!(sent, window, "MTU {mtu:?}");
+        assert_eq!(window * mtu.bytes() as u32, MAX_UNACKED_BYTES);
+    }
 }

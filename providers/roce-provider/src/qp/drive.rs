@@ -82,6 +82,9 @@ impl QpInner {
             while let Some(tx) = t.poll_transmit(now, &mut mem) {
                 let b = batch.get_or_insert_with(|| port.batch(self.qpn));
                 self.transmit(b, attr.av.as_ref(), &tx, route);
+                if let roce_transport::Payload::Owned(v) = tx.payload {
+                    crate::mr::recycle_packet_buffer(v);
+                }
             }
             if let Some(mut b) = batch {
                 b.flush();

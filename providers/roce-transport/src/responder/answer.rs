@@ -49,7 +49,7 @@ impl<R: Clone> Transport<R> {
                 let k = *next;
                 let off = k * mtu;
                 let size = (*len - off.min(*len)).min(mtu) as usize;
-                let mut data = vec![0; size];
+                let mut data = mem.packet_buffer(size);
                 let p = psn::add(*first_psn, k);
                 if size > 0
                     && mem
