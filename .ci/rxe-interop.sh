@@ -9,9 +9,17 @@
 #   2. guest ibv_rc_pingpong client -> ibal --listen
 #   3. ibal --connect  -> a guest ibv_ud_pingpong server (tcp 18516)
 #   4. guest ibv_ud_pingpong client -> ibal --listen
-#   5. ibal --connect --rdma-bulk 1M -> .ci/rxe-peer/rdma_peer in the guest (tcp 18520): one
-#      RDMA WRITE of 1 MiB into the guest's buffer and one RDMA READ of 1 MiB from it (1024
+#   5. ibal --connect --rdma-bulk 16M -> .ci/rxe-peer/rdma_peer in the guest (tcp 18520): one
+#      RDMA WRITE of 16 MiB into the guest's buffer and one RDMA READ of 16 MiB from it (16384
 #      packets each way at MTU 1024), the READ checked by ibal, the WRITE by rdma_peer
+#   5c. ibal --connect --size 65536 -> a guest ibv_rc_pingpong -s 65536 server (tcp 18519):
+#      a stream of SENDs of 64 packets each, both ways, every message checked
+# ibal sends with GSO (UDP_SEGMENT; IBAL_ROCE_UDP_OFFLOAD unset = on), so each of its bursts
+# leaves as super-datagrams whose segments' ICRCs it computed for identifications 0, 1, ...:
+# rxe drops a packet with a wrong ICRC silently, so one wrong ICRC stalls a run. tap0's UDP
+# segmentation offload is turned off, so the kernel cuts the super-datagrams before the
+# capture and tshark sees each packet as rxe gets it. GSO_REQUIRED=1 (.ci/run) fails the
+# capture check unless ibal's packets include GSO segments (identification != 0).
 #   6-9. ibal rping -c -> the guest's rping -s; the guest's rping -c -> ibal rping -s; a REQ to
 #      a port nobody listens on (Linux's REJ reported); our first RTU dropped (Linux's REP
 #      retry answered): ibal's CM against Linux's ib_cm/rdma_cm (issue 15, deliver 6)
@@ -30,7 +38,10 @@ HOST_IP=192.168.77.1
 GUEST_IP=192.168.77.2
 ITERS=${ITERS:-1000}       # the guest's default rc server runs 1000; other values exercise the failure path
 UD_SIZE=1024            # rxe's active MTU on a 1500-byte link is 1024; ibv_ud_pingpong refuses more
-BULK=${BULK:-1048576}   # run 5: bytes of the RDMA WRITE and of the RDMA READ (at least 1 MiB)
+BULK=${BULK:-16777216}  # run 5: bytes of the RDMA WRITE and of the RDMA READ (16 MiB; at least 1 MiB)
+SEND_SIZE=65536         # run 5c: bytes of each SEND (64 packets at MTU 1024)
+SEND_ITERS=${SEND_ITERS:-200}  # run 5c: round trips
+GSO_REQUIRED=${GSO_REQUIRED:-0}  # 1: ibal's packets on tap0 must include GSO segments
 BULK_LOSS=${BULK_LOSS:-0}  # e.g. 0.01: run 5 once more with that fraction of RoCE packets dropped
                            # each way in the namespace (iptables statistic; off by default)
 HTTP_PORT=8765          # the guest fetches rdma_peer from the namespace side over HTTP
@@ -76,6 +87,13 @@ if ! command -v iptables >/dev/null; then
         apt-get install -y --no-install-recommends iptables >"$OUT/apt-iptables.log" 2>&1
     } || say "iptables could not be installed (see $OUT/apt-iptables.log): run 9 will be skipped"
 fi
+if ! command -v ethtool >/dev/null; then
+    say "installing ethtool"
+    apt-get install -y --no-install-recommends ethtool >"$OUT/apt-ethtool.log" 2>&1 || {
+        apt-get update >/dev/null 2>&1
+        apt-get install -y --no-install-recommends ethtool >"$OUT/apt-ethtool.log" 2>&1
+    } || say "ethtool could not be installed (see $OUT/apt-ethtool.log)"
+fi
 mkdir -p "$OUT/www"
 gcc -O2 -Wall -Wextra -Werror -o "$OUT/www/rdma_peer" "$ROOT/.ci/rxe-peer/rdma_peer.c" -libverbs
 # The harness has one VM per $WORK and one namespace: do not take over a running one
@@ -100,8 +118,22 @@ say "guest rxe0 RoCEv2 IPv4 GID index $GIDX"
 guest() { TIMEOUT=${GT:-60} "$RXE_VM/cmd.sh" "$@"; }
 gcount() { guest "cat /sys/class/infiniband/rxe0/ports/1/hw_counters/$1" 2>/dev/null | tr -d '\r\n'; }
 
+# ibal's GSO super-datagrams: with tap0's UDP segmentation offload on (when the guest's
+# virtio-net takes USO), a capture on tap0 would show them whole; off, the kernel cuts them
+# before the capture and the guest gets the same packets either way.
+if command -v ethtool >/dev/null; then
+    if ip netns exec "$NS" ethtool -k tap0 | grep -q '^tx-udp-segmentation: on'; then
+        ip netns exec "$NS" ethtool -K tap0 tx-udp-segmentation off
+    fi
+    say "tap0: $(ip netns exec "$NS" ethtool -k tap0 | grep -E '^(tx-udp-segmentation|tx-checksumming|scatter-gather):' | tr '\n' ' ')"
+else
+    say "no ethtool: tap0's offloads unknown (apt-get install ethtool)"
+fi
+
 # ---- capture tap0 for the whole run (bounded)
-ip netns exec "$NS" timeout 600 tshark -q -i tap0 -a duration:590 -w "$OUT/rxe.pcapng" \
+# -B 64: a 64 MiB capture buffer; with the default 2 MiB, tshark dropped 4275 of rxe's READ
+# responses to the 16 MiB READ once (TCG), and the PSN check below failed on the capture.
+ip netns exec "$NS" timeout 600 tshark -q -i tap0 -B 64 -a duration:590 -w "$OUT/rxe.pcapng" \
     >"$OUT/tshark.log" 2>&1 &
 PIDS+=($!)
 TSHARK_PID=$!
@@ -136,9 +168,9 @@ ibal_error() {
     sed -n '/^ibal: /,$p' "$OUT/$1.err" 2>/dev/null | grep -v '^closed: ' | tr '\n' ' ' | cut -c1-600
 }
 
-# check_ibal NAME: ibal's JSON says ITERS messages from an ibv peer, checked, clean close.
+# check_ibal NAME [N]: ibal's JSON says N (ITERS) messages from an ibv peer, checked, clean close.
 check_ibal() {
-    python3 - "$OUT/$1.json" "$ITERS" <<'PY'
+    python3 - "$OUT/$1.json" "${2:-$ITERS}" <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
@@ -340,6 +372,48 @@ ibal->rxe, $(drops INPUT) rxe->ibal]" /tmp/rdma_peer_loss.log
     fi
 fi
 
+# ---- 5c. a SEND stream: ibal client -> a guest ibv_rc_pingpong server of 64 KiB messages.
+# Seen once in 11 runs (2026-12-05, GSO on; docs/two-process.md): a stall after ~50 round
+# trips in which rxe kept re-sending a message that ibal had received and ACKed (the ACKs
+# in the capture, ICRCs right), then went quiet. A wrong ICRC stalls every try, so a stall
+# of ibal's client that says "the peer stopped answering" is run once more (on another
+# port) and said; a second one fails the run.
+send_stream() { # PORT: 0 passed; 1 failed (fail() called); 2 the stall above (not yet failed)
+    local port=$1
+    say "$T: ibal --connect $GUEST_IP:$port --size $SEND_SIZE --iters $SEND_ITERS (ibv_rc_pingpong -s $SEND_SIZE in the guest)"
+    guest "timeout 150 ibv_rc_pingpong -g $GIDX -d rxe0 -p $port -m 1024 -s $SEND_SIZE -n $SEND_ITERS >/tmp/send_srv_$port.log 2>&1 &" >/dev/null
+    if wait_guest_listen "$port" \
+            && UDP0=$(udp_drops) && ip netns exec "$NS" timeout 150 "$BIN" qp-exchange --connect "$GUEST_IP:$port" \
+                --local "$HOST_IP" --mode rc --size $SEND_SIZE --mtu 1024 --iters $SEND_ITERS --timeout 20 --json \
+                >"$OUT/$T.json" 2>"$OUT/$T.err" \
+            && check_ibal $T $SEND_ITERS; then
+        sleep 1
+        if guest "grep -q '$SEND_ITERS iters in' /tmp/send_srv_$port.log"; then
+            say "$T: PASS (guest: $(guest "grep 'iters in' /tmp/send_srv_$port.log | tail -1"); $(udp_delta "$UDP0"))"
+            return 0
+        fi
+        fail $T "ibal finished but the guest server did not print its summary" /tmp/send_srv_$port.log
+        return 1
+    fi
+    if grep -q "timed out: no completion .*the peer stopped answering" "$OUT/$T.err" 2>/dev/null; then
+        return 2
+    fi
+    fail $T "ibal stopped: $(ibal_error $T) [$(udp_delta "${UDP0:-0 0}")]" /tmp/send_srv_$port.log
+    return 1
+}
+T=send-stream
+ss_rc=0
+send_stream 18519 || ss_rc=$?
+if [ "$ss_rc" = 2 ]; then
+    say "$T: STALLED ONCE: $(ibal_error $T) (rxe re-sending an ACKed message? see the capture); once more"
+    cp "$OUT/$T.err" "$OUT/$T.stalled.err"
+    ss_rc=0
+    send_stream 18522 || ss_rc=$?
+    if [ "$ss_rc" = 2 ]; then
+        fail $T "ibal stopped twice: $(ibal_error $T) [$(udp_delta "${UDP0:-0 0}")]" /tmp/send_srv_18522.log
+    fi
+fi
+
 # ---- 6-9. rping through the CMs: ibal's CM and rdma_cm addressing against Linux's ib_cm and
 # rdma_cm (issue 15, deliver 6). The guest's default rping server (port 7174) re-arms after
 # each client. After each run ibal's AL closed with nothing live (ibal checks it and fails
@@ -424,34 +498,49 @@ fi
 # ---- the capture: tshark decodes BTH opcodes and PSNs from both sides, and they match
 # what ibal reported (QPNs, first PSNs) for the RC client run and the UD client run.
 sleep 1
-kill -INT "$TSHARK_PID" 2>/dev/null || true
+kill -TERM "$TSHARK_PID" 2>/dev/null || true  # (a background job ignores SIGINT)
 for _ in $(seq 50); do kill -0 "$TSHARK_PID" 2>/dev/null || break; sleep 0.2; done
-say "capture: $(du -h "$OUT/rxe.pcapng" | cut -f1) in $OUT/rxe.pcapng"
+say "capture: $(du -h "$OUT/rxe.pcapng" | cut -f1) in $OUT/rxe.pcapng ($(grep -o '[0-9]* packets dropped' "$OUT/tshark.log" || echo "no drop reported") by tshark)"
 # (-E occurrence=f: an ICMP error quoting a RoCE packet would give two ip.src values)
 tshark -r "$OUT/rxe.pcapng" -d udp.port==4791,infiniband -Y 'udp.port==4791 && !icmp' -T fields \
     -E separator=, -E occurrence=f \
     -e ip.src -e ip.dst -e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn \
     -e ip.id -e ip.flags.df -e infiniband.reth.va -e infiniband.reth.r_key \
     -e infiniband.reth.dmalen >"$OUT/bth.csv" 2>"$OUT/tshark-read.log" || true
-if ! python3 - "$OUT" "$HOST_IP" "$GUEST_IP" "$ITERS" "$BULK" <<'PY'
+if ! python3 - "$OUT" "$HOST_IP" "$GUEST_IP" "$ITERS" "$BULK" "$GSO_REQUIRED" <<'PY'
 import csv, json, sys, collections
 out, host, guest, iters, bulk = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+gso_required = sys.argv[6] == "1"
 rows = [r for r in csv.reader(open(f"{out}/bth.csv")) if len(r) >= 7 and r[2]]
 def num(x): return int(x, 0) if x.startswith("0x") else int(x)
 pk = [(s, d, num(op), num(qp), num(psn)) for s, d, op, qp, psn, *_ in rows]
-# ibal's IPv4 packets: DF set and identification 0, the values its ICRC covers
-# (IP_MTU_DISCOVER = IP_PMTUDISC_DO); rxe's carry other identifications.
+# ibal's IPv4 packets: DF set (IP_MTU_DISCOVER = IP_PMTUDISC_DO), and the identification
+# its ICRC covers: 0 for a datagram of its own, k for the k'th segment (from 0) of a GSO
+# super-datagram, so in capture order every identification k > 0 directly follows k - 1
+# among ibal's packets (FINDINGS.md). rxe's carry identifications of its own.
 ours = [(num(r[5]), r[6]) for r in rows if r[0] == host]
-odd = [x for x in ours if x[0] != 0 or x[1] not in ("1", "True", "true")]
+odd = [x for x in ours if x[1] not in ("1", "True", "true")]
+prev = None
+for i, (ident, _) in enumerate(ours):
+    if ident != 0 and prev != ident - 1:
+        odd.append(f"packet {i} of ibal's carries identification {ident} after {prev}")
+    prev = ident
+gso = sum(1 for ident, _ in ours if ident != 0)
 ops = collections.Counter((s, op) for s, _, op, _, _ in pk)
 print(f"tshark decoded {len(pk)} RoCEv2 packets; (source, BTH opcode): count")
 for (s, op), n in sorted(ops.items()):
     print(f"  {s:15} opcode {op:3}: {n}")
 errors = []
 if odd:
-    errors.append(f"{len(odd)} of ibal's {len(ours)} packets lack DF or identification 0: {odd[:3]}")
+    errors.append(f"{len(odd)} of ibal's {len(ours)} packets lack DF or break the segments' "
+                  f"numbering: {odd[:3]}")
 else:
-    print(f"  all {len(ours)} packets from ibal: DF set, IPv4 identification 0")
+    print(f"  all {len(ours)} packets from ibal: DF set, IPv4 identification 0 or the next "
+          f"segment's; {gso} of them GSO segments after the first of their super-datagram")
+if gso_required and gso == 0:
+    errors.append(f"no GSO segment among ibal's {len(ours)} packets (all identification 0): "
+                  f"ibal did not send GSO here (refused on this path? its port counters "
+                  f"tx_gso_refused would say)")
 for side in (host, guest):
     if not any(s == side for s, *_ in pk):
         errors.append(f"no RoCE packet from {side}")
@@ -526,8 +615,36 @@ then
     FAILED=1
 fi
 
+# ---- every datagram to 4791 decodes as RoCEv2 unflagged, and every ICRC (ibal's GSO
+# segments' and rxe's) is right by scapy's computation (.ci/icrc-oracle.py; rxe's agreeing
+# is a check of the oracle too)
+DEC="-o infiniband.identify_payload:FALSE"
+for p in rpcordma smc smb_direct nvme-rdma lnet iser fcoib infiniband_sdp; do DEC="$DEC --disable-protocol $p"; done
+n_udp=$(tshark -r "$OUT/rxe.pcapng" $DEC -Y 'udp.dstport==4791 && !icmp' 2>/dev/null | wc -l)
+n_ib=$(tshark -r "$OUT/rxe.pcapng" $DEC -Y 'udp.dstport==4791 && !icmp && infiniband.bth.opcode' 2>/dev/null | wc -l)
+n_flag=$(tshark -r "$OUT/rxe.pcapng" $DEC -Y 'udp.dstport==4791 && !icmp && (_ws.malformed || _ws.expert.severity >= 0x00600000)' 2>/dev/null | wc -l)
+say "capture: $n_udp datagrams to UDP 4791, $n_ib decoded as RoCEv2, $n_flag malformed or with an expert warning"
+if [ "$n_udp" = 0 ] || [ "$n_ib" != "$n_udp" ] || [ "$n_flag" != 0 ]; then
+    echo "CAPTURE CHECK FAILED: every datagram to 4791 must decode as RoCEv2 unflagged" >&2
+    FAILED=1
+fi
+PY3=""
+for p in /usr/bin/python3 python3; do
+    if "$p" -c 'import scapy.contrib.roce' 2>/dev/null; then PY3=$p; break; fi
+done
+if [ -z "$PY3" ]; then
+    echo "CAPTURE CHECK FAILED: no python3 with scapy.contrib.roce for the ICRC oracle (build.sh installs python3-scapy)" >&2
+    FAILED=1
+else
+    gso_req=(); [ "$GSO_REQUIRED" = 1 ] && gso_req=(--require-gso 1)
+    # scapy takes ~3 ms a packet: it recomputes every 10th here, the oracle's own CRC all
+    # of them (and must agree with scapy on each of those).
+    "$PY3" .ci/icrc-oracle.py "$OUT/rxe.pcapng" --gso-source "$HOST_IP" --min-packets "$n_udp" \
+        --scapy-every 10 "${gso_req[@]}" || FAILED=1
+fi
+
 if [ "$FAILED" = 0 ]; then
-    say "ALL PASSED (4 interop runs of $ITERS iterations, RDMA WRITE and READ of $BULK bytes, rping both ways through the CMs, REJ and a lost RTU, capture checked); outputs in $OUT"
+    say "ALL PASSED (4 interop runs of $ITERS iterations, RDMA WRITE and READ of $BULK bytes, $SEND_ITERS round trips of $SEND_SIZE-byte SENDs, rping both ways through the CMs, REJ and a lost RTU, capture checked, every ICRC recomputed; GSO_REQUIRED=$GSO_REQUIRED); outputs in $OUT"
 else
     say "FAILED; outputs in $OUT"
 fi
