@@ -42,7 +42,9 @@ pub use receive::{
     admit, pkey_match, receive, receive_segment, Accepted, Discard, PathGids, Port, QpFilter,
     SolverGate,
 };
-pub use requester::{max_unacked_psns, ACKREQ_EVERY, MAX_UNACKED_BYTES, MAX_UNACKED_PSNS};
+pub use requester::{
+    max_unacked_psns, ACKREQ_EVERY, MAX_UNACKED_BYTES, MAX_UNACKED_PSNS, SEND_WINDOW_PSNS,
+};
 pub use responder::grh_bytes;
 pub use transport::{Counters, Payload, Source, Transmit, Transport, LEASE_MIN};
 

@@ -715,10 +715,10 @@ fn duplicate_reads_leave_the_read_resources_to_new_reads() {
     assert_eq!(t.counters().naks_sent, 0);
 }
 
-/// The requester sends at most its window (1 MiB of payload, 128 to
-/// 1,024 PSNs by the MTU) before an acknowledgement: with nothing
-/// acknowledged, a message longer than the window stops at exactly the
-/// window.
+/// The requester sends at most its window before an acknowledgement:
+/// 1 MiB of payload (128 to 1,024 PSNs by the MTU) for RDMA WRITEs, 128
+/// PSNs for SENDs; with nothing acknowledged, a message longer than the
+/// window stops at exactly the window.
 #[test]
 fn the_send_window_is_a_mebibyte_in_128_to_1024_psns() {
     use roce_transport::{max_unacked_psns, MAX_UNACKED_BYTES, MAX_UNACKED_PSNS};
@@ -745,4 +745,20 @@ fn the_send_window_is_a_mebibyte_in_128_to_1024_psns() {
         assert_eq!(sent, window, "MTU {mtu:?}");
         assert_eq!(window * mtu.bytes() as u32, MAX_UNACKED_BYTES);
     }
+    // SENDs fill the responder's receive queue, not its buffers: they
+    // keep the 128-PSN window.
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 4);
+    let w = Workload::new(&mut net, &[(Kind::Send, 1 << 20)]);
+    w.post(&mut net);
+    let side = &mut net.sides[0];
+    let mut sent = 0u32;
+    while side
+        .t
+        .poll_transmit(Duration::ZERO, &mut side.mem)
+        .is_some()
+    {
+        sent += 1;
+        assert!(sent <= MAX_UNACKED_PSNS, "no end to the burst");
+    }
+    assert_eq!(sent, roce_transport::SEND_WINDOW_PSNS);
 }
