@@ -371,6 +371,33 @@ impl roce_transport::Memory for DevMem<'_> {
         })
     }
 
+    fn gather_append(
+        &mut self,
+        sges: &[Sge],
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), MemError> {
+        // Straight from the region into the datagram buffer being
+        // encoded: no zeroed room first, no packet buffer between.
+        let start = out.len();
+        let read = self.walk(sges, offset, len, Access::NONE, |mr, at, _, n| {
+            mr.mem
+                .with(|m| out.extend_from_slice(&m[at..at + n]))
+                .is_some()
+        });
+        if read.is_err() {
+            out.truncate(start);
+        }
+        read
+    }
+
+    /// Yes: the driver reads each packet of a leased message into the
+    /// datagram as `QpInner::transmit` encodes it.
+    fn reads_as_encoded(&self) -> bool {
+        true
+    }
+
     fn scatter(
         &mut self,
         sges: &[Sge],

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 #[cfg(not(ibal_loom))]
 use std::net::UdpSocket;
 
-use roce::{Endpoints, Packet};
+use roce::{Endpoints, Headers, Packet};
+use roce_transport::{Leased, MemError, Memory};
 
 use al::sync::atomic::Ordering;
 
@@ -58,12 +59,60 @@ impl<'p> TxBatch<'p> {
         self.port
     }
 
+    /// The flow from this port to `to`, or None (counted, traced).
+    fn flow(&self, to: SocketAddr) -> Option<Endpoints> {
+        let c = &self.port.counters;
+        let ep = Endpoints::new(self.from, to).ok();
+        if ep.is_none() {
+            c.add(&c.tx_errors, 1);
+            crate::trace::not_sent(self.qpn, Some(to), "no flow from this port to the address");
+        }
+        ep
+    }
+
+    /// Encodes a packet of `headers` whose payload `leased` is read from
+    /// `mem` straight into the batch's buffer (one copy: the region's
+    /// bytes to the datagram, then the ICRC over them while in cache);
+    /// sends the batch when full. Fails, with nothing encoded, only when
+    /// the memory could not be read (the MR went away).
+    pub(crate) fn push_leased(
+        &mut self,
+        to: SocketAddr,
+        headers: Headers,
+        leased: &Leased,
+        mem: &mut impl Memory,
+    ) -> Result<(), MemError> {
+        let Some(ep) = self.flow(to) else {
+            return Ok(());
+        };
+        self.scratch();
+        let start = self.bytes.len();
+        let encoded =
+            roce::encode_append_filled(headers, leased.len(), &ep, &mut self.bytes, |out| {
+                leased.read_into(mem, out).map_err(LeasedEncode::Memory)
+            });
+        match encoded {
+            Ok(n) => self.msgs.push((to, start, n)),
+            Err(LeasedEncode::Memory(e)) => {
+                crate::trace::not_sent(self.qpn, Some(to), "its memory went away");
+                return Err(e);
+            }
+            Err(LeasedEncode::Encode) => {
+                let c = &self.port.counters;
+                c.add(&c.tx_errors, 1);
+                crate::trace::not_sent(self.qpn, Some(to), "the packet does not encode");
+            }
+        }
+        if self.msgs.len() >= self.limit() {
+            self.flush();
+        }
+        Ok(())
+    }
+
     /// Encodes `pkt` for the flow to `to`; sends the batch when full.
     pub(crate) fn push(&mut self, to: SocketAddr, pkt: &Packet<'_>) {
         let c = &self.port.counters;
-        let Ok(ep) = Endpoints::new(self.from, to) else {
-            c.add(&c.tx_errors, 1);
-            crate::trace::not_sent(self.qpn, Some(to), "no flow from this port to the address");
+        let Some(ep) = self.flow(to) else {
             return;
         };
         if HOLDING_ACKS.with(|h| h.get()) && is_positive_ack(pkt) && pkt.payload.is_empty() {
@@ -276,6 +325,20 @@ impl TxBatch<'_> {
             }
             at += n;
         }
+    }
+}
+
+/// Why a leased packet was not encoded.
+enum LeasedEncode {
+    /// Its payload could not be read.
+    Memory(MemError),
+    /// The packet does not encode (its headers: the transport's bug).
+    Encode,
+}
+
+impl From<roce::EncodeError> for LeasedEncode {
+    fn from(_: roce::EncodeError) -> LeasedEncode {
+        LeasedEncode::Encode
     }
 }
 

@@ -111,3 +111,40 @@ fn a_deregistered_mr_fails_even_after_the_qp_used_it() {
         "the send read a deregistered MR"
     );
 }
+
+/// A long WRITE is read from its MR packet by packet as the driver
+/// encodes each datagram. Its MR deregistered while most of it is still
+/// to go: the next packet's read fails, nothing more of it leaves, and
+/// the request completes with LOC_PROT_ERR (the QP then in error) rather
+/// than sending bytes from memory the application gave back.
+#[test]
+fn a_long_write_whose_mr_goes_mid_send_fails_locally() {
+    const LEN: usize = 16 << 20;
+    let (a, b) = devices();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (cq(&a), cq(&b));
+    let (qa, _qb) = connected_qps((&a, &pa, &ca), (&b, &pb, &cb));
+    let (src, dst) = (RegisteredBuffer::new(LEN), RegisteredBuffer::new(LEN));
+    let ms = a.register_mr(&pa, &src, 0, LEN, 0, ALL).unwrap();
+    let md = b.register_mr(&pb, &dst, 0, LEN, 0, ALL).unwrap();
+    src.write(0, &vec![0x5a; LEN]).unwrap();
+    let sg = [Sge {
+        addr: 0,
+        length: LEN as u32,
+        lkey: a.mr_keys(&ms).0,
+    }];
+    let op = SendOp::Write {
+        remote_addr: 0,
+        rkey: b.mr_keys(&md).1,
+    };
+    a.post_send::<()>(&qa, &[SendWr::new(7, op, &sg)], &|_| None)
+        .unwrap();
+    // At most a window (1 MiB) or a few have left by now.
+    a.deregister_mr(ms).unwrap();
+    let wc = wait(&a, &ca, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::LocalProtectionError));
+    let mut landed = vec![0; LEN];
+    dst.read(0, &mut landed).unwrap();
+    let written = landed.iter().filter(|&&x| x == 0x5a).count();
+    assert!(written < LEN, "all of it was sent from a deregistered MR");
+}

@@ -25,6 +25,7 @@ mod completer;
 mod config;
 #[doc(hidden)]
 pub mod fuzzing;
+mod leased;
 mod memory;
 pub mod psn;
 pub mod receive;
@@ -37,6 +38,7 @@ mod wqe;
 
 pub use completer::RNR_RETRY_INFINITE;
 pub use config::{Config, Error};
+pub use leased::Leased;
 pub use memory::{AtomicOp, MemError, Memory};
 pub use receive::{
     admit, pkey_match, receive, receive_segment, Accepted, Discard, PathGids, Port, QpFilter,

@@ -68,6 +68,36 @@ pub trait Memory {
     /// `offset` bytes into it, into `out`.
     fn gather(&mut self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError>;
 
+    /// Appends `len` bytes of the message `sges` describe, starting
+    /// `offset` bytes into it, to `out` ([`Memory::gather`] without a
+    /// buffer to zero first); on an error `out` is left as it was.
+    fn gather_append(
+        &mut self,
+        sges: &[Sge],
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), MemError> {
+        let start = out.len();
+        out.resize(start + len, 0);
+        let got = self.gather(sges, offset, &mut out[start..]);
+        if got.is_err() {
+            out.truncate(start);
+        }
+        got
+    }
+
+    /// Whether a leased message's packets may leave the transport as
+    /// [`crate::Payload::Leased`], for the driver to read from memory
+    /// straight into the datagram it encodes ([`crate::Leased::read_into`])
+    /// rather than into a packet buffer the driver then copies again. The
+    /// driver that says yes must read every such payload before it asks
+    /// the transport for anything else, and report one it could not read
+    /// ([`crate::Transport::leased_read_failed`]). Default: no.
+    fn reads_as_encoded(&self) -> bool {
+        false
+    }
+
     /// Writes `data` into the message `sges` describe (which need
     /// LOCAL_WRITE), starting `offset` bytes into it. Fails with
     /// [`MemError::TooShort`] when the list ends first.

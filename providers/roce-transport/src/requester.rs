@@ -12,7 +12,7 @@ use crate::psn;
 use crate::timers::ack_timeout;
 use crate::transport::{Transmit, Transport};
 use crate::wqe::SendWqe;
-use crate::Payload;
+use crate::{Leased, Payload};
 
 /// At most this many PSNs may be sent and not yet acknowledged (at MTU
 /// 1024 and below; see [`max_unacked_psns`]).
@@ -162,20 +162,27 @@ impl<R: Clone> Transport<R> {
                 return None;
             }
         }
-        // A leased message is read from memory now, packet by packet.
+        // A leased message is read from memory now, packet by packet, or
+        // by the driver as it encodes the packet (RC only: a datagram
+        // QP's request completes as its last packet is built).
         let gathered = if w.leased {
             let mtu = self.mtu as usize;
             let len = w.len as usize;
             let at = (k as usize * mtu).min(len);
-            let mut bytes = mem.packet_buffer((at + mtu).min(len) - at);
-            if let Err(e) = mem.gather(&w.sges, at as u64, &mut bytes) {
-                // The memory went away under the request (its MR was
-                // deregistered): it fails when it reaches the head, as a
-                // request failing its checks at post does.
-                self.sq.wqes[self.sq.tx_idx].failed = Some(e.local_status());
-                return None;
+            let n = (at + mtu).min(len) - at;
+            if rc && mem.reads_as_encoded() {
+                Some(Payload::Leased(Leased::new(&w.sges, at as u64, n)))
+            } else {
+                let mut bytes = mem.packet_buffer(n);
+                if let Err(e) = mem.gather(&w.sges, at as u64, &mut bytes) {
+                    // The memory went away under the request (its MR was
+                    // deregistered): it fails when it reaches the head, as
+                    // a request failing its checks at post does.
+                    self.sq.wqes[self.sq.tx_idx].failed = Some(e.local_status());
+                    return None;
+                }
+                Some(Payload::Owned(bytes))
             }
-            Some(Payload::Owned(bytes))
         } else {
             None
         };

@@ -23,6 +23,12 @@ pub enum Payload {
     Owned(Vec<u8>),
     /// `range` of a message gathered at post time.
     Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
+    /// A leased message's packet, still in memory: the driver reads it
+    /// into the datagram as it encodes it ([`crate::Leased::read_into`];
+    /// only for a [`crate::Memory`] that
+    /// [`reads_as_encoded`](crate::Memory::reads_as_encoded)). As a slice
+    /// it is empty: [`Transmit::packet`] does not carry it.
+    Leased(crate::Leased),
 }
 
 // By value, as a derive over std's `Arc` compared (`al::sync::Arc` is
@@ -32,6 +38,7 @@ impl PartialEq for Payload {
         match (self, other) {
             (Payload::Owned(a), Payload::Owned(b)) => a == b,
             (Payload::Shared(a, r), Payload::Shared(b, s)) => r == s && **a == **b,
+            (Payload::Leased(a), Payload::Leased(b)) => a == b,
             _ => false,
         }
     }
@@ -44,6 +51,7 @@ impl std::ops::Deref for Payload {
         match self {
             Payload::Owned(v) => v,
             Payload::Shared(m, r) => &m[r.clone()],
+            Payload::Leased(_) => &[],
         }
     }
 }

@@ -116,9 +116,14 @@ fn kept_short_buffers_carry_each_new_message_exactly() {
 /// lease comes back once its request has left the queue.
 #[test]
 fn leased_messages_are_gathered_as_sent_and_given_back() {
-    for (seed, mtu) in [(21, Mtu::Mtu256), (22, Mtu::Mtu1024), (23, Mtu::Mtu4096)] {
+    for ((seed, mtu), read_as_encoded) in
+        [(21, Mtu::Mtu256), (22, Mtu::Mtu1024), (23, Mtu::Mtu4096)]
+            .into_iter()
+            .flat_map(|c| [(c, false), (c, true)])
+    {
         let mut net = Net::rc_pair(mtu, seed);
         net.sides[0].mem.leasing = true;
+        net.sides[0].mem.read_as_encoded = read_as_encoded;
         net.faults = Faults::all(50);
         let lease_min = roce_transport::LEASE_MIN as u32;
         let m = mtu.bytes() as u32;
@@ -136,7 +141,10 @@ fn leased_messages_are_gathered_as_sent_and_given_back() {
         w.post(&mut net);
         let leased = net.sides[0].mem.leased.len();
         assert!(leased >= 4, "{leased} leases at MTU {m}");
-        assert!(w.run(&mut net, Duration::from_secs(60)), "seed {seed}");
+        assert!(
+            w.run(&mut net, Duration::from_secs(60)),
+            "seed {seed} {read_as_encoded}"
+        );
         w.check(&mut net);
         assert!(net.sides[0].t.counters().retries > 0, "faults exercised");
         assert!(
@@ -152,9 +160,19 @@ fn leased_messages_are_gathered_as_sent_and_given_back() {
 /// goes to ERR and what follows is flushed, and the lease comes back.
 #[test]
 fn a_leased_message_whose_memory_goes_fails_locally() {
+    for read_as_encoded in [false, true] {
+        a_leased_message_whose_memory_goes_fails_locally_when(read_as_encoded);
+    }
+}
+
+/// The memory under a leased request goes away while it is being sent,
+/// its packets read as the transport builds them or (`read_as_encoded`)
+/// as the driver encodes them.
+fn a_leased_message_whose_memory_goes_fails_locally_when(read_as_encoded: bool) {
     use provider::WcStatus::*;
     let mut net = Net::rc_pair(Mtu::Mtu1024, 24);
     net.sides[0].mem.leasing = true;
+    net.sides[0].mem.read_as_encoded = read_as_encoded;
     let w = Workload::new(
         &mut net,
         &[
@@ -173,6 +191,82 @@ fn a_leased_message_whose_memory_goes_fails_locally() {
     assert_eq!(statuses, [Success, LocalProtectionError, WrFlushError]);
     assert_eq!(net.sides[0].t.state(), provider::QpState::Err);
     assert!(net.sides[0].mem.leased.is_empty());
+}
+
+/// With a memory that reads as the driver encodes, a leased WRITE's
+/// packets carry no bytes of their own: each names its window of the
+/// message, which reads as the region's bytes. When a read fails (the MR
+/// went away between the packet being built and being encoded) the packet
+/// is as if never built: nothing more leaves, and once the packets before
+/// it are acknowledged the request completes with LOC_PROT_ERR.
+#[test]
+fn a_leased_packet_is_read_as_encoded_and_a_failed_read_unbuilds_it() {
+    use provider::{SendOp, SendWr, Sge, WcStatus};
+    let mut net = Net::rc_pair(Mtu::Mtu1024, 25);
+    let s = &mut net.sides[0];
+    s.mem.leasing = true;
+    s.mem.read_as_encoded = true;
+    let len = roce_transport::LEASE_MIN as usize + 3 * 1024 + 7;
+    let (lkey, _) = s.mem.register(0x10_0000, len, provider::Access::NONE);
+    let message: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+    s.mem.write(lkey, 0x10_0000, &message);
+    let sg = [Sge {
+        addr: 0x10_0000,
+        length: len as u32,
+        lkey,
+    }];
+    let op = SendOp::Write {
+        remote_addr: 0x9000,
+        rkey: 0x77,
+    };
+    s.t.post_send(&SendWr::<()>::new(1, op, &sg), &mut s.mem)
+        .expect("post");
+    let now = Duration::ZERO;
+    let mut firsts = Vec::new();
+    for k in 0..3usize {
+        let tx = s.t.poll_transmit(now, &mut s.mem).expect("a packet");
+        let roce_transport::Payload::Leased(l) = &tx.payload else {
+            panic!("packet {k}: {:?}", tx.payload);
+        };
+        assert_eq!(l.len(), 1024);
+        let mut out = vec![0xee];
+        l.read_into(&mut s.mem, &mut out).expect("read");
+        assert_eq!(&out[1..], &message[k * 1024..(k + 1) * 1024], "packet {k}");
+        firsts.push(tx.headers.bth.psn);
+    }
+    // The fourth packet is built, then its region goes before it is
+    // encoded: its read fails and the transport is told.
+    let tx = s.t.poll_transmit(now, &mut s.mem).expect("packet 3");
+    let region = s.mem.regions.remove(0);
+    let mut out = Vec::new();
+    let roce_transport::Payload::Leased(l) = &tx.payload else {
+        panic!("{:?}", tx.payload);
+    };
+    assert!(l.read_into(&mut s.mem, &mut out).is_err());
+    assert!(out.is_empty(), "nothing appended");
+    s.t.leased_read_failed(&tx, roce_transport::MemError::BadKey);
+    assert!(
+        s.t.poll_transmit(now, &mut s.mem).is_none(),
+        "nothing after it"
+    );
+    // The region comes back: still nothing (the request failed for good).
+    s.mem.regions.push(region);
+    assert!(s.t.poll_transmit(now, &mut s.mem).is_none());
+    // The peer acknowledges the three packets that left: the request
+    // completes with the local error, the QP goes to ERR.
+    let mut dst = net.sides[0].addr;
+    dst.set_port(roce::ROCE_UDP_PORT);
+    let from_peer = common::source(&roce::Endpoints::new(net.sides[1].addr, dst).expect("v4"));
+    let mut ack = roce::Headers::new(roce::Bth::new(roce::Opcode::RcAck, 0x11, firsts[2]));
+    ack.aeth = Some(roce::Aeth {
+        syndrome: roce::Syndrome::Ack { credits: 31 },
+        msn: 0,
+    });
+    let s = &mut net.sides[0];
+    s.t.handle_packet(now, &from_peer, &roce::Packet::new(ack, &[]), &mut s.mem);
+    let wc = s.t.poll_completion().expect("a completion");
+    assert_eq!(wc.status, WcStatus::LocalProtectionError);
+    assert_eq!(s.t.state(), provider::QpState::Err);
 }
 
 /// A provider dropping its transport (RESET) takes every lease back,

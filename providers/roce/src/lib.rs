@@ -41,7 +41,7 @@ pub use ext::{AtomicAckEth, AtomicEth, Deth, Ieth, ImmDt, Reth};
 pub use frame::{Frame, IpHeader, Ipv4Header, Ipv6Header};
 pub use ip::{gid_of, ip_of_gid, Endpoints, V4Endpoints, V6Endpoints};
 pub use opcode::{Layout, Opcode, Transport};
-pub use packet::{Headers, Packet};
+pub use packet::{encode_append_filled, Headers, Packet};
 
 /// The IANA-assigned UDP destination port of RoCEv2 (IBTA A17.2).
 pub const ROCE_UDP_PORT: u16 = 4791;

@@ -238,31 +238,16 @@ impl<'a> Packet<'a> {
         endpoints: &Endpoints,
         out: &mut Vec<u8>,
     ) -> Result<usize, EncodeError> {
-        let opcode = self.headers.bth.opcode;
-        if !opcode.layout().payload && !self.payload.is_empty() {
-            return Err(EncodeError::PayloadNotAllowed {
-                opcode,
-                len: self.payload.len(),
-            });
-        }
-        let mut head = [0u8; 128];
-        let pad = self.pad_count();
-        let n = self.headers.encode(pad, &mut head)?;
-        let start = out.len();
-        out.reserve(self.encoded_len());
-        out.extend_from_slice(&head[..n]);
-        out.extend_from_slice(self.payload);
-        out.extend_from_slice(&[0u8; 3][..pad as usize]);
-        match icrc::icrc(endpoints, &out[start..]) {
-            Ok(crc) => {
-                out.extend_from_slice(&icrc::to_wire(crc));
-                Ok(out.len() - start)
-            }
-            Err(e) => {
-                out.truncate(start);
-                Err(e)
-            }
-        }
+        encode_append_filled(
+            self.headers,
+            self.payload.len(),
+            endpoints,
+            out,
+            |out: &mut Vec<u8>| -> Result<(), EncodeError> {
+                out.extend_from_slice(self.payload);
+                Ok(())
+            },
+        )
     }
 
     /// The UDP payload (BTH .. payload, pad, ICRC) for `endpoints`.
@@ -337,4 +322,62 @@ fn split_icrc(udp_payload: &[u8]) -> Result<(&[u8], u32), DecodeError> {
     }
     let (body, tail) = udp_payload.split_at(len - ICRC_LEN);
     Ok((body, icrc::from_wire([tail[0], tail[1], tail[2], tail[3]])))
+}
+
+/// Appends the UDP payload (BTH .. payload, pad, ICRC) of a packet with
+/// `headers` and `payload_len` bytes of payload to `out`, the payload
+/// written by `fill` (which appends exactly `payload_len` bytes or fails),
+/// and returns its length; on an error, `fill`'s or the encoding's,
+/// `out` is left as it was. For a sender that reads a payload from
+/// memory straight into the datagram buffer instead of into a packet of
+/// its own first (one copy less per byte; [`Packet::encode_append`] is
+/// this with the payload copied from a slice). The BTH pad count is the
+/// one `payload_len` needs.
+pub fn encode_append_filled<E: From<EncodeError>>(
+    mut headers: Headers,
+    payload_len: usize,
+    endpoints: &Endpoints,
+    out: &mut Vec<u8>,
+    fill: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<usize, E> {
+    let opcode = headers.bth.opcode;
+    if !opcode.layout().payload && payload_len != 0 {
+        return Err(EncodeError::PayloadNotAllowed {
+            opcode,
+            len: payload_len,
+        }
+        .into());
+    }
+    let pad = ((4 - payload_len % 4) % 4) as u8;
+    headers.bth.pad_count = pad;
+    let mut head = [0u8; 128];
+    let n = headers.encode(pad, &mut head)?;
+    let start = out.len();
+    out.reserve(n + payload_len + pad as usize + ICRC_LEN);
+    out.extend_from_slice(&head[..n]);
+    let filled = fill(out);
+    let got = out.len() - start - n;
+    if let Err(e) = filled {
+        out.truncate(start);
+        return Err(e);
+    }
+    if got != payload_len {
+        out.truncate(start);
+        return Err(EncodeError::BufferTooShort {
+            need: payload_len,
+            have: got,
+        }
+        .into());
+    }
+    out.extend_from_slice(&[0u8; 3][..pad as usize]);
+    match icrc::icrc(endpoints, &out[start..]) {
+        Ok(crc) => {
+            out.extend_from_slice(&icrc::to_wire(crc));
+            Ok(out.len() - start)
+        }
+        Err(e) => {
+            out.truncate(start);
+            Err(e.into())
+        }
+    }
 }

@@ -168,6 +168,29 @@ proptest! {
         prop_assert_eq!(p.encode_append(&ep, &mut appended).unwrap(), bytes.len());
         prop_assert_eq!(&appended[..7], &[0xa5; 7][..]);
         prop_assert_eq!(&appended[7..], &bytes[..]);
+        // The payload written by a filler (read from memory straight into
+        // the buffer): the same packet; a filler that fails or writes
+        // another length leaves the buffer as it was.
+        let mut filled = vec![0x5a; 3];
+        let n = roce::encode_append_filled(headers, payload.len(), &ep, &mut filled, |o: &mut Vec<u8>| {
+            o.extend_from_slice(&payload);
+            Ok::<_, roce::EncodeError>(())
+        });
+        prop_assert_eq!(n.unwrap(), bytes.len());
+        prop_assert_eq!(&filled[3..], &bytes[..]);
+        let before = filled.clone();
+        let failed = roce::encode_append_filled(headers, payload.len(), &ep, &mut filled, |o: &mut Vec<u8>| {
+            o.extend_from_slice(&payload[..payload.len() / 2]);
+            Err(FillFailed)
+        });
+        prop_assert!(matches!(failed, Err(FillFailed)));
+        prop_assert_eq!(&filled, &before);
+        let short = roce::encode_append_filled(headers, payload.len() + 1, &ep, &mut filled, |o: &mut Vec<u8>| {
+            o.extend_from_slice(&payload);
+            Ok::<_, roce::EncodeError>(())
+        });
+        prop_assert!(short.is_err());
+        prop_assert_eq!(&filled, &before);
         let back = Packet::decode(&bytes, &ep).unwrap();
         let mut expected = headers;
         expected.bth.pad_count = p.pad_count();
@@ -362,4 +385,14 @@ fn ipv6_masks_traffic_class_flow_label_and_hop_limit() {
     )
     .unwrap();
     assert_eq!(f.packet.encode(&ep).unwrap(), &bytes[48..]);
+}
+
+/// A filler's own error, for `encode_append_filled`.
+#[derive(Debug)]
+struct FillFailed;
+
+impl From<roce::EncodeError> for FillFailed {
+    fn from(_: roce::EncodeError) -> FillFailed {
+        FillFailed
+    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use provider::{AvAttr, QpState, RecvWr, Sge, WcOpcode, WcStatus};
 use roce::{Endpoints, IpHeader, Ipv4Header, Ipv6Header, Packet};
-use roce_transport::{Memory, Source, Transmit};
+use roce_transport::{MemError, Memory, Payload, Source, Transmit};
 
 use super::{send_opcode, QpCore, QpInner};
 use crate::config::RouteCache;
@@ -81,7 +81,9 @@ impl QpInner {
             let mut batch = None;
             while let Some(tx) = t.poll_transmit(now, &mut mem) {
                 let b = batch.get_or_insert_with(|| port.batch(self.qpn));
-                self.transmit(b, attr.av.as_ref(), &tx, route);
+                if let Err(e) = self.transmit(b, attr.av.as_ref(), &tx, route, &mut mem) {
+                    t.leased_read_failed(&tx, e);
+                }
                 if let roce_transport::Payload::Owned(v) = tx.payload {
                     crate::mr::recycle_packet_buffer(v);
                 }
@@ -150,25 +152,34 @@ impl QpInner {
         }
     }
 
+    /// Encodes `tx` into `batch`, a leased payload read from `mem` as it
+    /// is encoded; fails only when that read did (the MR went away).
     fn transmit(
         &self,
         batch: &mut TxBatch<'_>,
         av: Option<&AvAttr>,
         tx: &Transmit<AvAttr>,
         route: &mut RouteCache,
-    ) {
+        mem: &mut DevMem<'_>,
+    ) -> Result<(), MemError> {
         let port = batch.port();
         let av = tx.route.as_ref().or(av);
         let Some(grh) = av.and_then(|a| a.grh) else {
             port.counters.add(&port.counters.tx_errors, 1);
             crate::trace::not_sent(self.qpn, None, "no GRH in the address vector");
-            return;
+            return Ok(());
         };
         let to: SocketAddr =
             self.dev
                 .directory
                 .resolve_cached(route, &grh.dgid, port.cfg.peer_udp_port);
-        batch.push(to, &tx.packet());
+        match &tx.payload {
+            Payload::Leased(l) => batch.push_leased(to, tx.headers, l, mem),
+            _ => {
+                batch.push(to, &tx.packet());
+                Ok(())
+            }
+        }
     }
 
     // ----- the driver's entry points -----

@@ -3,7 +3,9 @@
 
 use provider::{Access, Sge};
 
-use crate::{AtomicOp, MemError, Memory};
+use roce::{EncodeError, Endpoints};
+
+use crate::{AtomicOp, MemError, Memory, Payload, Transmit, Transport};
 
 /// One registered region of a [`TestMem`].
 #[derive(Debug, Clone)]
@@ -30,6 +32,49 @@ pub struct TestMem {
     pub leasing: bool,
     /// The gather lists leased and not yet given back.
     pub leased: Vec<Vec<Sge>>,
+    /// Leased packets leave as [`crate::Payload::Leased`], read as they
+    /// are encoded ([`encode_transmit`]), as the RoCEv2 provider's do.
+    pub read_as_encoded: bool,
+}
+
+/// The UDP payload of `tx` for `ep`, a leased payload read from `mem` as
+/// it is encoded, as the RoCEv2 provider's driver does; a read that fails
+/// is reported to `t` ([`Transport::leased_read_failed`]) and gives
+/// `None`. Panics if the transport built a packet that does not encode
+/// (a bug: test use only).
+pub fn encode_transmit<R: Clone>(
+    t: &mut Transport<R>,
+    mem: &mut TestMem,
+    tx: &Transmit<R>,
+    ep: &Endpoints,
+) -> Option<Vec<u8>> {
+    let Payload::Leased(l) = &tx.payload else {
+        return Some(tx.packet().encode(ep).expect("a transmit encodes"));
+    };
+    let mut out = Vec::new();
+    let read = roce::encode_append_filled(tx.headers, l.len(), ep, &mut out, |o| {
+        l.read_into(mem, o).map_err(Unencoded::Memory)
+    });
+    match read {
+        Ok(_) => Some(out),
+        Err(Unencoded::Memory(e)) => {
+            t.leased_read_failed(tx, e);
+            None
+        }
+        Err(Unencoded::Encode(e)) => panic!("a transmit encodes: {e}"),
+    }
+}
+
+/// Why [`encode_transmit`] encoded nothing.
+enum Unencoded {
+    Memory(MemError),
+    Encode(EncodeError),
+}
+
+impl From<EncodeError> for Unencoded {
+    fn from(e: EncodeError) -> Unencoded {
+        Unencoded::Encode(e)
+    }
 }
 
 impl TestMem {
@@ -188,6 +233,9 @@ impl Memory for TestMem {
     }
     fn invalidate(&mut self, _rkey: u32) -> Result<(), MemError> {
         Ok(())
+    }
+    fn reads_as_encoded(&self) -> bool {
+        self.read_as_encoded
     }
     fn lease(&mut self, sges: &[Sge]) -> bool {
         if self.leasing {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use provider::Wc;
 use roce::{Endpoints, IpHeader, Ipv4Header, Packet};
+use roce_transport::fuzzing::encode_transmit;
 use roce_transport::{Config, Source, Transport};
 
 pub use roce_transport::fuzzing::TestMem;
@@ -144,7 +145,9 @@ impl Net {
                 let Some(tx) = s.t.poll_transmit(now, &mut s.mem) else {
                     break;
                 };
-                let mut bytes = tx.packet().encode(&ep).expect("encode");
+                let Some(mut bytes) = encode_transmit(&mut s.t, &mut s.mem, &tx, &ep) else {
+                    continue; // its memory went away: not sent
+                };
                 self.sent += 1;
                 self.count[i] += 1;
                 if self.cut[i] {
