@@ -174,8 +174,9 @@ fn receive_seeds() -> Vec<(&'static str, Vec<u8>)> {
         [0x03, 0, 0, 0, 0, 0, 0, 0],    // GSI (QPN 1)
     ];
     let head: Vec<u8> = qps.iter().flatten().copied().collect();
-    // A record: flags (source 0..3 | 4 sign | 8 id 0x1234 | 0x10 truncated
-    // | 0x20 no source), time step, then the datagram's length and bytes.
+    // A record: flags (source 0..3 | 4 sign | 8 id 0x1234 (at index 0; 0
+    // at a later one) | 0x10 truncated | 0x20 no source | GRO index 0, 1,
+    // 7, 0x1234 << 6), time step, then the datagram's length and bytes.
     let record = |flags: u8, body: &[u8]| {
         let mut r = vec![flags, 1, body.len() as u8];
         r.extend_from_slice(body);
@@ -215,6 +216,14 @@ fn receive_seeds() -> Vec<(&'static str, Vec<u8>)> {
             join(&(0..40).map(|_| record(4 | 8 | 2, &gsi)).collect::<Vec<_>>()),
         ),
         ("seed-truncated", join(&[record(4 | 0x10, &rc_send)])),
+        (
+            "seed-gso-segments-rc",
+            join(&[record(4 | 0x40, &rc_send), record(4 | 0x80, &rc_send)]),
+        ),
+        (
+            "seed-coalesced-plain-rc",
+            join(&[record(4 | 8 | 0x80, &rc_send)]),
+        ),
     ]
 }
 
@@ -255,6 +264,14 @@ fn the_receive_seeds_do_real_work() {
         reason(&out("seed-truncated"), roce_transport::Discard::Oversized),
         1
     );
+    // GSO segments 1 and 7 of a super-datagram, each signed for its own
+    // identification: taken at their GRO index without the solver.
+    let gso = out("seed-gso-segments-rc");
+    assert_eq!((gso.accepted, gso.solved), (2, 0));
+    // A plain datagram (identification 0) the kernel coalesced at index
+    // 7: the connection's peer, so the solver finds 0.
+    let plain = out("seed-coalesced-plain-rc");
+    assert_eq!((plain.accepted, plain.solved), (1, 1));
 }
 
 #[test]

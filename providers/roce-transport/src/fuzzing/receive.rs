@@ -1,6 +1,8 @@
 //! The check behind the `roce_receive` fuzz target: arbitrary datagrams
-//! from chosen sources through the receive stage ([`crate::receive()`])
-//! against a port with a few QPs whose filters the input also chooses.
+//! from chosen sources through the receive stage
+//! ([`crate::receive_segment()`], as a datagram or as one segment of a
+//! coalesced GRO buffer) against a port with a few QPs whose filters the
+//! input also chooses.
 //! Replayed by `cargo test` (`tests/fuzz_corpus.rs`). Panics when an
 //! invariant breaks.
 //!
@@ -8,8 +10,11 @@
 //! Q_Key, which peer its path names, QPN), then records until the input
 //! ends: a flags byte (source, whether to sign the datagram with a valid
 //! ICRC for its flow and with which IPv4 identification, kernel
-//! truncation), a time step, a length byte and that many bytes of
-//! datagram.
+//! truncation, its index in a GRO buffer: 0, 1, 7 or 0x1234), a time
+//! step, a length byte and that many bytes of datagram. A signed packet
+//! at index k carries identification k (a GSO segment's), or, with the
+//! identification flag, 0x1234 at index 0 (a hashed one, as Linux rxe
+//! writes) or 0 at a later index (a plain datagram the kernel coalesced).
 //!
 //! Checked for every datagram:
 //!
@@ -17,13 +22,13 @@
 //! * an accepted datagram names a QP of this port that [`crate::admit`]
 //!   takes; a connected (RC, UC) QP's came from the GID of its path and
 //!   to its own; its ICRC is right for the flow the stage returns, whose
-//!   identification is 0 unless the stage says it solved for it (IPv4
-//!   only);
+//!   identification is the packet's index unless the stage says it
+//!   solved for it (IPv4 only);
 //! * a datagram the codec cannot parse is never accepted, and is dropped
 //!   for its shape (oversized, truncated or malformed), not for anything
 //!   a QP decides;
-//! * a datagram signed with a valid ICRC for its flow (identification
-//!   0), naming a QP of this port that [`crate::admit`] takes, from that
+//! * a datagram signed with a valid ICRC for its flow (the identification
+//!   its index says), naming a QP of this port that [`crate::admit`] takes, from that
 //!   QP's peer if it is connected (from anyone if it is UD or GSI), no
 //!   longer than the port's MTU allows, is accepted (the stage refuses
 //!   nothing it should take).
@@ -34,7 +39,7 @@ use std::time::Duration;
 use provider::{Mtu, QpState, QpType};
 use roce::{Endpoints, Packet};
 
-use crate::receive::{admit, receive, Discard, PathGids, Port, QpFilter, SolverGate};
+use crate::receive::{admit, receive_segment, Discard, PathGids, Port, QpFilter, SolverGate};
 
 /// The port's address, and the addresses a datagram may come from.
 const LOCAL: &str = "10.0.0.1:4791";
@@ -120,7 +125,12 @@ pub fn roce_receive(data: &[u8]) -> ReceiveOutcome {
         let src: SocketAddr = SOURCES[usize::from(flags & 3)].parse().expect("literal");
         let mut bytes = body.to_vec();
         let sign = flags & 4 != 0;
-        let id = if flags & 8 != 0 { 0x1234 } else { 0 };
+        let index: u16 = [0, 1, 7, 0x1234][usize::from(flags >> 6)];
+        let id = match (flags & 8 != 0, index) {
+            (false, k) => k,
+            (true, 0) => 0x1234,
+            (true, _) => 0,
+        };
         if sign {
             if let Ok(Endpoints::V4(mut v4)) = Endpoints::new(src, port.local) {
                 v4.identification = id;
@@ -132,7 +142,9 @@ pub fn roce_receive(data: &[u8]) -> ReceiveOutcome {
         let truncated = flags & 0x10 != 0;
         let src_opt = (flags & 0x20 == 0).then_some(src);
         let find = |qpn: u32| filters.iter().find(|f| f.qpn == qpn).map(|f| (*f, *f));
-        let verdict = receive(&port, &bytes, src_opt, truncated, now, &mut gate, find);
+        let verdict = receive_segment(
+            &port, &bytes, src_opt, truncated, index, now, &mut gate, find,
+        );
         let parses = Packet::decode_without_icrc(&bytes).is_ok();
         match verdict {
             Ok(a) => {
@@ -152,7 +164,7 @@ pub fn roce_receive(data: &[u8]) -> ReceiveOutcome {
                     "accepted with an ICRC wrong for its flow"
                 );
                 match a.endpoints {
-                    Endpoints::V4(v4) => assert_eq!(v4.identification == 0, !a.solved),
+                    Endpoints::V4(v4) => assert_eq!(v4.identification == index, !a.solved),
                     Endpoints::V6(_) => assert!(!a.solved),
                 }
             }
@@ -170,7 +182,7 @@ pub fn roce_receive(data: &[u8]) -> ReceiveOutcome {
                 }
                 // What the stage must take: a signed datagram from the
                 // peer of a connected QP in RTS naming it, that it admits.
-                if sign && id == 0 && !truncated && src_opt.is_some() && parses {
+                if sign && id == index && !truncated && src_opt.is_some() && parses {
                     let pkt = Packet::decode_without_icrc(&bytes).expect("parses");
                     let named = filters.iter().find(|f| f.qpn == pkt.headers.bth.dest_qp);
                     let signed = Endpoints::new(src, port.local).is_ok();
