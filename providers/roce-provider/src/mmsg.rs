@@ -725,67 +725,16 @@ mod tests {
     /// datagrams (the last shorter), or on loopback hands it whole to a
     /// receiver with `UDP_GRO`.
     fn send_gso(a: &UdpSocket, to: SocketAddr, payload: &[u8], seg: u16) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: all-zero is a valid `sockaddr_storage` and `msghdr`.
-        let (mut name, mut msg) = unsafe {
-            (
-                std::mem::zeroed::<libc::sockaddr_storage>(),
-                std::mem::zeroed::<libc::msghdr>(),
-            )
+        let seg = usize::from(seg);
+        let m = crate::gso::Message {
+            to,
+            start: 0,
+            len: payload.len(),
+            seg,
+            segments: payload.len().div_ceil(seg),
         };
-        let name_len = match to {
-            SocketAddr::V4(to) => {
-                // SAFETY: a `sockaddr_storage` is larger than and at
-                // least as aligned as a `sockaddr_in`.
-                let sin = unsafe {
-                    &mut *(&mut name as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
-                };
-                sin.sin_family = libc::AF_INET as libc::sa_family_t;
-                sin.sin_port = to.port().to_be();
-                sin.sin_addr.s_addr = u32::from(*to.ip()).to_be();
-                std::mem::size_of::<libc::sockaddr_in>()
-            }
-            SocketAddr::V6(to) => {
-                // SAFETY: as above, a `sockaddr_in6`.
-                let sin6 = unsafe {
-                    &mut *(&mut name as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
-                };
-                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                sin6.sin6_port = to.port().to_be();
-                sin6.sin6_addr.s6_addr = to.ip().octets();
-                std::mem::size_of::<libc::sockaddr_in6>()
-            }
-        };
-        let mut iov = libc::iovec {
-            iov_base: payload.as_ptr() as *mut libc::c_void,
-            iov_len: payload.len(),
-        };
-        let mut control: Control = [0; 4];
-        msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
-        msg.msg_namelen = name_len as libc::socklen_t;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        // SAFETY: the control buffer is 32 bytes, aligned for a
-        // `cmsghdr`, and `CMSG_SPACE(2)` (24) fits in it: `CMSG_FIRSTHDR`
-        // returns its start, and the `u16` is written within it. The
-        // kernel reads the name, iovec (the payload, only read) and
-        // control buffer during the call, all alive on this frame.
-        let sent = unsafe {
-            msg.msg_controllen = libc::CMSG_SPACE(2) as _;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_UDP;
-            (*c).cmsg_type = libc::UDP_SEGMENT;
-            (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
-            libc::sendmsg(a.as_raw_fd(), &msg, 0)
-        };
-        assert_eq!(
-            sent,
-            payload.len() as isize,
-            "{}",
-            std::io::Error::last_os_error()
-        );
+        let sent = crate::gso::send_messages(a, payload, &[m]);
+        assert_eq!(sent.unwrap(), 1, "one super-datagram sent");
     }
 
     /// `n` packets of `seg` bytes (the last `last`), each a distinct byte
