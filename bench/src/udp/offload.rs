@@ -29,6 +29,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
+use std::time::Instant;
 
 use super::ends::udp_pair;
 use super::figures::{End, Moved, Start};
@@ -153,7 +154,7 @@ pub(super) fn udp_stream_gso(count: u64, datagram: usize) -> BenchResult<Moved> 
             while datagrams < count {
                 match recv_gro(&b, &mut buf) {
                     Ok((n, segment)) => {
-                        last = Some(End::now());
+                        last = Some(Instant::now());
                         datagrams += segments_in(n, segment);
                         progress.received(datagrams);
                         bytes += n as u64;
@@ -167,7 +168,7 @@ pub(super) fn udp_stream_gso(count: u64, datagram: usize) -> BenchResult<Moved> 
                 }
             }
             progress.done.store(true, Ordering::Release);
-            Ok((datagrams, bytes, receives, last))
+            Ok((datagrams, bytes, receives, last.map(End::after)))
         })
     };
     let msg = vec![0x5au8; per_send * datagram];
@@ -262,7 +263,7 @@ pub(super) fn udp_stream_batched(count: u64, datagram: usize) -> BenchResult<Mov
             while datagrams < count {
                 match batch.recv(&b) {
                     Ok(lens) => {
-                        last = Some(End::now());
+                        last = Some(Instant::now());
                         datagrams += lens.len() as u64;
                         progress.received(datagrams);
                         bytes += lens.iter().map(|&l| l as u64).sum::<u64>();
@@ -276,7 +277,7 @@ pub(super) fn udp_stream_batched(count: u64, datagram: usize) -> BenchResult<Mov
                 }
             }
             progress.done.store(true, Ordering::Release);
-            Ok((datagrams, bytes, receives, last))
+            Ok((datagrams, bytes, receives, last.map(End::after)))
         })
     };
     let mut batch = MmsgBufs::new(datagram);

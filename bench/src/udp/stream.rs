@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
+use std::time::Instant;
 
 use ibal::prelude::*;
 use ibal::roce::UdpOffload;
@@ -117,14 +118,14 @@ pub(super) fn udp_stream(count: u64, size: usize) -> BenchResult<Moved> {
             while got < count {
                 match b.recv_from(&mut buf) {
                     Ok((n, _)) => {
-                        last = Some(End::now());
+                        last = Some(Instant::now());
                         got += 1;
                         bytes += n as u64;
                     }
                     Err(_) => break,
                 }
             }
-            (got, bytes, last)
+            (got, bytes, last.map(End::after))
         })
     };
     let msg = vec![0x5au8; size];
@@ -171,14 +172,14 @@ pub(super) fn udp_stream_working(count: u64, size: usize, mtu: usize) -> BenchRe
                         let at = (got as usize * mtu) % size;
                         let len = (n.saturating_sub(WRITE_HEADERS)).min(mtu).min(size - at);
                         dst[at..at + len].copy_from_slice(&buf[12..12 + len]);
-                        last = Some(End::now());
+                        last = Some(Instant::now());
                         got += 1;
                         bytes += n as u64;
                     }
                     Err(_) => break,
                 }
             }
-            (got, bytes, last, crcs ^ u32::from(dst[0]))
+            (got, bytes, last.map(End::after), crcs ^ u32::from(dst[0]))
         })
     };
     let src: Vec<u8> = (0..size).map(|i| i as u8).collect();
