@@ -34,14 +34,18 @@ const RX_BATCH: usize = crate::mmsg::MAX_BATCH;
 
 /// With GRO, buffers a receive thread's turn takes: each slot is a whole
 /// coalesced buffer (`mmsg::GRO_SLOT`, 64 KiB, up to ~60 packets at MTU
-/// 1024), so 8 slots are 512 KiB per port, where 32 plain ones are
-/// 256 KiB. The memory is touched only as far as datagrams fill it.
-const RX_GRO_BATCH: usize = 8;
+/// 1024), as many slots as a plain batch has datagrams: a sender without
+/// GSO (a peer with offloads off, a stranger's flood) fills one slot per
+/// datagram, and fewer slots would mean more system calls per datagram
+/// (with 4 and 8 a flooded ping-pong's median was 2.9-3.3x its quiet one,
+/// with 32 1.9-2.6x: docs/benchmarks.md). 2 MiB of address space per
+/// port; only what datagrams fill is touched (a flood of 1000-byte
+/// datagrams: a page per slot).
+const RX_GRO_BATCH: usize = 32;
 
 /// With GRO, buffers of a polling thread's scratch batch ([`progress`]):
-/// 256 KiB, as much as its plain batch (every thread that polls a CQ has
-/// one).
-const RX_GRO_SCRATCH: usize = 4;
+/// as [`RX_GRO_BATCH`] (every thread that polls a CQ has one).
+const RX_GRO_SCRATCH: usize = 32;
 
 /// A receive batch for `port`: with GRO, `gro_slots` whole coalesced
 /// buffers; without, [`RX_BATCH`] datagrams of [`RX_BUF`].
