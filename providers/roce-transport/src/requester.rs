@@ -12,7 +12,7 @@ use crate::psn;
 use crate::timers::ack_timeout;
 use crate::transport::{Transmit, Transport};
 use crate::wqe::SendWqe;
-use crate::{Leased, Payload};
+use crate::{Leased, MemError, Payload};
 
 /// At most this many PSNs may be sent and not yet acknowledged (at MTU
 /// 1024 and below; see [`max_unacked_psns`]).
@@ -421,5 +421,35 @@ impl<R: Clone> Transport<R> {
         }
         self.sq.tx_idx = 0;
         self.sq.tx_pkt = 0;
+    }
+}
+
+impl<R: Clone> Transport<R> {
+    /// The driver could not read the payload of `tx` (a
+    /// [`crate::Payload::Leased`] packet [`Transport::poll_transmit`] just
+    /// gave it) from memory: its MR was deregistered in between. The
+    /// packet did not leave; its work request fails as one whose memory
+    /// went away before its packet was built does (with `e`'s local
+    /// status when it reaches the head of the queue, the QP then in
+    /// error), and nothing after it is sent.
+    pub fn leased_read_failed(&mut self, tx: &Transmit<R>, e: MemError) {
+        if self.cfg.qp_type != QpType::Rc {
+            return; // never given out: a datagram QP completes at send
+        }
+        let p = tx.headers.bth.psn;
+        let Some(i) = self
+            .sq
+            .wqes
+            .iter()
+            .position(|w| w.leased && !w.needs_response() && w.contains(p))
+        else {
+            return;
+        };
+        let w = &mut self.sq.wqes[i];
+        w.failed.get_or_insert(e.local_status());
+        // Back to the packet that did not leave, as if it had not been
+        // built: the requester stops at a failed request.
+        self.sq.tx_idx = i;
+        self.sq.tx_pkt = psn::diff(p, w.first_psn) as u32;
     }
 }
