@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::net::UdpSocket;
 
 use roce::{Endpoints, Headers, Packet};
-use roce_transport::{Leased, MemError, Memory};
+use roce_transport::{Leased, LeasedEncodeError, MemError, Memory};
 
 use al::sync::atomic::Ordering;
 
@@ -87,17 +87,13 @@ impl<'p> TxBatch<'p> {
         };
         self.scratch();
         let start = self.bytes.len();
-        let encoded =
-            roce::encode_append_filled(headers, leased.len(), &ep, &mut self.bytes, |out| {
-                leased.read_into(mem, out).map_err(LeasedEncode::Memory)
-            });
-        match encoded {
+        match leased.encode_append(headers, &ep, mem, &mut self.bytes) {
             Ok(n) => self.msgs.push((to, start, n)),
-            Err(LeasedEncode::Memory(e)) => {
+            Err(LeasedEncodeError::Memory(e)) => {
                 crate::trace::not_sent(self.qpn, Some(to), "its memory went away");
                 return Err(e);
             }
-            Err(LeasedEncode::Encode) => {
+            Err(LeasedEncodeError::Encode(_)) => {
                 let c = &self.port.counters;
                 c.add(&c.tx_errors, 1);
                 crate::trace::not_sent(self.qpn, Some(to), "the packet does not encode");
@@ -325,20 +321,6 @@ impl TxBatch<'_> {
             }
             at += n;
         }
-    }
-}
-
-/// Why a leased packet was not encoded.
-enum LeasedEncode {
-    /// Its payload could not be read.
-    Memory(MemError),
-    /// The packet does not encode (its headers: the transport's bug).
-    Encode,
-}
-
-impl From<roce::EncodeError> for LeasedEncode {
-    fn from(_: roce::EncodeError) -> LeasedEncode {
-        LeasedEncode::Encode
     }
 }
 

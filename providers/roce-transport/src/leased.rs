@@ -4,6 +4,7 @@
 //! [`crate::Transport::leased_read_failed`]).
 
 use provider::Sge;
+use roce::{EncodeError, Endpoints, Headers};
 
 use crate::memory::{MemError, Memory};
 use crate::wqe::SgList;
@@ -40,5 +41,38 @@ impl Leased {
     /// an error: the memory went away since the work request was posted).
     pub fn read_into(&self, mem: &mut impl Memory, out: &mut Vec<u8>) -> Result<(), MemError> {
         mem.gather_append(&self.sges, self.offset, self.len, out)
+    }
+
+    /// Appends to `out` the UDP payload (BTH .. payload, pad, ICRC) of the
+    /// packet with `headers` carrying these bytes, read from `mem` straight
+    /// into `out` (`roce::encode_append_filled`), for the flow
+    /// `endpoints`; returns its length. On an error `out` is left as it
+    /// was: [`LeasedEncodeError::Memory`] is for the transport
+    /// ([`crate::Transport::leased_read_failed`]).
+    pub fn encode_append(
+        &self,
+        headers: Headers,
+        endpoints: &Endpoints,
+        mem: &mut impl Memory,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, LeasedEncodeError> {
+        roce::encode_append_filled(headers, self.len, endpoints, out, |out| {
+            self.read_into(mem, out).map_err(LeasedEncodeError::Memory)
+        })
+    }
+}
+
+/// Why [`Leased::encode_append`] encoded nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeasedEncodeError {
+    /// The payload could not be read: its memory went away.
+    Memory(MemError),
+    /// The packet does not encode (its headers: a transport bug).
+    Encode(EncodeError),
+}
+
+impl From<EncodeError> for LeasedEncodeError {
+    fn from(e: EncodeError) -> LeasedEncodeError {
+        LeasedEncodeError::Encode(e)
     }
 }

@@ -38,7 +38,7 @@ mod wqe;
 
 pub use completer::RNR_RETRY_INFINITE;
 pub use config::{Config, Error};
-pub use leased::Leased;
+pub use leased::{Leased, LeasedEncodeError};
 pub use memory::{AtomicOp, MemError, Memory};
 pub use receive::{
     admit, pkey_match, receive, receive_segment, Accepted, Discard, PathGids, Port, QpFilter,

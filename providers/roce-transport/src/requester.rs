@@ -422,9 +422,7 @@ impl<R: Clone> Transport<R> {
         self.sq.tx_idx = 0;
         self.sq.tx_pkt = 0;
     }
-}
 
-impl<R: Clone> Transport<R> {
     /// The driver could not read the payload of `tx` (a
     /// [`crate::Payload::Leased`] packet [`Transport::poll_transmit`] just
     /// gave it) from memory: its MR was deregistered in between. The

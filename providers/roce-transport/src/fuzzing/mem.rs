@@ -3,9 +3,9 @@
 
 use provider::{Access, Sge};
 
-use roce::{EncodeError, Endpoints};
+use roce::Endpoints;
 
-use crate::{AtomicOp, MemError, Memory, Payload, Transmit, Transport};
+use crate::{AtomicOp, LeasedEncodeError, MemError, Memory, Payload, Transmit, Transport};
 
 /// One registered region of a [`TestMem`].
 #[derive(Debug, Clone)]
@@ -52,28 +52,13 @@ pub fn encode_transmit<R: Clone>(
         return Some(tx.packet().encode(ep).expect("a transmit encodes"));
     };
     let mut out = Vec::new();
-    let read = roce::encode_append_filled(tx.headers, l.len(), ep, &mut out, |o| {
-        l.read_into(mem, o).map_err(Unencoded::Memory)
-    });
-    match read {
+    match l.encode_append(tx.headers, ep, mem, &mut out) {
         Ok(_) => Some(out),
-        Err(Unencoded::Memory(e)) => {
+        Err(LeasedEncodeError::Memory(e)) => {
             t.leased_read_failed(tx, e);
             None
         }
-        Err(Unencoded::Encode(e)) => panic!("a transmit encodes: {e}"),
-    }
-}
-
-/// Why [`encode_transmit`] encoded nothing.
-enum Unencoded {
-    Memory(MemError),
-    Encode(EncodeError),
-}
-
-impl From<EncodeError> for Unencoded {
-    fn from(e: EncodeError) -> Unencoded {
-        Unencoded::Encode(e)
+        Err(LeasedEncodeError::Encode(e)) => panic!("a transmit encodes: {e}"),
     }
 }
 
